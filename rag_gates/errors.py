@@ -1,0 +1,26 @@
+"""Exceptions raised by rag-gates; each message says what to do about it."""
+
+from __future__ import annotations
+
+__all__ = [
+    "ContextLengthError",
+    "ModelNotFoundError",
+    "RagGatesError",
+    "WhiteBoxRequiredError",
+]
+
+
+class RagGatesError(Exception):
+    """Base class of every error rag-gates raises on purpose."""
+
+
+class ContextLengthError(RagGatesError, ValueError):
+    """A prompt does not fit the model's context window."""
+
+
+class ModelNotFoundError(RagGatesError, FileNotFoundError):
+    """No model could be loaded from anything that was tried; the message lists the attempts."""
+
+
+class WhiteBoxRequiredError(RagGatesError, TypeError):
+    """A method needs logits or hidden states, and the model given is text-only."""

