@@ -72,7 +72,7 @@ def validate_prompt(prompt: object) -> Prompt:
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
         if len(prompt) == 0:
             raise ValueError("prompt is an empty list of messages; pass at least one message")
-        messages = as_messages(prompt)  # type: ignore[arg-type]
+        messages = as_messages(prompt)
         if not any(m.content.strip() for m in messages):
             raise ValueError("every message of the prompt is empty or whitespace")
         return messages
@@ -89,7 +89,7 @@ def as_messages(prompt: Sequence[ChatMessage | Mapping[str, str]]) -> list[ChatM
             out.append(m)
         elif isinstance(m, Mapping):
             try:
-                out.append(ChatMessage(role=m["role"], content=m["content"]))  # type: ignore[arg-type]
+                out.append(ChatMessage(role=m["role"], content=m["content"]))
             except (KeyError, ValueError) as exc:
                 raise ValueError(
                     f"message {i} must have 'role' (system/user/assistant) and 'content': {exc}"

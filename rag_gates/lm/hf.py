@@ -22,7 +22,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Iterator, Sequence
+from collections.abc import Generator, Iterator, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 from typing import Any, Literal
@@ -39,8 +39,11 @@ from rag_gates.lm.base import (
 )
 from rag_gates.types import Generation, TokenLogprob, TopLogprob
 
-torch = require("torch", "hf")
-transformers = require("transformers", "hf")
+# require() turns a missing dependency into an error naming the extra; then import normally.
+require("torch", "hf")
+require("transformers", "hf")
+import torch  # noqa: E402
+import transformers  # noqa: E402
 
 __all__ = ["HFWhiteBoxLM", "StreamGroup"]
 
@@ -72,7 +75,7 @@ class _AttentionInputs:
 
             def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
                      _layer: int = layer) -> None:
-                hidden = kwargs.get("hidden_states", args[0] if args else None)
+                hidden: Any = kwargs.get("hidden_states", args[0] if args else None)
                 cos, sin = kwargs["position_embeddings"]
                 self.inputs[_layer] = (hidden, cos, sin)
 
@@ -134,18 +137,18 @@ class HFWhiteBoxLM(BaseTextLM):
             if num_threads < 1:
                 raise ValueError(f"num_threads must be >= 1, got {num_threads}")
             torch.set_num_threads(num_threads)
-        self.model = model.eval()
-        self.tokenizer = tokenizer
+        self.model: Any = model.eval()
+        self.tokenizer: Any = tokenizer
         self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "hf-model")
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template and not has_template:
             raise ValueError("chat_template=True but the tokenizer has no chat template")
         self.chat_template = has_template if chat_template is None else chat_template
         self._lock = threading.RLock()
-        config = model.config.get_text_config() if hasattr(model.config, "get_text_config") else (
-            model.config
-        )
-        self.config = config
+        config: Any = model.config
+        if hasattr(config, "get_text_config"):  # multimodal configs nest the text model's
+            config = config.get_text_config()
+        self.config: Any = config
         self.num_layers: int = int(config.num_hidden_layers)
         self.hidden_size: int = int(config.hidden_size)
         self.max_context: int = int(getattr(config, "max_position_embeddings", 2048))
@@ -182,9 +185,9 @@ class HFWhiteBoxLM(BaseTextLM):
         is_local = path.exists()
         if not is_local and (str(name_or_path).startswith((".", "/", "~")) or path.suffix):
             raise ModelNotFoundError(
-                f"model path {str(name_or_path)!r} does not exist (resolved to {path.resolve()}); "
-                "pass an existing directory, a hub id such as 'HuggingFaceTB/SmolLM2-135M-Instruct',"
-                " or 'default' for the embedded model"
+                f"model path {str(name_or_path)!r} does not exist (resolved to "
+                f"{path.resolve()}); pass an existing directory, a hub id such as "
+                "'HuggingFaceTB/SmolLM2-135M-Instruct', or 'default' for the embedded model"
             )
         source = str(path) if is_local else str(name_or_path)
         if local_files_only is None:
@@ -198,7 +201,7 @@ class HFWhiteBoxLM(BaseTextLM):
         start = time.perf_counter()
         try:
             tokenizer = transformers.AutoTokenizer.from_pretrained(source, **kwargs)
-            model = transformers.AutoModelForCausalLM.from_pretrained(
+            model: Any = transformers.AutoModelForCausalLM.from_pretrained(
                 source, dtype=_DTYPES[dtype], **kwargs
             )
         except OSError as exc:
@@ -424,7 +427,7 @@ class HFWhiteBoxLM(BaseTextLM):
         truncation: Truncation,
         seed: int | None,
         top_p: float,
-    ) -> Iterator[str]:
+    ) -> Generator[str, None, Generation]:
         """Yield text deltas; the finished Generation is the generator's return value."""
         stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
         if not 0.0 < top_p <= 1.0:

@@ -1,0 +1,444 @@
+"""``RagGatesLLM``: a LlamaIndex LLM over rag-gates' white-box transformers model."""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal
+
+from llama_index.core.base.llms.generic_utils import (
+    messages_to_prompt as generic_messages_to_prompt,
+)
+from llama_index.core.base.llms.types import (
+    ChatMessage,
+    ChatResponse,
+    ChatResponseAsyncGen,
+    ChatResponseGen,
+    CompletionResponse,
+    CompletionResponseAsyncGen,
+    CompletionResponseGen,
+    LLMMetadata,
+    LogProb,
+    MessageRole,
+    TextBlock,
+)
+from llama_index.core.bridge.pydantic import Field, PrivateAttr
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.llms.callbacks import llm_chat_callback, llm_completion_callback
+from llama_index.core.llms.custom import CustomLLM
+from llama_index.core.llms.llm import default_completion_to_prompt
+
+from rag_gates.lm.base import (
+    BaseTextLM,
+    Prompt,
+    WhiteBoxLM,
+    validate_generation_args,
+    validate_prompt,
+)
+from rag_gates.types import ChatMessage as RGChatMessage
+from rag_gates.types import Generation, TokenLogprob
+
+if TYPE_CHECKING:  # pragma: no cover - torch is imported only when a model is loaded
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+__all__ = [
+    "LOGPROBS_LAYOUT",
+    "LOGPROBS_LAYOUT_KEY",
+    "RagGatesLLM",
+    "to_llama_index_logprobs",
+    "to_rag_gates_messages",
+]
+
+LOGPROBS_LAYOUT_KEY = "logprobs_layout"
+"""``additional_kwargs`` key naming how ``logprobs`` rows are laid out."""
+LOGPROBS_LAYOUT = "chosen_then_top"
+"""Row ``[0]`` is the generated token; rows ``[1:]`` are the top alternatives, best first."""
+
+# Per-call keyword arguments complete()/chat() accept; anything else is a caller's mistake.
+_CALL_KWARGS = frozenset({"max_new_tokens", "temperature", "top_logprobs", "stop", "seed", "top_p"})
+
+_Role = Literal["system", "user", "assistant"]
+_ROLES: dict[str, _Role] = {
+    MessageRole.SYSTEM.value: "system",
+    MessageRole.DEVELOPER.value: "system",
+    MessageRole.USER.value: "user",
+    MessageRole.ASSISTANT.value: "assistant",
+    MessageRole.MODEL.value: "assistant",
+    MessageRole.CHATBOT.value: "assistant",
+}
+
+
+def to_llama_index_logprobs(tokens: Sequence[TokenLogprob]) -> list[list[LogProb]]:
+    """Convert rag-gates per-token log-probabilities to LlamaIndex's ``list[list[LogProb]]``.
+
+    Row ``i`` describes generated token ``i``: ``row[0]`` is the token that was generated,
+    with its log-probability; ``row[1:]`` are the ``k`` most likely tokens at that position,
+    most likely first (OpenAI's ``top_logprobs``, so under greedy decoding ``row[1]`` repeats
+    ``row[0]``). LlamaIndex's OpenAI integration puts only the alternatives in a row; the
+    leading chosen token is what makes the generated token's own log-probability available
+    also after sampling. Responses mark this layout with
+    ``additional_kwargs["logprobs_layout"] == "chosen_then_top"``.
+    """
+    return [
+        [
+            LogProb(token=t.token, logprob=t.logprob, bytes=list(t.bytes or [])),
+            *(
+                LogProb(token=a.token, logprob=a.logprob, bytes=list(a.bytes or []))
+                for a in t.top_logprobs
+            ),
+        ]
+        for t in tokens
+    ]
+
+
+def to_rag_gates_messages(messages: Sequence[ChatMessage]) -> list[RGChatMessage]:
+    """Convert LlamaIndex chat messages to rag-gates ones (text content only)."""
+    out: list[RGChatMessage] = []
+    for i, message in enumerate(messages):
+        role = _ROLES.get(str(getattr(message.role, "value", message.role)))
+        if role is None:
+            raise ValueError(
+                f"message {i} has role {message.role!r}; RagGatesLLM takes system, user and "
+                "assistant messages only (it does not call tools): fold tool results into a "
+                "user message"
+            )
+        for block in message.blocks:
+            if not isinstance(block, TextBlock):
+                raise ValueError(
+                    f"message {i} holds a {type(block).__name__}; RagGatesLLM reads text "
+                    "only: pass the text (e.g. a document's extracted text) instead"
+                )
+        out.append(RGChatMessage(role=role, content=message.content or ""))
+    return out
+
+
+def _response_kwargs(generation: Generation) -> dict[str, Any]:
+    kwargs: dict[str, Any] = {
+        "prompt_tokens": generation.prompt_tokens,
+        "completion_tokens": generation.completion_tokens,
+        "total_tokens": generation.prompt_tokens + generation.completion_tokens,
+        "finish_reason": generation.finish_reason,
+    }
+    if generation.logprobs is not None:
+        kwargs[LOGPROBS_LAYOUT_KEY] = LOGPROBS_LAYOUT
+    return kwargs
+
+
+class RagGatesLLM(CustomLLM):
+    """A LlamaIndex LLM over rag-gates' :class:`~rag_gates.lm.hf.HFWhiteBoxLM`.
+
+    It is a chat model: ``chat()`` sends the messages through the tokenizer's chat template
+    once, and ``complete()`` sends its prompt as one user turn through the same template
+    (the model is instruction-tuned). A custom ``completion_to_prompt`` or
+    ``messages_to_prompt`` takes formatting over: its output reaches the model verbatim,
+    without the chat template.
+
+    ``complete()``/``chat()`` return per-token log-probabilities when ``top_logprobs`` is
+    set (field or per call): ``logprobs[i][0]`` is generated token ``i``, ``logprobs[i][1:]``
+    its ``top_logprobs`` most likely alternatives (see :func:`to_llama_index_logprobs`).
+    Streaming responses carry no log-probabilities.
+
+    Per-call keyword arguments: ``max_new_tokens``, ``temperature``, ``top_logprobs``,
+    ``stop`` (strings, excluded from the text), ``seed`` and ``top_p`` (sampling).
+
+    Setup:
+        ``pip install llama-index-rag-gates``
+
+    Example:
+        >>> from llama_index.llms.rag_gates import RagGatesLLM
+        >>> llm = RagGatesLLM(max_new_tokens=64)          # embedded SmolLM2, loaded lazily
+        >>> llm.complete("What is the capital of France?").text
+        >>> r = llm.complete("Who wrote Hamlet?", top_logprobs=3)
+        >>> r.logprobs[0][0].logprob, [lp.token for lp in r.logprobs[0][1:]]
+        >>> from llama_index.core.llms import ChatMessage
+        >>> llm.chat([ChatMessage(role="user", content="Hi!")]).message.content
+        >>> async for r in await llm.astream_complete("Tell me a story"): print(r.delta)
+
+        Over a model you already loaded (shared with rag-gates' gates):
+        >>> from rag_gates.lm import load_lm
+        >>> lm = load_lm("HuggingFaceTB/SmolLM2-360M-Instruct")
+        >>> llm = RagGatesLLM(lm=lm)
+    """
+
+    model: str = Field(
+        default="default",
+        description=(
+            "'default' for the embedded SmolLM2-135M-Instruct, else a Hugging Face hub id or "
+            "local path; loaded lazily with rag_gates.lm.load_lm. Ignored when `lm` is given."
+        ),
+    )
+    load_kwargs: dict[str, Any] = Field(
+        default_factory=dict,
+        description="Keyword arguments for rag_gates.lm.load_lm (dtype, device, num_threads).",
+    )
+    max_new_tokens: int = Field(
+        default=256, gt=0, description="Most tokens generated per call (per-call override)."
+    )
+    temperature: float = Field(
+        default=0.0, ge=0.0, description="Sampling temperature; 0 decodes greedily."
+    )
+    top_logprobs: int | None = Field(
+        default=None,
+        ge=0,
+        le=20,
+        description=(
+            "Return per-token log-probabilities with this many top alternatives (0..20; 0 = "
+            "the generated token only). None returns no log-probabilities."
+        ),
+    )
+    context_window: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens the model can attend to; None reads the model's max_context.",
+    )
+    num_output: int | None = Field(
+        default=None,
+        gt=0,
+        description="Tokens LlamaIndex reserves for the answer; None uses max_new_tokens.",
+    )
+
+    _lm: HFWhiteBoxLM | None = PrivateAttr(default=None)
+    _load_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
+
+    def __init__(
+        self,
+        *,
+        lm: HFWhiteBoxLM | None = None,
+        callback_manager: CallbackManager | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if lm is not None:
+            if not isinstance(lm, WhiteBoxLM):
+                raise TypeError(
+                    f"lm must be a rag-gates white-box model such as "
+                    f"rag_gates.lm.load_lm('default'), got {type(lm).__name__}; to use another "
+                    "LlamaIndex LLM with rag-gates, wrap it with as_text_lm(llm) instead"
+                )
+            kwargs.setdefault("model", lm.model_id)
+        super().__init__(callback_manager=callback_manager, **kwargs)
+        self._lm = lm
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "RagGatesLLM"
+
+    @property
+    def lm(self) -> HFWhiteBoxLM:
+        """The underlying rag-gates model, loaded on first use."""
+        if self._lm is None:
+            with self._load_lock:  # two threads must not load the model twice
+                if self._lm is None:
+                    from rag_gates.lm import load_lm
+
+                    self._lm = load_lm(self.model, **self.load_kwargs)
+        return self._lm
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        context_window = self.context_window or int(getattr(self.lm, "max_context", 2048))
+        return LLMMetadata(
+            context_window=context_window,
+            num_output=self.num_output or self.max_new_tokens,
+            is_chat_model=True,
+            is_function_calling_model=False,
+            model_name=self.lm.model_id,
+        )
+
+    # ------------------------------------------------------------------ argument handling
+    def _gen_kwargs(self, kwargs: Mapping[str, Any], *, logprobs: bool) -> dict[str, Any]:
+        unknown = set(kwargs) - _CALL_KWARGS
+        if unknown:
+            raise TypeError(
+                f"RagGatesLLM got unexpected keyword argument(s) {sorted(unknown)}; "
+                f"accepted: {sorted(_CALL_KWARGS)}"
+            )
+        out: dict[str, Any] = {
+            "max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens),
+            "temperature": kwargs.get("temperature", self.temperature),
+        }
+        for key in ("stop", "seed", "top_p"):
+            if kwargs.get(key) is not None:
+                out[key] = kwargs[key]
+        if logprobs:
+            out["logprobs"] = kwargs.get("top_logprobs", self.top_logprobs)
+        elif kwargs.get("top_logprobs") is not None:
+            raise ValueError(
+                "streaming responses carry no log-probabilities; call complete()/chat() "
+                "with top_logprobs instead"
+            )
+        return out
+
+    def _completion_input(self, prompt: str, formatted: bool) -> tuple[str, bool | None]:
+        """The prompt for the model and whether to apply the chat template (None = default)."""
+        if self.completion_to_prompt is default_completion_to_prompt:
+            return prompt, None
+        # A custom formatter owns the format: send its output verbatim.
+        return (prompt if formatted else self.completion_to_prompt(prompt)), False
+
+    def _chat_input(
+        self, messages: Sequence[ChatMessage]
+    ) -> tuple[str | list[RGChatMessage], bool | None]:
+        if self.messages_to_prompt is generic_messages_to_prompt:
+            return to_rag_gates_messages(messages), None
+        return self.messages_to_prompt(messages), False
+
+    # ------------------------------------------------------------------ completion
+    @llm_completion_callback()
+    def complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
+        text, template = self._completion_input(prompt, formatted)
+        generation = self.lm.generate(text, chat_template=template, **gen_kwargs)
+        return _completion_response(generation)
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
+        text, template = self._completion_input(prompt, formatted)
+        # Validate and start decoding before returning, so bad arguments raise here.
+        deltas = self.lm.stream(text, chat_template=template, **gen_kwargs)
+        return _completion_stream(deltas)
+
+    @llm_completion_callback()
+    async def acomplete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponse:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
+        text, template = self._completion_input(prompt, formatted)
+        # agenerate runs the forward passes in a worker thread: the event loop stays free.
+        generation = await self.lm.agenerate(text, **_with_template(gen_kwargs, template))
+        return _completion_response(generation)
+
+    @llm_completion_callback()
+    async def astream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseAsyncGen:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
+        text, template = self._completion_input(prompt, formatted)
+        return _acompletion_stream(self._astream(text, template, gen_kwargs))
+
+    # ------------------------------------------------------------------ chat
+    @llm_chat_callback()
+    def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
+        prompt, template = self._chat_input(messages)
+        generation = self.lm.generate(prompt, chat_template=template, **gen_kwargs)
+        return _chat_response(generation)
+
+    @llm_chat_callback()
+    def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
+        prompt, template = self._chat_input(messages)
+        deltas = self.lm.stream(prompt, chat_template=template, **gen_kwargs)
+        return _chat_stream(deltas)
+
+    @llm_chat_callback()
+    async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
+        prompt, template = self._chat_input(messages)
+        generation = await self.lm.agenerate(prompt, **_with_template(gen_kwargs, template))
+        return _chat_response(generation)
+
+    @llm_chat_callback()
+    async def astream_chat(
+        self, messages: Sequence[ChatMessage], **kwargs: Any
+    ) -> ChatResponseAsyncGen:
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
+        prompt, template = self._chat_input(messages)
+        return _achat_stream(self._astream(prompt, template, gen_kwargs))
+
+    async def _astream(
+        self,
+        prompt: str | list[RGChatMessage],
+        template: bool | None,
+        gen_kwargs: dict[str, Any],
+    ) -> AsyncIterator[str]:
+        lm = self.lm
+        if template is None:
+            # BaseTextLM.astream decodes in a worker thread and hands pieces to the loop.
+            async for delta in lm.astream(prompt, **gen_kwargs):
+                yield delta
+            return
+        # astream has no chat_template argument; run the HF stream in the same thread
+        # hand-off BaseTextLM.astream uses, with the template choice bound in.
+        async for delta in _thread_stream(
+            lambda: lm.stream(prompt, chat_template=template, **gen_kwargs)
+        ):
+            yield delta
+
+
+def _with_template(gen_kwargs: dict[str, Any], template: bool | None) -> dict[str, Any]:
+    # agenerate forwards only the TextLM arguments; the template choice goes through a
+    # functools-free bound call in a thread when it is not the model's default.
+    if template is None:
+        return gen_kwargs
+    return {**gen_kwargs, "chat_template": template}
+
+
+def _completion_response(generation: Generation) -> CompletionResponse:
+    return CompletionResponse(
+        text=generation.text,
+        logprobs=(
+            to_llama_index_logprobs(generation.logprobs)
+            if generation.logprobs is not None
+            else None
+        ),
+        additional_kwargs=_response_kwargs(generation),
+        raw=generation,
+    )
+
+
+def _chat_response(generation: Generation) -> ChatResponse:
+    return ChatResponse(
+        message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
+        logprobs=(
+            to_llama_index_logprobs(generation.logprobs)
+            if generation.logprobs is not None
+            else None
+        ),
+        additional_kwargs=_response_kwargs(generation),
+        raw=generation,
+    )
+
+
+def _completion_stream(deltas: Iterator[str]) -> CompletionResponseGen:
+    text = ""
+    for delta in deltas:
+        text += delta
+        yield CompletionResponse(text=text, delta=delta)
+    if not text:  # the model ended at once: consumers still get one (empty) response
+        yield CompletionResponse(text="", delta="")
+
+
+def _chat_stream(deltas: Iterator[str]) -> ChatResponseGen:
+    text = ""
+    for delta in deltas:
+        text += delta
+        yield ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
+        )
+    if not text:
+        yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=""), delta="")
+
+
+async def _acompletion_stream(deltas: AsyncIterator[str]) -> CompletionResponseAsyncGen:
+    text = ""
+    async for delta in deltas:
+        text += delta
+        yield CompletionResponse(text=text, delta=delta)
+    if not text:
+        yield CompletionResponse(text="", delta="")
+
+
+async def _achat_stream(deltas: AsyncIterator[str]) -> ChatResponseAsyncGen:
+    text = ""
+    async for delta in deltas:
+        text += delta
+        yield ChatResponse(
+            message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
+        )
+    if not text:
+        yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=""), delta="")

