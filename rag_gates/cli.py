@@ -82,7 +82,8 @@ def info(
         table.add_row("default LM load", f"{time.perf_counter() - start:.2f} s ({shape})")
         start = time.perf_counter()
         embedder = defaults.load_default_embedder()
-        dim = embedder.get_sentence_embedding_dimension()
+        dim = (getattr(embedder, "get_embedding_dimension", None)
+               or embedder.get_sentence_embedding_dimension)()
         table.add_row("default embedder load", f"{time.perf_counter() - start:.2f} s ({dim}-d)")
     console.print(table)
 

@@ -417,25 +417,29 @@ class HFWhiteBoxLM(BaseTextLM):
     # ------------------------------------------------------------------ generation
     def _decode_loop(
         self,
-        prompt: Prompt,
+        group: StreamGroup,
         *,
         max_new_tokens: int,
-        stop: Sequence[str] | None,
+        stops: tuple[str, ...],
         temperature: float,
         logprobs: int | None,
-        chat_template: bool | None,
-        truncation: Truncation,
         seed: int | None,
         top_p: float,
+        start: float,
     ) -> Generator[str, None, Generation]:
         """Yield text deltas; the finished Generation is the generator's return value."""
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-        start = time.perf_counter()
-        group = self.open_streams(
-            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
-        )
+        if group.n_streams != 1:
+            raise ValueError(f"generation needs a single-stream group, got {group.n_streams}")
+        if group.stream_length(0) + max_new_tokens > self.max_context:
+            raise ContextLengthError(
+                f"{group.stream_length(0)} tokens + max_new_tokens={max_new_tokens} exceed the "
+                f"{self.max_context}-token context; lower max_new_tokens"
+            )
+        # Per-step hidden states are for inspection before generating; decoding does not
+        # need them, and capturing them every step would cost time.
+        group.hidden_layers = ()
         generator = None
         if temperature > 0:
             generator = torch.Generator().manual_seed(seed if seed is not None else 0)
@@ -529,17 +533,39 @@ class HFWhiteBoxLM(BaseTextLM):
         after ``max_new_tokens``. ``logprobs=k`` returns per-token log-probabilities with the
         ``k`` most likely alternatives (OpenAI shape; ``k=0`` for the chosen token only).
         """
-        loop = self._decode_loop(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            temperature=temperature,
-            logprobs=logprobs,
-            chat_template=chat_template,
-            truncation=truncation,
-            seed=seed,
-            top_p=top_p,
+        start = time.perf_counter()
+        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
+        group = self.open_streams(
+            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
         )
+        return self.generate_from(group, max_new_tokens=max_new_tokens, stop=stops,
+                                  temperature=temperature, logprobs=logprobs, seed=seed,
+                                  top_p=top_p, _start=start)
+
+    def generate_from(
+        self,
+        group: StreamGroup,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+        seed: int | None = None,
+        top_p: float = 1.0,
+        _start: float | None = None,
+    ) -> Generation:
+        """Continue generating from an already prefilled single-stream group.
+
+        This is the cheap path for gates that read the prompt's hidden state first (CBDR):
+        ``open_streams([prompt], hidden_layers=[15])`` runs the prompt once, the gate reads
+        ``group.hidden(15)``, and if it decides not to retrieve, the answer continues from
+        the same KV cache with no second prefill. Per-step hidden capture is switched off.
+        """
+        start = time.perf_counter() if _start is None else _start
+        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
+        loop = self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
+                                 temperature=temperature, logprobs=logprobs, seed=seed,
+                                 top_p=top_p, start=start)
         while True:
             try:
                 next(loop)
@@ -560,17 +586,14 @@ class HFWhiteBoxLM(BaseTextLM):
         top_p: float = 1.0,
     ) -> Iterator[str]:
         """Yield text deltas as they are generated; joined, they equal ``generate().text``."""
-        yield from self._decode_loop(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            temperature=temperature,
-            logprobs=None,
-            chat_template=chat_template,
-            truncation=truncation,
-            seed=seed,
-            top_p=top_p,
+        start = time.perf_counter()
+        stops = validate_generation_args(max_new_tokens, stop, temperature, None)
+        group = self.open_streams(
+            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
         )
+        yield from self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
+                                     temperature=temperature, logprobs=None, seed=seed,
+                                     top_p=top_p, start=start)
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -793,7 +816,9 @@ class StreamGroup:
         self._mask = mask
         self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
         self._cache = lm._new_cache()
+        self._pending: int | None = None
         self._run(ids, positions=lm._positions(mask))
+        self._vocab = int(self._logits.shape[-1])
 
     @property
     def n_streams(self) -> int:
@@ -810,7 +835,7 @@ class StreamGroup:
                 position_ids=positions,
                 output_hidden_states=bool(self.hidden_layers),
             )
-        self.logits: torch.Tensor = out.logits[:, -1].float()
+        self._logits: torch.Tensor = out.logits[:, -1].float()
         self._logprobs: torch.Tensor | None = None
         self._hidden = (
             {layer: out.hidden_states[layer][:, -1].float() for layer in self.hidden_layers}
@@ -818,11 +843,30 @@ class StreamGroup:
         )
         self._cache = out.past_key_values
 
+    def _flush(self) -> None:
+        """Run the forward pass for a token appended by :meth:`advance`, if not yet run."""
+        if self._pending is None:
+            return
+        token, self._pending = self._pending, None
+        b = self.n_streams
+        if self._padded:
+            self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
+        positions = self._next_positions[:, None].clone()
+        self._next_positions += 1
+        self._run(torch.full((b, 1), token, dtype=torch.long), positions)
+
+    @property
+    def logits(self) -> torch.Tensor:
+        """Next-token logits, ``[n_streams, vocab]`` float32."""
+        self._flush()
+        return self._logits
+
     @property
     def logprobs(self) -> torch.Tensor:
         """Next-token log-probabilities, ``[n_streams, vocab]`` float32."""
+        self._flush()
         if self._logprobs is None:
-            self._logprobs = torch.log_softmax(self.logits, dim=-1)
+            self._logprobs = torch.log_softmax(self._logits, dim=-1)
         return self._logprobs
 
     def greedy_tokens(self) -> list[int]:
@@ -831,26 +875,27 @@ class StreamGroup:
 
     def hidden(self, layer: int) -> torch.Tensor:
         """Hidden state ``[n_streams, d]`` of the newest token at a captured layer."""
+        self._flush()
         index = layer % (self._lm.num_layers + 1)
         if index not in self._hidden:
             raise KeyError(f"layer {layer} was not captured; open_streams(hidden_layers=[...])")
         return self._hidden[index]
 
     def advance(self, token_id: int) -> None:
-        """Append one token to every stream and run one batched forward pass."""
+        """Append one token to every stream.
+
+        The batched forward pass runs when the next distribution, hidden state or attention
+        row is first read, so a final token that nobody inspects costs nothing.
+        """
         if isinstance(token_id, bool) or not isinstance(token_id, int):
             raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
-        vocab = self.logits.shape[-1]
-        if not 0 <= token_id < vocab:
-            raise ValueError(f"token_id {token_id} outside the vocabulary (0..{vocab - 1})")
-        b = self.n_streams
-        if self._padded:
-            self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
-        ids = torch.full((b, 1), token_id, dtype=torch.long)
-        positions = self._next_positions[:, None].clone()
-        self._next_positions += 1
+        if not 0 <= token_id < self._vocab:
+            raise ValueError(
+                f"token_id {token_id} outside the vocabulary (0..{self._vocab - 1})"
+            )
+        self._flush()
+        self._pending = token_id
         self.generated_ids.append(token_id)
-        self._run(ids, positions)
 
     @property
     def text(self) -> str:
@@ -868,6 +913,7 @@ class StreamGroup:
         newest token, the only one available after :meth:`advance`. Columns follow the same
         indexing (column ``j`` = the stream's token ``j``).
         """
+        self._flush()
         index = layer % self._lm.num_layers
         if index not in self._capture.inputs:
             raise KeyError(

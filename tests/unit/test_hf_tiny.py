@@ -321,3 +321,15 @@ def test_wrong_model_and_dtype_types() -> None:
         HFWhiteBoxLM("not a model", None)  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="dtype"):
         HFWhiteBoxLM.from_pretrained("x", dtype="float8")
+
+
+def test_generate_from_a_prefilled_group_reuses_the_prefill(tiny: HFWhiteBoxLM) -> None:
+    group = tiny.open_streams([PROMPTS[0]], hidden_layers=[2], reserve=8)
+    prefill_hidden = group.hidden(2)[0]
+    assert torch.allclose(prefill_hidden, tiny.hidden_states([PROMPTS[0]], [2])[0, 0],
+                          atol=1e-4)
+    g = tiny.generate_from(group, max_new_tokens=8, logprobs=0)
+    plain = tiny.generate(PROMPTS[0], max_new_tokens=8, logprobs=0)
+    assert g.model_copy(update={"latency_ms": 0}) == plain.model_copy(update={"latency_ms": 0})
+    with pytest.raises(ValueError, match="single-stream"):
+        tiny.generate_from(tiny.open_streams(PROMPTS[:2]), max_new_tokens=2)

@@ -235,22 +235,29 @@ class RagGatesLLM(CustomLLM):
 
     @property
     def metadata(self) -> LLMMetadata:
-        context_window = self.context_window or int(getattr(self.lm, "max_context", 2048))
+        # Reading the context window needs the model's config, so this loads the model.
+        lm = self.lm
         return LLMMetadata(
-            context_window=context_window,
+            context_window=self.context_window or int(getattr(lm, "max_context", 2048)),
             num_output=self.num_output or self.max_new_tokens,
             is_chat_model=True,
             is_function_calling_model=False,
-            model_name=self.lm.model_id,
+            model_name=lm.model_id,
         )
 
     # ------------------------------------------------------------------ argument handling
     def _gen_kwargs(self, kwargs: Mapping[str, Any], *, logprobs: bool) -> dict[str, Any]:
+        """Merge per-call arguments over the fields and validate them now, not mid-stream."""
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise TypeError(
                 f"RagGatesLLM got unexpected keyword argument(s) {sorted(unknown)}; "
                 f"accepted: {sorted(_CALL_KWARGS)}"
+            )
+        if not logprobs and kwargs.get("top_logprobs") is not None:
+            raise ValueError(
+                "streaming responses carry no log-probabilities; call complete()/chat() "
+                "with top_logprobs instead"
             )
         out: dict[str, Any] = {
             "max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens),
@@ -259,28 +266,38 @@ class RagGatesLLM(CustomLLM):
         for key in ("stop", "seed", "top_p"):
             if kwargs.get(key) is not None:
                 out[key] = kwargs[key]
+        top = kwargs.get("top_logprobs", self.top_logprobs) if logprobs else None
+        validate_generation_args(out["max_new_tokens"], out.get("stop"), out["temperature"], top)
         if logprobs:
-            out["logprobs"] = kwargs.get("top_logprobs", self.top_logprobs)
-        elif kwargs.get("top_logprobs") is not None:
-            raise ValueError(
-                "streaming responses carry no log-probabilities; call complete()/chat() "
-                "with top_logprobs instead"
-            )
+            out["logprobs"] = top
         return out
 
-    def _completion_input(self, prompt: str, formatted: bool) -> tuple[str, bool | None]:
-        """The prompt for the model and whether to apply the chat template (None = default)."""
+    def _completion_input(self, prompt: str, formatted: bool) -> tuple[Prompt, bool | None]:
+        """The model's prompt and the chat-template choice (None = the model's default)."""
         if self.completion_to_prompt is default_completion_to_prompt:
-            return prompt, None
-        # A custom formatter owns the format: send its output verbatim.
-        return (prompt if formatted else self.completion_to_prompt(prompt)), False
+            return validate_prompt(prompt), None
+        # A custom formatter owns the format: its output goes to the model verbatim.
+        text = prompt if formatted else self.completion_to_prompt(prompt)
+        return validate_prompt(text), False
 
-    def _chat_input(
-        self, messages: Sequence[ChatMessage]
-    ) -> tuple[str | list[RGChatMessage], bool | None]:
+    def _chat_input(self, messages: Sequence[ChatMessage]) -> tuple[Prompt, bool | None]:
         if self.messages_to_prompt is generic_messages_to_prompt:
-            return to_rag_gates_messages(messages), None
-        return self.messages_to_prompt(messages), False
+            # The tokenizer's chat template renders the messages, exactly once.
+            return validate_prompt(to_rag_gates_messages(messages)), None
+        return validate_prompt(self.messages_to_prompt(messages)), False
+
+    def _target(self, template: bool | None, gen_kwargs: dict[str, Any]) -> BaseTextLM:
+        """A TextLM whose plain generate/stream carry the HF-only options too.
+
+        The core's ``agenerate``/``astream`` take only the TextLM arguments; binding the
+        rest (chat template, seed, top_p) keeps their worker-thread hand-off for async calls.
+        """
+        extra = {k: gen_kwargs[k] for k in ("seed", "top_p") if k in gen_kwargs}
+        return _BoundLM(self.lm, template, extra)
+
+    @staticmethod
+    def _text_args(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
+        return {k: v for k, v in gen_kwargs.items() if k not in ("seed", "top_p")}
 
     # ------------------------------------------------------------------ completion
     @llm_completion_callback()
@@ -298,9 +315,7 @@ class RagGatesLLM(CustomLLM):
     ) -> CompletionResponseGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         text, template = self._completion_input(prompt, formatted)
-        # Validate and start decoding before returning, so bad arguments raise here.
-        deltas = self.lm.stream(text, chat_template=template, **gen_kwargs)
-        return _completion_stream(deltas)
+        return _completion_stream(self.lm.stream(text, chat_template=template, **gen_kwargs))
 
     @llm_completion_callback()
     async def acomplete(
@@ -308,8 +323,8 @@ class RagGatesLLM(CustomLLM):
     ) -> CompletionResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         text, template = self._completion_input(prompt, formatted)
-        # agenerate runs the forward passes in a worker thread: the event loop stays free.
-        generation = await self.lm.agenerate(text, **_with_template(gen_kwargs, template))
+        target = self._target(template, gen_kwargs)
+        generation = await target.agenerate(text, **self._text_args(gen_kwargs))
         return _completion_response(generation)
 
     @llm_completion_callback()
@@ -318,7 +333,8 @@ class RagGatesLLM(CustomLLM):
     ) -> CompletionResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         text, template = self._completion_input(prompt, formatted)
-        return _acompletion_stream(self._astream(text, template, gen_kwargs))
+        target = self._target(template, gen_kwargs)
+        return _acompletion_stream(target.astream(text, **self._text_args(gen_kwargs)))
 
     # ------------------------------------------------------------------ chat
     @llm_chat_callback()
@@ -332,14 +348,14 @@ class RagGatesLLM(CustomLLM):
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         prompt, template = self._chat_input(messages)
-        deltas = self.lm.stream(prompt, chat_template=template, **gen_kwargs)
-        return _chat_stream(deltas)
+        return _chat_stream(self.lm.stream(prompt, chat_template=template, **gen_kwargs))
 
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         prompt, template = self._chat_input(messages)
-        generation = await self.lm.agenerate(prompt, **_with_template(gen_kwargs, template))
+        target = self._target(template, gen_kwargs)
+        generation = await target.agenerate(prompt, **self._text_args(gen_kwargs))
         return _chat_response(generation)
 
     @llm_chat_callback()
@@ -348,34 +364,62 @@ class RagGatesLLM(CustomLLM):
     ) -> ChatResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         prompt, template = self._chat_input(messages)
-        return _achat_stream(self._astream(prompt, template, gen_kwargs))
+        target = self._target(template, gen_kwargs)
+        return _achat_stream(target.astream(prompt, **self._text_args(gen_kwargs)))
 
-    async def _astream(
+
+class _BoundLM(BaseTextLM):
+    """An HFWhiteBoxLM with its HF-only generation options fixed, seen as a plain TextLM.
+
+    Inherits BaseTextLM's ``agenerate``/``astream``, which run ``generate``/``stream`` in a
+    worker thread, so async calls never block the event loop.
+    """
+
+    def __init__(self, lm: HFWhiteBoxLM, template: bool | None, extra: dict[str, Any]) -> None:
+        self._lm = lm
+        self._extra = {"chat_template": template, **extra}
+
+    @property
+    def model_id(self) -> str:
+        return self._lm.model_id
+
+    @property
+    def supports_logprobs(self) -> bool:
+        return True
+
+    def generate(
         self,
-        prompt: str | list[RGChatMessage],
-        template: bool | None,
-        gen_kwargs: dict[str, Any],
-    ) -> AsyncIterator[str]:
-        lm = self.lm
-        if template is None:
-            # BaseTextLM.astream decodes in a worker thread and hands pieces to the loop.
-            async for delta in lm.astream(prompt, **gen_kwargs):
-                yield delta
-            return
-        # astream has no chat_template argument; run the HF stream in the same thread
-        # hand-off BaseTextLM.astream uses, with the template choice bound in.
-        async for delta in _thread_stream(
-            lambda: lm.stream(prompt, chat_template=template, **gen_kwargs)
-        ):
-            yield delta
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation:
+        return self._lm.generate(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            temperature=temperature,
+            logprobs=logprobs,
+            **self._extra,
+        )
 
-
-def _with_template(gen_kwargs: dict[str, Any], template: bool | None) -> dict[str, Any]:
-    # agenerate forwards only the TextLM arguments; the template choice goes through a
-    # functools-free bound call in a thread when it is not the model's default.
-    if template is None:
-        return gen_kwargs
-    return {**gen_kwargs, "chat_template": template}
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> Iterator[str]:
+        return self._lm.stream(
+            prompt,
+            max_new_tokens=max_new_tokens,
+            stop=stop,
+            temperature=temperature,
+            **self._extra,
+        )
 
 
 def _completion_response(generation: Generation) -> CompletionResponse:

@@ -1,0 +1,366 @@
+"""Any LangChain chat model or LLM as a rag-gates :class:`~rag_gates.lm.base.TextLM`.
+
+Text-only rag-gates methods (QuCo, DeepRAG prompting) take a ``TextLM``; this adapter lets
+them prompt any LangChain model: API models, local servers, or :class:`ChatRagGates`.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from typing import Any, Literal
+
+from langchain_core.language_models import BaseChatModel, BaseLanguageModel, BaseLLM
+from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
+from pydantic import ValidationError
+
+from rag_gates.lm.base import (
+    BaseTextLM,
+    Prompt,
+    TextLM,
+    as_messages,
+    validate_generation_args,
+    validate_prompt,
+)
+from rag_gates.types import Generation, TokenLogprob
+
+__all__ = ["LangChainTextLM", "as_text_lm"]
+
+FinishReason = Literal["stop", "length", "eos"]
+
+# Field names providers use for "maximum tokens to generate", in the order they are tried.
+MAX_TOKENS_FIELDS = (
+    "max_tokens",
+    "max_new_tokens",
+    "max_output_tokens",
+    "max_completion_tokens",
+    "num_predict",
+)
+
+# Where providers report why generation ended, and the values meaning "hit the limit".
+_FINISH_KEYS = ("finish_reason", "stop_reason", "done_reason")
+_LENGTH_REASONS = frozenset({"length", "max_tokens", "MAX_TOKENS", "max_output_tokens"})
+
+
+def _field_names(model: BaseLanguageModel[Any]) -> frozenset[str]:
+    return frozenset(type(model).model_fields)
+
+
+def _to_langchain(prompt: Prompt) -> str | list[BaseMessage]:
+    if isinstance(prompt, str):
+        return prompt
+    out: list[BaseMessage] = []
+    for m in as_messages(prompt):
+        if m.role == "system":
+            out.append(SystemMessage(content=m.content))
+        elif m.role == "user":
+            out.append(HumanMessage(content=m.content))
+        else:
+            out.append(AIMessage(content=m.content))
+    return out
+
+
+def _text_of(output: object) -> str:
+    """The text of an invoke/stream output: a message (chat model) or a str (LLM)."""
+    if isinstance(output, BaseMessage):
+        return str(output.text)
+    if isinstance(output, str):
+        return output
+    raise TypeError(
+        f"expected a message or a str from the LangChain model, got {type(output).__name__}"
+    )
+
+
+def _finish_reason(metadata: Mapping[str, Any]) -> FinishReason:
+    for key in _FINISH_KEYS:
+        value = metadata.get(key)
+        if value is None:
+            continue
+        if value in _LENGTH_REASONS:
+            return "length"
+        if value == "eos":
+            return "eos"
+        return "stop"
+    return "stop"  # nothing reported: the model ended on its own
+
+
+def _first_stop(text: str, stops: Sequence[str]) -> int:
+    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
+
+
+class _StopCutter:
+    """Applies stop strings to streamed text, for models that ignore ``stop``.
+
+    Text that could be the start of a stop string is held back until it is known not to
+    be one, so no emitted piece ever has to be taken back.
+    """
+
+    def __init__(self, stops: Sequence[str]) -> None:
+        self.stops = tuple(stops)
+        self.holdback = max((len(s) for s in self.stops), default=1) - 1
+        self.text = ""
+        self.emitted = 0
+        self.stopped = False
+
+    def feed(self, piece: str) -> str:
+        """Add a piece; return what can be emitted now (``stopped`` turns True at a stop)."""
+        self.text += piece
+        cut = _first_stop(self.text, self.stops)
+        if cut >= 0:
+            self.stopped = True
+            out = self.text[self.emitted : cut]
+            self.emitted = cut
+            return out
+        safe = len(self.text) - self.holdback
+        if safe <= self.emitted:
+            return ""
+        out = self.text[self.emitted : safe]
+        self.emitted = safe
+        return out
+
+    def flush(self) -> str:
+        if self.stopped:
+            return ""
+        out = self.text[self.emitted :]
+        self.emitted = len(self.text)
+        return out
+
+
+class LangChainTextLM(BaseTextLM):
+    """A LangChain chat model or LLM behind the rag-gates ``TextLM`` protocol.
+
+    Build it with :func:`as_text_lm`. Each call goes through the model's own ``invoke``,
+    ``stream``, ``ainvoke`` and ``astream``, so callbacks, tracing and rate limiters apply.
+
+    What each ``TextLM`` argument becomes:
+
+    - ``max_new_tokens``: set on a per-call copy of the model
+      (``model.model_copy(update=...)``) as the first field it declares among
+      :data:`MAX_TOKENS_FIELDS` (``max_tokens``, ``max_new_tokens``, ``max_output_tokens``,
+      ``max_completion_tokens``, ``num_predict``); not passed when it declares none.
+      A copy rather than call kwargs, because providers read these fields when they build a
+      request while their per-call keyword names differ.
+    - ``temperature``: set the same way when the model has a ``temperature`` field.
+    - ``stop``: passed as LangChain's ``stop`` argument, and also applied to the returned
+      text, since some models ignore it.
+    - ``logprobs=k``: sets ``logprobs=True, top_logprobs=k`` (the OpenAI option names, also
+      :class:`~langchain_rag_gates.ChatRagGates`'s); read back from
+      ``response_metadata["logprobs"]["content"]``. :attr:`supports_logprobs` is True only
+      for models declaring both fields; ``stream`` never returns logprobs.
+
+    ``set_max_tokens=False`` / ``set_temperature=False`` leave those fields alone, for
+    models that reject them (e.g. reasoning models with a fixed temperature).
+
+    ``finish_reason`` comes from ``response_metadata`` (``finish_reason``, ``stop_reason``
+    or ``done_reason``): limit reasons map to ``"length"``, ``"eos"`` stays, anything else
+    and nothing at all map to ``"stop"``. Token counts come from ``usage_metadata`` (0 when
+    the model reports none). An LLM's ``invoke`` returns bare text, so for LLMs both are
+    always ``"stop"`` and 0; chat messages given to an LLM are flattened by LangChain.
+    """
+
+    def __init__(
+        self,
+        model: BaseLanguageModel[Any],
+        *,
+        model_id: str | None = None,
+        set_max_tokens: bool = True,
+        set_temperature: bool = True,
+    ) -> None:
+        if not isinstance(model, BaseLanguageModel):
+            raise TypeError(
+                f"model must be a LangChain chat model or LLM (BaseLanguageModel), got "
+                f"{type(model).__name__}; for a Runnable such as model.bind(...), pass the "
+                "configured model itself"
+            )
+        self.model = model
+        fields = _field_names(model)
+        self.max_tokens_field: str | None = (
+            next((f for f in MAX_TOKENS_FIELDS if f in fields), None) if set_max_tokens else None
+        )
+        self.temperature_field: str | None = (
+            "temperature" if set_temperature and "temperature" in fields else None
+        )
+        self._logprob_fields = {"logprobs", "top_logprobs"} <= fields
+        self._model_id = model_id or self._name_of(model)
+
+    @staticmethod
+    def _name_of(model: BaseLanguageModel[Any]) -> str:
+        for attr in ("model_name", "model", "model_id"):
+            value = getattr(model, attr, None)
+            if isinstance(value, str) and value:
+                return value
+        return type(model).__name__
+
+    @property
+    def model_id(self) -> str:
+        return self._model_id
+
+    @property
+    def supports_logprobs(self) -> bool:
+        return self._logprob_fields and isinstance(self.model, BaseChatModel)
+
+    # ------------------------------------------------------------------ call set-up
+    def _configured(
+        self, max_new_tokens: int, temperature: float, logprobs: int | None
+    ) -> BaseLanguageModel[Any]:
+        update: dict[str, Any] = {}
+        if self.max_tokens_field:
+            update[self.max_tokens_field] = max_new_tokens
+        if self.temperature_field:
+            update[self.temperature_field] = temperature
+        if logprobs is not None:
+            if not self.supports_logprobs:
+                raise ValueError(
+                    f"{type(self.model).__name__} does not offer logprobs (no logprobs / "
+                    "top_logprobs fields); call with logprobs=None, or use a model that "
+                    "returns them such as ChatRagGates or ChatOpenAI"
+                )
+            update.update(logprobs=True, top_logprobs=logprobs)
+        # A shallow copy shares the client and any loaded weights.
+        return self.model.model_copy(update=update) if update else self.model
+
+    def _prepare(
+        self,
+        prompt: Prompt,
+        max_new_tokens: int,
+        stop: Sequence[str] | None,
+        temperature: float,
+        logprobs: int | None,
+    ) -> tuple[BaseLanguageModel[Any], str | list[BaseMessage], tuple[str, ...]]:
+        prompt = validate_prompt(prompt)
+        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
+        model = self._configured(max_new_tokens, temperature, logprobs)
+        return model, _to_langchain(prompt), stops
+
+    @staticmethod
+    def _call_kwargs(stops: tuple[str, ...]) -> dict[str, Any]:
+        return {"stop": list(stops)} if stops else {}
+
+    def _generation(self, output: object, stops: tuple[str, ...], logprobs: int | None) -> Generation:
+        text = _text_of(output)
+        metadata: Mapping[str, Any] = getattr(output, "response_metadata", None) or {}
+        finish = _finish_reason(metadata)
+        cut = _first_stop(text, stops)
+        if cut >= 0:
+            text, finish = text[:cut], "stop"
+        usage = getattr(output, "usage_metadata", None) or {}
+        token_logprobs = None
+        if logprobs is not None:
+            token_logprobs = self._logprobs(metadata)
+        return Generation(
+            text=text,
+            finish_reason=finish,
+            logprobs=token_logprobs,
+            prompt_tokens=int(usage.get("input_tokens", 0)),
+            completion_tokens=int(usage.get("output_tokens", 0)),
+        )
+
+    def _logprobs(self, metadata: Mapping[str, Any]) -> list[TokenLogprob]:
+        raw = metadata.get("logprobs")
+        content = raw.get("content") if isinstance(raw, Mapping) else None
+        if not isinstance(content, list):
+            raise ValueError(
+                f"{self.model_id} returned no logprobs although they were requested "
+                "(expected response_metadata['logprobs']['content'], OpenAI shape)"
+            )
+        try:
+            return [TokenLogprob.model_validate(item) for item in content]
+        except ValidationError as exc:
+            raise ValueError(
+                f"{self.model_id} returned logprobs in an unknown shape; expected OpenAI's "
+                f"{{'token', 'logprob', 'bytes', 'top_logprobs'}} entries: {exc}"
+            ) from exc
+
+    # ------------------------------------------------------------------ TextLM
+    def generate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation:
+        model, lc_input, stops = self._prepare(
+            prompt, max_new_tokens, stop, temperature, logprobs
+        )
+        output = model.invoke(lc_input, **self._call_kwargs(stops))
+        return self._generation(output, stops, logprobs)
+
+    async def agenerate(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+        logprobs: int | None = None,
+    ) -> Generation:
+        model, lc_input, stops = self._prepare(
+            prompt, max_new_tokens, stop, temperature, logprobs
+        )
+        output = await model.ainvoke(lc_input, **self._call_kwargs(stops))
+        return self._generation(output, stops, logprobs)
+
+    def stream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> Iterator[str]:
+        """Yield text pieces as the model streams them; joined, they equal ``generate().text``."""
+        model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
+        cutter = _StopCutter(stops)
+        for chunk in model.stream(lc_input, **self._call_kwargs(stops)):
+            piece = cutter.feed(_text_of(chunk))
+            if piece:
+                yield piece
+            if cutter.stopped:
+                return
+        if rest := cutter.flush():
+            yield rest
+
+    async def astream(
+        self,
+        prompt: Prompt,
+        *,
+        max_new_tokens: int = 128,
+        stop: Sequence[str] | None = None,
+        temperature: float = 0.0,
+    ) -> AsyncIterator[str]:
+        """Async :meth:`stream` through the model's own ``astream``."""
+        model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
+        cutter = _StopCutter(stops)
+        async for chunk in model.astream(lc_input, **self._call_kwargs(stops)):
+            piece = cutter.feed(_text_of(chunk))
+            if piece:
+                yield piece
+            if cutter.stopped:
+                return
+        if rest := cutter.flush():
+            yield rest
+
+
+def as_text_lm(
+    model: BaseLanguageModel[Any],
+    *,
+    model_id: str | None = None,
+    set_max_tokens: bool = True,
+    set_temperature: bool = True,
+) -> TextLM:
+    """Wrap any LangChain chat model or LLM as a rag-gates ``TextLM``.
+
+    See :class:`LangChainTextLM` for how each generation argument reaches the model.
+
+    Example:
+        >>> from langchain_rag_gates import ChatRagGates, as_text_lm
+        >>> lm = as_text_lm(ChatRagGates(model="default"))
+        >>> lm.generate("Who wrote Hamlet?", max_new_tokens=16).text
+    """
+    return LangChainTextLM(
+        model,
+        model_id=model_id,
+        set_max_tokens=set_max_tokens,
+        set_temperature=set_temperature,
+    )
