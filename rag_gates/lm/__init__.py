@@ -15,6 +15,7 @@ from rag_gates.lm.base import (
 from rag_gates.lm.defaults import (
     load_default_embedder,
     load_default_lm,
+    load_default_tokenizer,
     load_lm,
     rag_gates_home,
 )
@@ -32,6 +33,7 @@ __all__ = [
     "WhiteBoxLM",
     "load_default_embedder",
     "load_default_lm",
+    "load_default_tokenizer",
     "load_lm",
     "rag_gates_home",
     "require_white_box",

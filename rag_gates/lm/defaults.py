@@ -40,6 +40,7 @@ __all__ = [
     "default_lm_dir",
     "load_default_embedder",
     "load_default_lm",
+    "load_default_tokenizer",
     "load_lm",
     "rag_gates_home",
 ]
@@ -156,6 +157,17 @@ def load_default_lm(**kwargs: Any) -> HFWhiteBoxLM:
         _convert_default_lm(target)
     kwargs.setdefault("model_id", DEFAULT_LM_ID)
     return HFWhiteBoxLM.from_pretrained(target, **kwargs)
+
+
+def load_default_tokenizer() -> Any:
+    """The embedded model's tokenizer alone (converts the model once if needed)."""
+    from rag_gates._optional import require
+
+    transformers = require("transformers", "hf")
+    target = default_lm_dir()
+    if not _is_complete(target):
+        _convert_default_lm(target)
+    return transformers.AutoTokenizer.from_pretrained(target, local_files_only=True)
 
 
 def load_lm(name_or_path: str | os.PathLike[str] = "default", **kwargs: Any) -> HFWhiteBoxLM:
