@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rag_gates.prompts import qa_prompt
 from rag_gates.types import Generation, Passage
 
 app = typer.Typer(
@@ -126,15 +127,6 @@ def gold_passages(row: dict[str, Any]) -> list[Passage]:
             for title, sentences in row["context"] if title in titles]
 
 
-def qa_prompt(question: str, passages: list[Passage] | None = None) -> str:
-    """The demo's question-answering prompt, with or without passages."""
-    if not passages:
-        return f"Answer the question in a few words.\nQuestion: {question}"
-    context = "\n".join(f"- {p.title}: {p.text}" for p in passages)
-    return (f"Answer the question in a few words, using the context.\nContext:\n{context}\n"
-            f"Question: {question}")
-
-
 @app.command()
 def demo(
     n: Annotated[int, typer.Option(min=1, help="How many questions to answer.")] = 3,
@@ -168,6 +160,123 @@ def demo(
                           str(g.completion_tokens), f"{g.latency_ms / 1000:.1f}")
         table.caption = f"gold answer: {row['answer']}"
         console.print(table)
+
+
+@app.command()
+def bench(
+    dataset: Annotated[str, typer.Option(help="hotpotqa, 2wiki, popqa or pubmedqa.")],
+    out: Annotated[Path, typer.Option(help="Run directory (created; resumed if it exists).")],
+    methods: Annotated[str, typer.Option(help="Comma-separated method names.")] = "no-rag,single",
+    n: Annotated[int, typer.Option(min=1, help="Number of questions.")] = 200,
+    offset: Annotated[int, typer.Option(min=0, help="Questions skipped first.")] = 0,
+    model: Annotated[str, typer.Option(help="'default' or an HF path/id.")] = "default",
+    retriever: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
+    k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 48,
+    data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
+                                                           "choice).")] = None,
+) -> None:
+    """Run methods over a dataset: one JSON line per answer, resumable, summary at the end."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
+
+    _quiet_transformers()
+    try:
+        config = BenchConfig(dataset=dataset, methods=[m.strip() for m in methods.split(",")
+                                                       if m.strip()],
+                             n=n, offset=offset, model=model, retriever=retriever, k=k,
+                             max_new_tokens=max_new_tokens,
+                             data_path=str(data) if data else None, threads=threads)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(done: int, total: int, running: dict[str, dict[str, float]]) -> None:
+            accs = "  ".join(f"{m} {s['accuracy']:.0f}%" for m, s in running.items())
+            bar.update(task, completed=done, total=total, description=f"acc: {accs}")
+
+        try:
+            summary = run_bench(config, out, progress=progress)
+        except (ValueError, FileNotFoundError, ConfigMismatchError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+    console.print((out / "summary.md").read_text())
+    console.print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
+    _ = summary
+
+
+@app.command("eval-gate")
+def eval_gate(
+    gate: Annotated[str, typer.Option(help="Gate name, e.g. first-token-prob.")],
+    dataset: Annotated[str, typer.Option(help="hotpotqa, 2wiki, popqa or pubmedqa.")],
+    out: Annotated[Path, typer.Option(help="Output directory.")],
+    n: Annotated[int, typer.Option(min=2)] = 200,
+    offset: Annotated[int, typer.Option(min=0)] = 0,
+    model: Annotated[str, typer.Option()] = "default",
+    retriever: Annotated[str, typer.Option(help="bm25 or dense (for the single-retrieval "
+                                                "labels).")] = "bm25",
+    k: Annotated[int, typer.Option(min=1, max=50)] = 3,
+    max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 32,
+    target_rate: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Calibrate for this retrieval rate (default: best accuracy)."
+    )] = None,
+    data: Annotated[Path | None, typer.Option()] = None,
+) -> None:
+    """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
+    retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
+
+    _quiet_transformers()
+    try:
+        config = GateEvalConfig(gate=gate, dataset=dataset, n=n, offset=offset, model=model,
+                                retriever=retriever, k=k, max_new_tokens=max_new_tokens,
+                                target_retrieval_rate=target_rate,
+                                data_path=str(data) if data else None)
+    except ValueError as exc:
+        raise typer.BadParameter(str(exc)) from exc
+    with Progress("[progress.description]{task.description}", BarColumn(),
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+        task = bar.add_task("starting", total=None)
+
+        def progress(stage: str, done: int, total: int) -> None:
+            bar.update(task, description=stage, completed=done, total=total)
+
+        try:
+            report = evaluate_gate(config, out, progress=progress)
+        except (ValueError, FileNotFoundError, TypeError) as exc:
+            console.print(f"[red]error:[/] {exc}")
+            raise typer.Exit(2) from exc
+    c = report.calibrated
+    console.print(f"[bold]{gate}[/] on {dataset} ({report.questions} questions): "
+                  f"AUROC {report.auroc:.3f}; closed book {100 * report.closed_book_accuracy:.1f}%"
+                  f", single retrieval {100 * report.single_retrieval_accuracy:.1f}%")
+    console.print(f"calibrated threshold {c.threshold:.4g}: accuracy {100 * c.accuracy:.1f}% at "
+                  f"retrieval rate {100 * c.retrieval_rate:.1f}% -> {out / 'gate.json'}")
+    if report.popularity_spearman is not None:
+        console.print(f"Spearman(score, s_pop) = {report.popularity_spearman:.3f}")
+
+
+@app.command()
+def report(
+    runs: Annotated[list[Path], typer.Argument(help="Bench and/or eval-gate directories.")],
+    out: Annotated[Path, typer.Option(help="Report directory.")] = Path("report"),
+    title: Annotated[str, typer.Option()] = "rag-gates report",
+) -> None:
+    """Write a markdown report with a table and PNG plots for bench/eval-gate directories."""
+    from rag_gates.eval.report import write_report
+
+    try:
+        path = write_report(runs, out, title=title)
+    except FileNotFoundError as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    console.print(f"wrote {path}")
 
 
 def torch_threads() -> int:

@@ -10,6 +10,7 @@ This module does not import torch.
 from __future__ import annotations
 
 import asyncio
+import functools
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -248,14 +249,19 @@ class BaseTextLM(ABC):
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
         logprobs: int | None = None,
+        **kwargs: Any,
     ) -> Generation:
+        """:meth:`generate` in a worker thread; extra keyword arguments pass through."""
         return await asyncio.to_thread(
-            self.generate,
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            temperature=temperature,
-            logprobs=logprobs,
+            functools.partial(
+                self.generate,
+                prompt,
+                max_new_tokens=max_new_tokens,
+                stop=stop,
+                temperature=temperature,
+                logprobs=logprobs,
+                **kwargs,
+            )
         )
 
     async def astream(
@@ -265,27 +271,42 @@ class BaseTextLM(ABC):
         max_new_tokens: int = 128,
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
+        **kwargs: Any,
     ) -> AsyncIterator[str]:
-        """Run :meth:`stream` in a worker thread and hand its pieces to the event loop."""
+        """Run :meth:`stream` in a worker thread and hand its pieces to the event loop.
+
+        Closing or cancelling the async iterator stops the worker after its current piece,
+        so an abandoned stream does not keep the model busy.
+        """
         pieces: queue.Queue[tuple[str, object]] = queue.Queue()
+        cancelled = threading.Event()
 
         def produce() -> None:
+            stream = self.stream(prompt, max_new_tokens=max_new_tokens, stop=stop,
+                                 temperature=temperature, **kwargs)
             try:
-                for piece in self.stream(
-                    prompt, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature
-                ):
+                for piece in stream:
+                    if cancelled.is_set():
+                        break
                     pieces.put(("piece", piece))
             except BaseException as exc:  # handed to the consumer, re-raised there
                 pieces.put(("error", exc))
             else:
                 pieces.put(("done", None))
+            finally:
+                close = getattr(stream, "close", None)
+                if close is not None:
+                    close()
 
         threading.Thread(target=produce, daemon=True).start()
-        while True:
-            kind, value = await asyncio.to_thread(pieces.get)
-            if kind == "piece":
-                yield str(value)
-            elif kind == "error":
-                raise value  # type: ignore[misc]
-            else:
-                return
+        try:
+            while True:
+                kind, value = await asyncio.to_thread(pieces.get)
+                if kind == "piece":
+                    yield str(value)
+                elif kind == "error":
+                    raise value  # type: ignore[misc]
+                else:
+                    return
+        finally:
+            cancelled.set()

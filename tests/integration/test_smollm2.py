@@ -7,9 +7,10 @@ import time
 import pytest
 import torch
 
-from rag_gates.cli import DEMO_DATA, gold_passages, load_hotpotqa_rows, qa_prompt
+from rag_gates.cli import DEMO_DATA, gold_passages, load_hotpotqa_rows
 from rag_gates.lm import defaults
 from rag_gates.lm.hf import HFWhiteBoxLM
+from rag_gates.prompts import qa_prompt
 
 pytestmark = pytest.mark.integration
 

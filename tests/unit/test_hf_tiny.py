@@ -333,3 +333,10 @@ def test_generate_from_a_prefilled_group_reuses_the_prefill(tiny: HFWhiteBoxLM) 
     assert g.model_copy(update={"latency_ms": 0}) == plain.model_copy(update={"latency_ms": 0})
     with pytest.raises(ValueError, match="single-stream"):
         tiny.generate_from(tiny.open_streams(PROMPTS[:2]), max_new_tokens=2)
+
+
+async def test_async_passes_extra_arguments(tiny: HFWhiteBoxLM) -> None:
+    plain = await tiny.agenerate("hello", max_new_tokens=5, chat_template=False)
+    assert plain.text == tiny.generate("hello", max_new_tokens=5, chat_template=False).text
+    pieces = [p async for p in tiny.astream("hello", max_new_tokens=5, chat_template=False)]
+    assert "".join(pieces) == plain.text

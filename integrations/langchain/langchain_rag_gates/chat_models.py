@@ -4,11 +4,10 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any
+from typing import Any, Literal, Self
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
-from langchain_core.load.serializable import SerializedConstructor, SerializedNotImplemented
 from langchain_core.messages import (
     AIMessage,
     AIMessageChunk,
@@ -20,7 +19,6 @@ from langchain_core.messages import (
 from langchain_core.messages import ChatMessage as LCChatMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
-from typing_extensions import Self
 
 from rag_gates.lm import TextLM, load_lm
 from rag_gates.lm.base import Prompt
@@ -39,7 +37,9 @@ _REMOTE_ONLY_PARAMS = ("api_key", "base_url", "timeout", "max_retries")
 # Keys LangChain itself may add to call kwargs; they carry no generation option.
 _LANGCHAIN_CALL_KEYS = ("stream", "ls_structured_output_format", "structured_output_format")
 
-_ROLES = {
+Role = Literal["system", "user", "assistant"]
+
+_ROLES: dict[str, Role] = {
     "system": "system",
     "user": "user",
     "human": "user",
@@ -54,6 +54,10 @@ class _LMCell:
     def __init__(self) -> None:
         self.lock = threading.Lock()
         self.lm: TextLM | None = None
+
+    def __deepcopy__(self, memo: dict[int, Any]) -> _LMCell:
+        # Weights are read-only during generation: deep copies of the chat model share them.
+        return self
 
 
 class _CallOptions(BaseModel):
@@ -95,6 +99,7 @@ def _message_text(message: BaseMessage, index: int) -> str:
 
 def _to_chat_message(message: BaseMessage, index: int) -> ChatMessage:
     """One LangChain message as a rag-gates ChatMessage (system/user/assistant)."""
+    role: Role
     if isinstance(message, SystemMessage):
         role = "system"
     elif isinstance(message, HumanMessage):
@@ -114,7 +119,7 @@ def _to_chat_message(message: BaseMessage, index: int) -> ChatMessage:
             + (f" with role {message.role!r}" if isinstance(message, LCChatMessage) else "")
             + "; ChatRagGates takes system, human and AI messages only (no tool calling)."
         )
-    return ChatMessage(role=role, content=_message_text(message, index))  # type: ignore[arg-type]
+    return ChatMessage(role=role, content=_message_text(message, index))
 
 
 def _logprobs_metadata(generation: Generation) -> dict[str, Any]:
@@ -148,13 +153,15 @@ class ChatRagGates(BaseChatModel):
         max_tokens: int
             Maximum number of tokens to generate.
         temperature: float
-            0 = greedy; above 0 = seeded sampling.
+            0 = greedy; above 0 = sampling with a fixed seed (repeatable across calls).
         stop: list[str] | None
             Stop strings (excluded from the reply).
         logprobs: bool
             Return per-token log-probabilities.
         top_logprobs: int | None
             Number of most likely alternatives per token (0..20; needs ``logprobs``).
+        streaming: bool
+            Route ``invoke`` through the streaming path too (callbacks see each delta).
 
     Key init args (model):
         model: str
@@ -241,7 +248,9 @@ class ChatRagGates(BaseChatModel):
     )
     max_tokens: int = Field(256, ge=1, description="Maximum number of tokens to generate.")
     temperature: float = Field(
-        0.0, ge=0.0, description="0 = greedy decoding; above 0 = seeded sampling."
+        0.0,
+        ge=0.0,
+        description="0 = greedy decoding; above 0 = sampling with a fixed seed (repeatable).",
     )
     stop: list[str] | None = Field(
         None, description="Stop strings; generation ends before the first one."
@@ -276,7 +285,7 @@ class ChatRagGates(BaseChatModel):
     @classmethod
     def _check_lm(cls, value: Any) -> Any:
         if value is not None and not isinstance(value, TextLM):
-            raise TypeError(
+            raise ValueError(
                 f"lm must be a rag_gates model such as HFWhiteBoxLM, got "
                 f"{type(value).__name__}; pass model='<path or hub id>' to load one instead"
             )
@@ -291,17 +300,6 @@ class ChatRagGates(BaseChatModel):
         return self
 
     # ------------------------------------------------------------------ LangChain hooks
-    @classmethod
-    def is_lc_serializable(cls) -> bool:
-        return True
-
-    def to_json(self) -> SerializedConstructor | SerializedNotImplemented:
-        # An in-memory `lm` cannot be written out; saying so beats a copy that would load
-        # a different model.
-        if self.lm is not None:
-            return self.to_json_not_implemented()
-        return super().to_json()
-
     @property
     def _llm_type(self) -> str:
         return "rag-gates-chat"
@@ -347,7 +345,7 @@ class ChatRagGates(BaseChatModel):
     def get_lm(self) -> TextLM:
         """The model: ``lm`` if given, else ``model`` loaded on first use (once)."""
         if self.lm is not None:
-            return self.lm  # type: ignore[no-any-return]
+            return self.lm
         cell = self._cell
         if cell.lm is None:
             with cell.lock:  # two threads calling at once load the model once

@@ -6,13 +6,16 @@ them prompt any LangChain model: API models, local servers, or :class:`ChatRagGa
 
 from __future__ import annotations
 
+import functools
+import time
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import Any, Literal
 
-from langchain_core.language_models import BaseChatModel, BaseLanguageModel, BaseLLM
+from langchain_core.language_models import BaseChatModel, BaseLanguageModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from pydantic import ValidationError
 
+from langchain_rag_gates.chat_models import ChatRagGates
 from rag_gates.lm.base import (
     BaseTextLM,
     Prompt,
@@ -43,6 +46,18 @@ _LENGTH_REASONS = frozenset({"length", "max_tokens", "MAX_TOKENS", "max_output_t
 
 def _field_names(model: BaseLanguageModel[Any]) -> frozenset[str]:
     return frozenset(type(model).model_fields)
+
+
+def _copy_with(model: BaseLanguageModel[Any], update: dict[str, Any]) -> BaseLanguageModel[Any]:
+    """A shallow copy of ``model`` with some fields changed (client and weights shared)."""
+    copy = model.model_copy(update=update)
+    # Cached properties were computed from the original's settings; LangChain caches the
+    # model's serialised form there and uses it for tracing and LLM-cache keys.
+    for klass in type(copy).__mro__:
+        for name, attr in vars(klass).items():
+            if isinstance(attr, functools.cached_property):
+                copy.__dict__.pop(attr.attrname or name, None)
+    return copy
 
 
 def _to_langchain(prompt: Prompt) -> str | list[BaseMessage]:
@@ -138,14 +153,21 @@ class LangChainTextLM(BaseTextLM):
       :data:`MAX_TOKENS_FIELDS` (``max_tokens``, ``max_new_tokens``, ``max_output_tokens``,
       ``max_completion_tokens``, ``num_predict``); not passed when it declares none.
       A copy rather than call kwargs, because providers read these fields when they build a
-      request while their per-call keyword names differ.
+      request while per-call keywords differ (ChatOllama, for one, forwards unknown call
+      kwargs to its client). The copy shares the client and any loaded weights, and drops
+      cached properties such as LangChain's cached serialised form (LLM-cache key).
     - ``temperature``: set the same way when the model has a ``temperature`` field.
     - ``stop``: passed as LangChain's ``stop`` argument, and also applied to the returned
       text, since some models ignore it.
     - ``logprobs=k``: sets ``logprobs=True, top_logprobs=k`` (the OpenAI option names, also
       :class:`~langchain_rag_gates.ChatRagGates`'s); read back from
       ``response_metadata["logprobs"]["content"]``. :attr:`supports_logprobs` is True only
-      for models declaring both fields; ``stream`` never returns logprobs.
+      for chat models declaring both fields (for a ``ChatRagGates`` holding a model: whether
+      that model reports them); ``stream`` never returns logprobs.
+
+    - any other keyword argument: passed unchanged to the model's ``invoke`` / ``stream``,
+      as a call option (e.g. ``seed=7`` for ChatOpenAI) or, for ``config=``, as the
+      ``RunnableConfig`` (callbacks, tags); what a call option means is up to the model.
 
     ``set_max_tokens=False`` / ``set_temperature=False`` leave those fields alone, for
     models that reject them (e.g. reasoning models with a fixed temperature).
@@ -153,8 +175,9 @@ class LangChainTextLM(BaseTextLM):
     ``finish_reason`` comes from ``response_metadata`` (``finish_reason``, ``stop_reason``
     or ``done_reason``): limit reasons map to ``"length"``, ``"eos"`` stays, anything else
     and nothing at all map to ``"stop"``. Token counts come from ``usage_metadata`` (0 when
-    the model reports none). An LLM's ``invoke`` returns bare text, so for LLMs both are
-    always ``"stop"`` and 0; chat messages given to an LLM are flattened by LangChain.
+    the model reports none); ``latency_ms`` is the wall time of the call. An LLM's
+    ``invoke`` returns bare text, so for LLMs ``finish_reason`` is always ``"stop"`` and the
+    token counts 0; chat messages given to an LLM are flattened to text by LangChain.
     """
 
     def __init__(
@@ -196,6 +219,9 @@ class LangChainTextLM(BaseTextLM):
 
     @property
     def supports_logprobs(self) -> bool:
+        # A ChatRagGates holding a model knows the answer without loading anything.
+        if isinstance(self.model, ChatRagGates) and self.model.lm is not None:
+            return bool(self.model.lm.supports_logprobs)
         return self._logprob_fields and isinstance(self.model, BaseChatModel)
 
     # ------------------------------------------------------------------ call set-up
@@ -215,8 +241,7 @@ class LangChainTextLM(BaseTextLM):
                     "returns them such as ChatRagGates or ChatOpenAI"
                 )
             update.update(logprobs=True, top_logprobs=logprobs)
-        # A shallow copy shares the client and any loaded weights.
-        return self.model.model_copy(update=update) if update else self.model
+        return _copy_with(self.model, update) if update else self.model
 
     def _prepare(
         self,
@@ -232,10 +257,12 @@ class LangChainTextLM(BaseTextLM):
         return model, _to_langchain(prompt), stops
 
     @staticmethod
-    def _call_kwargs(stops: tuple[str, ...]) -> dict[str, Any]:
-        return {"stop": list(stops)} if stops else {}
+    def _call_kwargs(stops: tuple[str, ...], extra: dict[str, Any]) -> dict[str, Any]:
+        return {**extra, "stop": list(stops)} if stops else dict(extra)
 
-    def _generation(self, output: object, stops: tuple[str, ...], logprobs: int | None) -> Generation:
+    def _generation(
+        self, output: object, stops: tuple[str, ...], logprobs: int | None, start: float
+    ) -> Generation:
         text = _text_of(output)
         metadata: Mapping[str, Any] = getattr(output, "response_metadata", None) or {}
         finish = _finish_reason(metadata)
@@ -252,6 +279,7 @@ class LangChainTextLM(BaseTextLM):
             logprobs=token_logprobs,
             prompt_tokens=int(usage.get("input_tokens", 0)),
             completion_tokens=int(usage.get("output_tokens", 0)),
+            latency_ms=(time.perf_counter() - start) * 1000.0,
         )
 
     def _logprobs(self, metadata: Mapping[str, Any]) -> list[TokenLogprob]:
@@ -279,12 +307,15 @@ class LangChainTextLM(BaseTextLM):
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
         logprobs: int | None = None,
+        **kwargs: Any,
     ) -> Generation:
+        """Generate through the model's ``invoke``; ``kwargs`` are call options for it."""
+        start = time.perf_counter()
         model, lc_input, stops = self._prepare(
             prompt, max_new_tokens, stop, temperature, logprobs
         )
-        output = model.invoke(lc_input, **self._call_kwargs(stops))
-        return self._generation(output, stops, logprobs)
+        output = model.invoke(lc_input, **self._call_kwargs(stops, kwargs))
+        return self._generation(output, stops, logprobs, start)
 
     async def agenerate(
         self,
@@ -294,12 +325,15 @@ class LangChainTextLM(BaseTextLM):
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
         logprobs: int | None = None,
+        **kwargs: Any,
     ) -> Generation:
+        """Async :meth:`generate` through the model's own ``ainvoke``."""
+        start = time.perf_counter()
         model, lc_input, stops = self._prepare(
             prompt, max_new_tokens, stop, temperature, logprobs
         )
-        output = await model.ainvoke(lc_input, **self._call_kwargs(stops))
-        return self._generation(output, stops, logprobs)
+        output = await model.ainvoke(lc_input, **self._call_kwargs(stops, kwargs))
+        return self._generation(output, stops, logprobs, start)
 
     def stream(
         self,
@@ -308,11 +342,12 @@ class LangChainTextLM(BaseTextLM):
         max_new_tokens: int = 128,
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
+        **kwargs: Any,
     ) -> Iterator[str]:
         """Yield text pieces as the model streams them; joined, they equal ``generate().text``."""
         model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
         cutter = _StopCutter(stops)
-        for chunk in model.stream(lc_input, **self._call_kwargs(stops)):
+        for chunk in model.stream(lc_input, **self._call_kwargs(stops, kwargs)):
             piece = cutter.feed(_text_of(chunk))
             if piece:
                 yield piece
@@ -328,11 +363,12 @@ class LangChainTextLM(BaseTextLM):
         max_new_tokens: int = 128,
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
+        **kwargs: Any,
     ) -> AsyncIterator[str]:
         """Async :meth:`stream` through the model's own ``astream``."""
         model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
         cutter = _StopCutter(stops)
-        async for chunk in model.astream(lc_input, **self._call_kwargs(stops)):
+        async for chunk in model.astream(lc_input, **self._call_kwargs(stops, kwargs)):
             piece = cutter.feed(_text_of(chunk))
             if piece:
                 yield piece

@@ -54,6 +54,9 @@ LOGPROBS_LAYOUT_KEY = "logprobs_layout"
 LOGPROBS_LAYOUT = "chosen_then_top"
 """Row ``[0]`` is the generated token; rows ``[1:]`` are the top alternatives, best first."""
 
+# Module-wide (not per instance) so that LLM objects stay deep-copyable.
+_LOAD_LOCK = threading.Lock()
+
 # Per-call keyword arguments complete()/chat() accept; anything else is a caller's mistake.
 _CALL_KWARGS = frozenset({"max_new_tokens", "temperature", "top_logprobs", "stop", "seed", "top_p"})
 
@@ -172,7 +175,9 @@ class RagGatesLLM(CustomLLM):
         description="Keyword arguments for rag_gates.lm.load_lm (dtype, device, num_threads).",
     )
     max_new_tokens: int = Field(
-        default=256, gt=0, description="Most tokens generated per call (per-call override)."
+        default=256,
+        gt=0,
+        description="Most tokens generated per call; a call's max_new_tokens overrides it.",
     )
     temperature: float = Field(
         default=0.0, ge=0.0, description="Sampling temperature; 0 decodes greedily."
@@ -197,8 +202,8 @@ class RagGatesLLM(CustomLLM):
         description="Tokens LlamaIndex reserves for the answer; None uses max_new_tokens.",
     )
 
+    # An HFWhiteBoxLM given to the constructor, or the one loaded from `model` on first use.
     _lm: HFWhiteBoxLM | None = PrivateAttr(default=None)
-    _load_lock: threading.Lock = PrivateAttr(default_factory=threading.Lock)
 
     def __init__(
         self,
@@ -222,11 +227,19 @@ class RagGatesLLM(CustomLLM):
     def class_name(cls) -> str:
         return "RagGatesLLM"
 
+    def __deepcopy__(self, memo: dict[int, Any] | None = None) -> RagGatesLLM:
+        # Copies share the loaded model: its weights are read-only and its lock cannot be
+        # copied (copy.deepcopy would otherwise fail, or duplicate the weights).
+        memo = {} if memo is None else memo
+        if self._lm is not None:
+            memo[id(self._lm)] = self._lm
+        return super().__deepcopy__(memo)
+
     @property
     def lm(self) -> HFWhiteBoxLM:
         """The underlying rag-gates model, loaded on first use."""
         if self._lm is None:
-            with self._load_lock:  # two threads must not load the model twice
+            with _LOAD_LOCK:  # two threads must not load the model twice
                 if self._lm is None:
                     from rag_gates.lm import load_lm
 
@@ -274,17 +287,18 @@ class RagGatesLLM(CustomLLM):
 
     def _completion_input(self, prompt: str, formatted: bool) -> tuple[Prompt, bool | None]:
         """The model's prompt and the chat-template choice (None = the model's default)."""
-        if self.completion_to_prompt is default_completion_to_prompt:
+        formatter = self.completion_to_prompt
+        if formatter is None or formatter is default_completion_to_prompt:
             return validate_prompt(prompt), None
         # A custom formatter owns the format: its output goes to the model verbatim.
-        text = prompt if formatted else self.completion_to_prompt(prompt)
-        return validate_prompt(text), False
+        return validate_prompt(prompt if formatted else formatter(prompt)), False
 
     def _chat_input(self, messages: Sequence[ChatMessage]) -> tuple[Prompt, bool | None]:
-        if self.messages_to_prompt is generic_messages_to_prompt:
+        formatter = self.messages_to_prompt
+        if formatter is None or formatter is generic_messages_to_prompt:
             # The tokenizer's chat template renders the messages, exactly once.
             return validate_prompt(to_rag_gates_messages(messages)), None
-        return validate_prompt(self.messages_to_prompt(messages)), False
+        return validate_prompt(formatter(messages)), False
 
     def _target(self, template: bool | None, gen_kwargs: dict[str, Any]) -> BaseTextLM:
         """A TextLM whose plain generate/stream carry the HF-only options too.
@@ -292,7 +306,7 @@ class RagGatesLLM(CustomLLM):
         The core's ``agenerate``/``astream`` take only the TextLM arguments; binding the
         rest (chat template, seed, top_p) keeps their worker-thread hand-off for async calls.
         """
-        extra = {k: gen_kwargs[k] for k in ("seed", "top_p") if k in gen_kwargs}
+        extra: dict[str, Any] = {k: gen_kwargs[k] for k in ("seed", "top_p") if k in gen_kwargs}
         return _BoundLM(self.lm, template, extra)
 
     @staticmethod

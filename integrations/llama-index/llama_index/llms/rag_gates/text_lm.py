@@ -12,9 +12,9 @@ from typing import Any, Literal
 
 from llama_index.core.base.llms.types import ChatMessage, LogProb, MessageRole
 from llama_index.core.llms import LLM
+from llama_index.llms.rag_gates.base import LOGPROBS_LAYOUT, LOGPROBS_LAYOUT_KEY, RagGatesLLM
 from pydantic import BaseModel, ConfigDict, Field
 
-from llama_index.llms.rag_gates.base import LOGPROBS_LAYOUT, LOGPROBS_LAYOUT_KEY, RagGatesLLM
 from rag_gates.lm.base import (
     BaseTextLM,
     Prompt,
@@ -256,8 +256,8 @@ class LlamaIndexTextLM(BaseTextLM):
                     "top_logprobs=5)) or pass supports_logprobs=False to as_text_lm"
                 )
         completion_tokens = info.get("completion_tokens")
-        if not isinstance(completion_tokens, int):
-            completion_tokens = len(rows) if rows else 0
+        if not isinstance(completion_tokens, int):  # not reported: count the logprob rows
+            completion_tokens = len(token_logprobs or rows or ())
         prompt_tokens = info.get("prompt_tokens")
         return Generation(
             text=text,

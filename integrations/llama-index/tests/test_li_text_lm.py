@@ -1,0 +1,211 @@
+"""as_text_lm: any LlamaIndex LLM as a rag-gates TextLM."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+import pytest
+from llama_index.core.base.llms.types import (
+    CompletionResponse,
+    CompletionResponseGen,
+    LLMMetadata,
+    LogProb,
+)
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.llms import CustomLLM, MockLLM
+from llama_index.core.llms.callbacks import llm_completion_callback
+from llama_index.llms.rag_gates import RagGatesLLM, as_text_lm, from_llama_index_logprobs
+
+from rag_gates.lm.base import BaseTextLM, TextLM
+from rag_gates.lm.hf import HFWhiteBoxLM
+
+PROMPT = "What is the capital of France?"
+MESSAGES = [
+    {"role": "system", "content": "Answer briefly."},
+    {"role": "user", "content": "Who wrote Hamlet?"},
+]
+
+
+def _same(a: Any, b: Any) -> bool:
+    return bool(a.model_dump(exclude={"latency_ms"}) == b.model_dump(exclude={"latency_ms"}))
+
+
+# ---------------------------------------------------------------- over RagGatesLLM
+@pytest.fixture
+def wrapped(tiny_li: HFWhiteBoxLM) -> BaseTextLM:
+    return as_text_lm(RagGatesLLM(lm=tiny_li))
+
+
+def test_is_a_text_lm(wrapped: BaseTextLM, tiny_li: HFWhiteBoxLM) -> None:
+    assert isinstance(wrapped, TextLM)
+    assert wrapped.model_id == tiny_li.model_id
+    assert wrapped.supports_logprobs is True
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, MESSAGES], ids=["str", "messages"])
+def test_generate_over_rag_gates_llm_equals_direct(
+    wrapped: BaseTextLM, tiny_li: HFWhiteBoxLM, prompt: Any
+) -> None:
+    for kwargs in ({}, {"logprobs": 3}, {"max_new_tokens": 5, "logprobs": 0}):
+        assert _same(wrapped.generate(prompt, **kwargs), tiny_li.generate(prompt, **kwargs))
+
+
+def test_stop_over_rag_gates_llm_equals_direct(wrapped: BaseTextLM, tiny_li: HFWhiteBoxLM) -> None:
+    full = tiny_li.generate(PROMPT, max_new_tokens=16).text
+    stop = [full[4:6]]
+    direct = tiny_li.generate(PROMPT, max_new_tokens=16, stop=stop, logprobs=2)
+    assert direct.finish_reason == "stop"
+    assert _same(wrapped.generate(PROMPT, max_new_tokens=16, stop=stop, logprobs=2), direct)
+    assert "".join(wrapped.stream(PROMPT, max_new_tokens=16, stop=stop)) == direct.text
+
+
+@pytest.mark.parametrize("prompt", [PROMPT, MESSAGES], ids=["str", "messages"])
+def test_stream_over_rag_gates_llm_equals_direct(
+    wrapped: BaseTextLM, tiny_li: HFWhiteBoxLM, prompt: Any
+) -> None:
+    assert list(wrapped.stream(prompt, max_new_tokens=10)) == list(
+        tiny_li.stream(prompt, max_new_tokens=10)
+    )
+
+
+@pytest.mark.asyncio
+@pytest.mark.parametrize("prompt", [PROMPT, MESSAGES], ids=["str", "messages"])
+async def test_async_over_rag_gates_llm_equals_sync(wrapped: BaseTextLM, prompt: Any) -> None:
+    sync = wrapped.generate(prompt, max_new_tokens=8, logprobs=2)
+    assert _same(await wrapped.agenerate(prompt, max_new_tokens=8, logprobs=2), sync)
+    pieces = [p async for p in wrapped.astream(prompt, max_new_tokens=8)]
+    assert pieces == list(wrapped.stream(prompt, max_new_tokens=8))
+
+
+# ---------------------------------------------------------------- over MockLLM (echoes)
+def test_mock_llm_text_and_stop_by_truncation() -> None:
+    lm = as_text_lm(MockLLM())
+    assert lm.supports_logprobs is False
+    g = lm.generate("hello world")
+    assert (g.text, g.finish_reason, g.logprobs) == ("hello world", "eos", None)
+    g = lm.generate("hello STOP world", stop=["STOP"])
+    assert (g.text, g.finish_reason) == ("hello ", "stop")
+    # Nothing was requested, nothing is invented.
+    assert lm.generate("hello", logprobs=3).logprobs is None
+
+
+def test_mock_llm_stream_cuts_at_a_stop_split_over_deltas() -> None:
+    lm = as_text_lm(MockLLM())
+    # MockLLM streams one character per delta, so "STOP" arrives in four pieces.
+    assert "".join(lm.stream("hello world")) == "hello world"
+    assert "".join(lm.stream("hello STOP world", stop=["STOP"])) == "hello "
+    assert "".join(lm.stream("abc", stop=["c", "zz"])) == "ab"
+
+
+def test_stop_cut_is_where_the_first_stop_completes() -> None:
+    lm = as_text_lm(MockLLM())
+    # "c" completes before "abcd" does, as a generating model would stop there.
+    text = "xx abcd yy"
+    assert lm.generate(text, stop=["abcd", "c"]).text == "xx ab"
+    assert "".join(lm.stream(text, stop=["abcd", "c"])) == "xx ab"
+    assert lm.generate(text, stop=["cd", "bcd"]).text == "xx a"  # same end: earlier start
+
+
+def test_mock_llm_messages_go_through_chat() -> None:
+    lm = as_text_lm(MockLLM())
+    # CustomLLM.chat flattens messages with messages_to_prompt; MockLLM echoes that.
+    expected = "system: Answer briefly.\nuser: Who wrote Hamlet?\nassistant: "
+    assert lm.generate(MESSAGES).text == expected
+    assert "".join(lm.stream(MESSAGES)) == expected
+
+
+@pytest.mark.asyncio
+async def test_mock_llm_async() -> None:
+    lm = as_text_lm(MockLLM())
+    g = await lm.agenerate("hello STOP world", stop=["STOP"])
+    assert (g.text, g.finish_reason) == ("hello ", "stop")
+    assert "".join([p async for p in lm.astream("hello STOP world", stop=["STOP"])]) == "hello "
+    assert "".join([p async for p in lm.astream(MESSAGES)]) == lm.generate(MESSAGES).text
+
+
+def test_arguments_are_validated() -> None:
+    lm = as_text_lm(MockLLM())
+    with pytest.raises(ValueError, match="empty"):
+        lm.generate("   ")
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        lm.generate("hi", max_new_tokens=0)
+    with pytest.raises(TypeError, match="LLM"):
+        as_text_lm("not an llm")  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- other LLMs' logprobs
+class _OpenAIStyleLLM(CustomLLM):
+    """Returns fixed text with OpenAI-layout logprobs (rows of top alternatives only)."""
+
+    with_logprobs: bool = True
+    seen: dict[str, Any] = Field(default_factory=dict)
+
+    @property
+    def metadata(self) -> LLMMetadata:
+        return LLMMetadata(model_name="openai-style")
+
+    @llm_completion_callback()
+    def complete(self, prompt: str, formatted: bool = False, **kwargs: Any) -> CompletionResponse:
+        self.seen.update(kwargs)
+        rows = [
+            [
+                LogProb(token="Par", logprob=-0.1, bytes=[80, 97, 114]),
+                LogProb(token="Lon", logprob=-2.5),
+            ],
+            [LogProb(token="is", logprob=-0.2), LogProb(token="i", logprob=-1.9)],
+            [LogProb(token=".", logprob=-0.3), LogProb(token="!", logprob=-1.4)],
+        ]
+        return CompletionResponse(
+            text="Paris.",
+            logprobs=rows if self.with_logprobs else None,
+            additional_kwargs={"prompt_tokens": 7, "completion_tokens": 3},
+        )
+
+    @llm_completion_callback()
+    def stream_complete(
+        self, prompt: str, formatted: bool = False, **kwargs: Any
+    ) -> CompletionResponseGen:
+        yield CompletionResponse(text="Paris.", delta="Paris.")
+
+
+def test_openai_layout_logprobs_are_converted() -> None:
+    llm = _OpenAIStyleLLM()
+    lm = as_text_lm(
+        llm,
+        supports_logprobs=True,
+        call_kwargs=lambda o: {"max_tokens": o.max_new_tokens, "stop": list(o.stop)},
+    )
+    assert lm.model_id == "openai-style" and lm.supports_logprobs
+    g = lm.generate("Capital of France?", max_new_tokens=9, logprobs=1)
+    assert llm.seen == {"max_tokens": 9, "stop": []}
+    assert (g.prompt_tokens, g.completion_tokens) == (7, 3)
+    assert g.logprobs is not None
+    assert [(t.token, t.logprob) for t in g.logprobs] == [("Par", -0.1), ("is", -0.2), (".", -0.3)]
+    assert [[a.token for a in t.top_logprobs] for t in g.logprobs] == [["Par"], ["is"], ["."]]
+    assert g.logprobs[0].bytes == [80, 97, 114] and g.logprobs[1].bytes is None
+    # A stop cut keeps the tokens through the one that completed the stop string.
+    cut = lm.generate("Capital of France?", stop=["is"], logprobs=0)
+    assert cut.text == "Par" and cut.logprobs is not None
+    assert [t.token for t in cut.logprobs] == ["Par", "is"]
+
+
+def test_declared_logprobs_missing_raises() -> None:
+    lm = as_text_lm(_OpenAIStyleLLM(with_logprobs=False), supports_logprobs=True)
+    with pytest.raises(ValueError, match="supports_logprobs=False"):
+        lm.generate("Capital of France?", logprobs=2)
+    assert lm.generate("Capital of France?").text == "Paris."
+
+
+def test_from_llama_index_logprobs_layouts() -> None:
+    rows: Sequence[Sequence[LogProb]] = [
+        [LogProb(token="a", logprob=-1.0), LogProb(token="b", logprob=-0.5)]
+    ]
+    chosen_first = from_llama_index_logprobs(rows, 5, layout="chosen_then_top")
+    assert chosen_first is not None
+    assert chosen_first[0].token == "a"
+    assert [t.token for t in chosen_first[0].top_logprobs] == ["b"]
+    top_only = from_llama_index_logprobs(rows, 5)
+    assert top_only is not None
+    assert [t.token for t in top_only[0].top_logprobs] == ["a", "b"]
+    assert from_llama_index_logprobs([[]], 5) is None

@@ -1,0 +1,211 @@
+"""Gate quality on real questions: does the gate's score find the questions the model gets
+wrong without retrieval, and what accuracy does each threshold buy at what retrieval rate?
+
+Labels come from cached runs of the same model on the same questions: ``no-rag`` (closed
+book; label 1 = wrong) and ``single`` (top-k retrieval). A gate at threshold t answers a
+question with retrieval when its score >= t, so its accuracy at t is the ``single`` accuracy
+on retrieved questions and the ``no-rag`` accuracy on the rest; both runs are resumable and
+shared by every gate evaluated on that model and dataset.
+
+Example:
+    >>> from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
+    >>> report = evaluate_gate(GateEvalConfig(gate="first-token-prob", dataset="popqa", n=500),
+    ...                        "runs/gate-popqa")
+    >>> report.auroc, report.calibrated_threshold
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import re
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates.eval.datasets import load_dataset
+from rag_gates.eval.gates import make_gate
+from rag_gates.eval.methods import MethodContext
+from rag_gates.eval.metrics import auroc, roc_curve, spearman
+from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+from rag_gates.lm.defaults import rag_gates_home
+from rag_gates.types import GateDecision
+
+__all__ = ["GateEvalConfig", "GateEvalReport", "ThresholdPoint", "calibrate", "evaluate_gate",
+           "threshold_curve"]
+
+logger = logging.getLogger(__name__)
+
+
+class GateEvalConfig(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gate: str = Field(..., description="Gate name (see available_gates()).")
+    dataset: str
+    n: int = Field(200, ge=2)
+    offset: int = Field(0, ge=0)
+    model: str = "default"
+    retriever: str = "bm25"
+    k: int = Field(3, ge=1, le=50)
+    max_new_tokens: int = Field(32, ge=1, le=1024)
+    data_path: str | None = None
+    target_retrieval_rate: float | None = Field(
+        None, ge=0.0, le=1.0,
+        description="Calibrate for this retrieval rate; None = the best-accuracy threshold.")
+
+
+class ThresholdPoint(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    threshold: float
+    retrieval_rate: float
+    accuracy: float
+
+
+class GateEvalReport(BaseModel):
+    model_config = ConfigDict(frozen=True)
+
+    config: GateEvalConfig
+    questions: int
+    closed_book_accuracy: float
+    single_retrieval_accuracy: float
+    wrong_without_retrieval: float = Field(..., description="Share of positive labels.")
+    auroc: float
+    roc: list[tuple[float, float]]
+    curve: list[ThresholdPoint]
+    calibrated_threshold: float
+    calibrated: ThresholdPoint
+    calibration: Literal["best-accuracy", "target-rate"]
+    popularity_spearman: float | None = Field(
+        None, description="PopQA: Spearman correlation of the gate score with s_pop.")
+    mean_gate_latency_ms: float
+
+
+def threshold_curve(scores: list[float], closed: list[float], retrieved: list[float]
+                    ) -> list[ThresholdPoint]:
+    """Accuracy and retrieval rate at every distinct threshold (plus never-retrieve)."""
+    n = len(scores)
+    # Above the largest score nothing is retrieved (a finite threshold keeps JSON valid).
+    top = max(scores)
+    thresholds = sorted(set(scores)) + ([math.nextafter(top, math.inf)]
+                                        if math.isfinite(top) else [])
+    points = []
+    for t in thresholds:
+        use = [s >= t for s in scores]
+        acc = sum(r if u else c for u, r, c in zip(use, retrieved, closed, strict=True)) / n
+        points.append(ThresholdPoint(threshold=t, retrieval_rate=sum(use) / n, accuracy=acc))
+    return points
+
+
+def calibrate(curve: list[ThresholdPoint], target_rate: float | None) -> ThresholdPoint:
+    """The best-accuracy point (fewest retrievals among ties), or the point whose retrieval
+    rate is the largest not above ``target_rate``."""
+    if target_rate is None:
+        return max(curve, key=lambda p: (p.accuracy, -p.retrieval_rate))
+    allowed = [p for p in curve if p.retrieval_rate <= target_rate + 1e-12]
+    return max(allowed, key=lambda p: (p.retrieval_rate, p.accuracy))
+
+
+def _slug(text: str) -> str:
+    return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
+
+
+def label_run_dir(config: GateEvalConfig) -> Path:
+    """Where the shared no-rag/single runs of this model and dataset are cached."""
+    name = (f"{config.dataset}-n{config.n}-o{config.offset}-{config.retriever}-k{config.k}-"
+            f"t{config.max_new_tokens}")
+    return rag_gates_home() / "eval-cache" / _slug(config.model) / name
+
+
+def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None,
+                  retriever: Any = None,
+                  progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
+    """Score a gate against closed-book correctness; write ``gate_eval.json``,
+    ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    data = load_dataset(config.dataset, config.data_path, n=config.n, offset=config.offset)
+    if len(data.examples) < 2:
+        raise ValueError(f"need at least 2 questions, {data.path} gave {len(data.examples)}")
+    if lm is None:
+        from rag_gates.lm.defaults import load_lm
+
+        lm = load_lm(config.model)
+    bench = BenchConfig(dataset=config.dataset, methods=["no-rag", "single"], n=config.n,
+                        offset=config.offset, model=config.model, retriever=config.retriever,
+                        k=config.k, max_new_tokens=config.max_new_tokens,
+                        data_path=config.data_path)
+    labels_dir = label_run_dir(config)
+
+    def bench_progress(done: int, total: int, _: Any) -> None:
+        if progress is not None:
+            progress("labels (no-rag, single)", done, total)
+
+    run_bench(bench, labels_dir, lm=lm, retriever=retriever, data=data,
+              progress=bench_progress)
+    by_key = {(r.id, r.method): r for r in read_records(labels_dir)}
+    ctx = MethodContext(lm=lm, dataset=config.dataset, max_new_tokens=config.max_new_tokens)
+    gate = make_gate(config.gate, ctx)
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    decisions: list[GateDecision] = []
+    with (out / "decisions.jsonl.tmp").open("w", encoding="utf-8") as handle:
+        for i, example in enumerate(data.examples, start=1):
+            d = gate.decide(example.question)
+            decisions.append(d)
+            handle.write(json.dumps({"id": example.id, **d.model_dump(mode="json")}) + "\n")
+            if progress is not None:
+                progress(f"gate {config.gate}", i, len(data.examples))
+    (out / "decisions.jsonl.tmp").replace(out / "decisions.jsonl")
+    closed = [by_key[(e.id, "no-rag")].accuracy for e in data.examples]
+    retrieved = [by_key[(e.id, "single")].accuracy for e in data.examples]
+    # An infinite score (e.g. an empty answer) ranks above every finite one.
+    scores = [d.score if math.isfinite(d.score) else 1e300 for d in decisions]
+    labels = [int(c == 0.0) for c in closed]
+    curve = threshold_curve(scores, closed, retrieved)
+    chosen = calibrate(curve, config.target_retrieval_rate)
+    popularity = None
+    if config.dataset == "popqa":
+        pops = [e.meta.get("s_pop") for e in data.examples]
+        pairs = [(s, float(p)) for s, p in zip(scores, pops, strict=True)
+                 if isinstance(p, int | float)]
+        popularity = spearman([s for s, _ in pairs], [p for _, p in pairs])
+    report = GateEvalReport(
+        config=config, questions=len(data.examples),
+        closed_book_accuracy=sum(closed) / len(closed),
+        single_retrieval_accuracy=sum(retrieved) / len(retrieved),
+        wrong_without_retrieval=sum(labels) / len(labels),
+        auroc=auroc(scores, labels), roc=roc_curve(scores, labels), curve=curve,
+        calibrated_threshold=chosen.threshold, calibrated=chosen,
+        calibration="best-accuracy" if config.target_retrieval_rate is None else "target-rate",
+        popularity_spearman=popularity,
+        mean_gate_latency_ms=sum(d.latency_ms for d in decisions) / len(decisions),
+    )
+    _write_json(out / "gate_eval.json", report.model_dump(mode="json"))
+    _write_json(out / "gate.json", {
+        "gate": config.gate, "threshold": chosen.threshold, "model": config.model,
+        "calibrated_on": {"dataset": config.dataset, "n": config.n, "offset": config.offset,
+                          "calibration": report.calibration,
+                          "target_retrieval_rate": config.target_retrieval_rate},
+        "expected": {"retrieval_rate": chosen.retrieval_rate, "accuracy": chosen.accuracy},
+    })
+    return report
+
+
+def _json_safe(value: Any) -> Any:
+    """NaN/inf (an AUROC with one class, a constant score) become null: valid JSON."""
+    if isinstance(value, float) and not math.isfinite(value):
+        return None
+    if isinstance(value, dict):
+        return {k: _json_safe(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [_json_safe(v) for v in value]
+    return value
+
+
+def _write_json(path: Path, payload: dict[str, Any]) -> None:
+    payload = _json_safe(payload)
+    tmp = path.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False))
+    tmp.replace(path)

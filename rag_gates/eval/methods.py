@@ -1,0 +1,280 @@
+"""The benchmark's method protocol, its registry, and the baselines.
+
+A method answers one question and returns the answer with the :class:`Trace` of what it did.
+Built-in baselines: ``no-rag`` (closed book), ``single`` (retrieve once with the question,
+top-k), ``fs-rag`` (retrieve before every generated sentence). Other packages add methods
+through the ``rag_gates.methods`` entry-point group (``llama-index-rag-gates`` adds ``flare``:
+LlamaIndex's own FLARE query engine), each entry a factory ``(MethodContext) -> Method``.
+
+Example:
+    >>> from rag_gates.eval.methods import MethodContext, make_method
+    >>> method = make_method("single", MethodContext(lm=lm, retriever=bm25, dataset="hotpotqa"))
+    >>> result = method.answer("Who directed Ed Wood?")
+    >>> result.answer, result.trace.retrievals
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Callable, Sequence
+from importlib.metadata import entry_points
+from typing import Any, Protocol, runtime_checkable
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates.lm.base import TextLM
+from rag_gates.prompts import qa_prompt
+from rag_gates.retrieval.base import Retriever
+from rag_gates.types import Passage, Trace, TraceRecorder
+
+__all__ = [
+    "BUILTIN_METHODS",
+    "FSRAGMethod",
+    "Method",
+    "MethodContext",
+    "MethodResult",
+    "NoRetrievalMethod",
+    "RecordedLM",
+    "RecordedRetriever",
+    "SingleRetrievalMethod",
+    "available_methods",
+    "make_method",
+    "need_retriever",
+]
+
+ENTRY_POINT_GROUP = "rag_gates.methods"
+
+
+class MethodContext(BaseModel):
+    """What a method is built from: the model, the retriever and the settings of the run."""
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, frozen=True)
+
+    lm: Any = Field(..., description="A TextLM (white-box methods require a WhiteBoxLM).")
+    retriever: Any = Field(None, description="A rag_gates Retriever; None for closed book.")
+    dataset: str | None = Field(None, description="Dataset name, to pick its prompt.")
+    k: int = Field(3, ge=1, le=50, description="Passages per retrieval.")
+    max_new_tokens: int = Field(48, ge=1, le=1024, description="Answer length budget.")
+
+
+class MethodResult(BaseModel):
+    """An answer and everything the method did to produce it."""
+
+    model_config = ConfigDict(frozen=True)
+
+    answer: str
+    trace: Trace
+    passages: list[Passage] = Field(default_factory=list, description="Passages it used.")
+
+
+@runtime_checkable
+class Method(Protocol):
+    """Answers one question; records decisions, retrievals and model calls in the trace."""
+
+    @property
+    def name(self) -> str: ...
+
+    def answer(self, question: str) -> MethodResult: ...
+
+
+def generate_recorded(rec: TraceRecorder, lm: TextLM, prompt: str, max_new_tokens: int,
+                      name: str = "answer") -> str:
+    """Call the model and record the call (tokens, latency) in the trace."""
+    with rec.timed("llm_call", name) as data:
+        g = lm.generate(prompt, max_new_tokens=max_new_tokens)
+        data["tokens"] = g.completion_tokens
+        data["finish_reason"] = g.finish_reason
+    return g.text
+
+
+def retrieve_recorded(rec: TraceRecorder, retriever: Retriever, query: str, k: int
+                      ) -> list[Passage]:
+    """Retrieve and record the retrieval (query, ids, latency) in the trace."""
+    with rec.timed("retrieval", retriever.name) as data:
+        passages = retriever.retrieve(query, k)
+        data["query"] = query
+        data["ids"] = [p.id for p in passages]
+    return passages
+
+
+def need_retriever(ctx: MethodContext, name: str) -> Retriever:
+    """The context's retriever, or an error naming the method that needs one."""
+    if ctx.retriever is None:
+        raise ValueError(f"method {name!r} retrieves: give the run a retriever (bm25 or dense)")
+    if not isinstance(ctx.retriever, Retriever):
+        raise TypeError(f"retriever must follow rag_gates' Retriever protocol, got "
+                        f"{type(ctx.retriever).__name__}")
+    retriever: Retriever = ctx.retriever
+    return retriever
+
+
+class RecordedLM:
+    """A model proxy that records every generation in a trace (for methods that hand the
+    model to a framework, which would otherwise call it unseen). Everything else passes
+    through unchanged, so white-box checks still see a white-box model."""
+
+    def __init__(self, lm: Any, rec: TraceRecorder, name: str = "llm") -> None:
+        self._lm = lm
+        self._rec = rec
+        self._name = name
+
+    def __getattr__(self, attr: str) -> Any:
+        return getattr(self._lm, attr)
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Any:
+        with self._rec.timed("llm_call", self._name) as data:
+            g = self._lm.generate(prompt, **kwargs)
+            data["tokens"] = g.completion_tokens
+        return g
+
+    async def agenerate(self, prompt: Any, **kwargs: Any) -> Any:
+        with self._rec.timed("llm_call", self._name) as data:
+            g = await self._lm.agenerate(prompt, **kwargs)
+            data["tokens"] = g.completion_tokens
+        return g
+
+
+class RecordedRetriever:
+    """A retriever proxy that records every retrieval in a trace."""
+
+    def __init__(self, retriever: Retriever, rec: TraceRecorder) -> None:
+        self._retriever = retriever
+        self._rec = rec
+
+    @property
+    def name(self) -> str:
+        return self._retriever.name
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return retrieve_recorded(self._rec, self._retriever, query, k)
+
+    async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return self.retrieve(query, k)
+
+    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
+        return [self.retrieve(q, k) for q in queries]
+
+
+class NoRetrievalMethod:
+    """Closed book: the model answers from its own knowledge."""
+
+    name = "no-rag"
+
+    def __init__(self, ctx: MethodContext) -> None:
+        self.ctx = ctx
+
+    def answer(self, question: str) -> MethodResult:
+        rec = TraceRecorder()
+        text = generate_recorded(rec, self.ctx.lm, qa_prompt(question, dataset=self.ctx.dataset),
+                                 self.ctx.max_new_tokens)
+        return MethodResult(answer=text, trace=rec.trace())
+
+
+class SingleRetrievalMethod:
+    """Retrieve once with the question (top-k), then answer from the passages."""
+
+    name = "single"
+
+    def __init__(self, ctx: MethodContext) -> None:
+        self.ctx = ctx
+        self.retriever = need_retriever(ctx, self.name)
+
+    def answer(self, question: str) -> MethodResult:
+        rec = TraceRecorder()
+        passages = retrieve_recorded(rec, self.retriever, question, self.ctx.k)
+        text = generate_recorded(rec, self.ctx.lm,
+                                 qa_prompt(question, passages, dataset=self.ctx.dataset),
+                                 self.ctx.max_new_tokens)
+        return MethodResult(answer=text, trace=rec.trace(), passages=passages)
+
+
+_SENTENCE_END = re.compile(r"[.!?]+[\"')\]]*\s+(?=[A-Z0-9\"'(\[])")
+# Words whose trailing period does not end a sentence.
+_ABBREVIATIONS = frozenset({"st", "mr", "mrs", "ms", "dr", "jr", "sr", "prof", "no", "vs",
+                            "etc", "inc", "ltd", "co", "mt", "ft", "gen", "col", "lt", "sgt",
+                            "u.s", "u.k", "e.g", "i.e", "approx", "fig", "vol", "jan", "feb",
+                            "aug", "sept", "oct", "nov", "dec"})
+
+
+def first_sentence(text: str) -> str:
+    """The text up to and including its first sentence end (all of it if there is none).
+
+    A period after an abbreviation ("St.", "Dr.") or a single initial ("J.") does not end
+    a sentence.
+    """
+    text = text.strip()
+    for match in _SENTENCE_END.finditer(text):
+        words = text[: match.start()].split()
+        last = words[-1].lower().rstrip(".") if words else ""
+        if text[match.start()] == "." and (last in _ABBREVIATIONS or len(last) == 1):
+            continue
+        return text[: match.end()].rstrip()
+    return text
+
+
+class FSRAGMethod:
+    """Retrieve before every sentence (FS-RAG): the query is the question for the first
+    sentence, then the question plus the sentence just written; the model writes one more
+    sentence given the fresh passages and the answer so far. Stops at the model's end of
+    answer, after ``max_sentences`` or when the token budget is spent."""
+
+    name = "fs-rag"
+
+    def __init__(self, ctx: MethodContext, max_sentences: int = 4) -> None:
+        self.ctx = ctx
+        self.retriever = need_retriever(ctx, self.name)
+        self.max_sentences = max_sentences
+
+    def _prompt(self, question: str, passages: list[Passage], so_far: str) -> str:
+        base = qa_prompt(question, passages, dataset=self.ctx.dataset)
+        if not so_far:
+            return base
+        return (f"{base}\nAnswer so far: {so_far}\n"
+                "Continue the answer with its next sentence only; reply with nothing if the "
+                "answer is complete.")
+
+    def answer(self, question: str) -> MethodResult:
+        rec = TraceRecorder()
+        sentences: list[str] = []
+        used: list[Passage] = []
+        budget = self.ctx.max_new_tokens
+        for _ in range(self.max_sentences):
+            query = question if not sentences else f"{question} {sentences[-1]}"
+            passages = retrieve_recorded(rec, self.retriever, query, self.ctx.k)
+            used.extend(p for p in passages if p not in used)
+            with rec.timed("llm_call", "sentence") as data:
+                g = self.ctx.lm.generate(self._prompt(question, passages, " ".join(sentences)),
+                                         max_new_tokens=budget)
+                data["tokens"] = g.completion_tokens
+            budget -= g.completion_tokens
+            sentence = first_sentence(g.text)
+            if not sentence or sentence in sentences:
+                break
+            sentences.append(sentence)
+            complete = g.finish_reason == "eos" and sentence == g.text.strip()
+            if complete or budget <= 0:
+                break
+        return MethodResult(answer=" ".join(sentences), trace=rec.trace(), passages=used)
+
+
+BUILTIN_METHODS: dict[str, Callable[[MethodContext], Method]] = {
+    "no-rag": NoRetrievalMethod,
+    "single": SingleRetrievalMethod,
+    "fs-rag": FSRAGMethod,
+}
+
+
+def available_methods() -> dict[str, Callable[[MethodContext], Method]]:
+    """Built-in methods plus those registered under the ``rag_gates.methods`` entry points."""
+    methods = dict(BUILTIN_METHODS)
+    for ep in entry_points(group=ENTRY_POINT_GROUP):
+        methods.setdefault(ep.name, ep.load())
+    return methods
+
+
+def make_method(name: str, ctx: MethodContext) -> Method:
+    """Build a method by exact name; an unknown name lists the valid ones."""
+    methods = available_methods()
+    if name not in methods:
+        raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(methods))}")
+    return methods[name](ctx)

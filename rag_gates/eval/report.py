@@ -1,0 +1,138 @@
+"""Markdown reports with PNG plots from bench and gate-evaluation directories.
+
+``accuracy_vs_retrievals.png``: one point per method (accuracy against retrievals per
+question), the Pareto front (no other method is both more accurate and cheaper) marked, and
+each evaluated gate's threshold curve. ``roc.png``: ROC curves of the evaluated gates.
+
+Example:
+    >>> from rag_gates.eval.report import write_report
+    >>> write_report(["runs/hotpot", "runs/gate-hotpot"], "reports/hotpot")
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_gates._optional import require
+from rag_gates.eval.runner import summary_markdown
+
+__all__ = ["pareto_front", "write_report"]
+
+
+def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
+    """Names of (name, retrievals, accuracy) points no other point dominates (at most as
+    many retrievals and at least the accuracy, strictly better in one)."""
+    front = []
+    for name, cost, acc in points:
+        dominated = any(c <= cost and a >= acc and (c < cost or a > acc)
+                        for other, c, a in points if other != name)
+        if not dominated:
+            front.append(name)
+    return front
+
+
+def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
+    summary = directory / "summary.json"
+    gate = directory / "gate_eval.json"
+    bench = json.loads(summary.read_text()) if summary.is_file() else None
+    gate_eval = json.loads(gate.read_text()) if gate.is_file() else None
+    if bench is None and gate_eval is None:
+        raise FileNotFoundError(f"{directory} has neither summary.json (rag-gates bench) nor "
+                                "gate_eval.json (rag-gates eval-gate)")
+    return bench, gate_eval
+
+
+def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path,
+                 title: str = "rag-gates report") -> Path:
+    """Write ``report.md`` and its PNGs to ``out_dir``; return the report's path."""
+    require("matplotlib", "eval")
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display
+    import matplotlib.pyplot as plt
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    lines = [f"# {title}", ""]
+    points: list[tuple[str, float, float]] = []
+    gates: list[tuple[str, dict[str, Any]]] = []
+    for raw in run_dirs:
+        directory = Path(raw)
+        bench, gate_eval = _load(directory)
+        if bench is not None:
+            cfg = bench["config"]
+            lines.append(summary_markdown(
+                bench["summary"], f"{cfg['dataset']} ({directory.name}): {cfg['retriever']}, "
+                                  f"k={cfg['k']}, model {cfg['model']}"))
+            for method, s in bench["summary"].items():
+                label = f"{method} [{cfg['dataset']}]" if len(run_dirs) > 1 else method
+                points.append((label, s["retrievals_per_question"], s["accuracy"]))
+        if gate_eval is not None:
+            cfg = gate_eval["config"]
+            label = f"{cfg['gate']} [{cfg['dataset']}]"
+            gates.append((label, gate_eval))
+            auc = gate_eval["auroc"]
+            pop = gate_eval.get("popularity_spearman")
+            chosen = gate_eval["calibrated"]
+            lines += [f"### gate {cfg['gate']} on {cfg['dataset']} ({gate_eval['questions']} "
+                      "questions)", "",
+                      f"- AUROC for 'closed-book answer wrong': "
+                      f"{'n/a' if auc is None else f'{auc:.3f}'}",
+                      f"- closed-book accuracy {100 * gate_eval['closed_book_accuracy']:.1f}%, "
+                      f"single retrieval {100 * gate_eval['single_retrieval_accuracy']:.1f}%",
+                      f"- calibrated ({gate_eval['calibration']}) threshold "
+                      f"{chosen['threshold']:.4g}: accuracy {100 * chosen['accuracy']:.1f}% at "
+                      f"retrieval rate {100 * chosen['retrieval_rate']:.1f}%"]
+            if pop is not None:
+                lines.append(f"- Spearman correlation with PopQA s_pop: {pop:.3f}")
+            lines.append("")
+
+    if points or gates:
+        fig, ax = plt.subplots(figsize=(7, 5))
+        front = set(pareto_front(points))
+        for name, cost, acc in points:
+            on_front = name in front
+            ax.scatter(cost, acc, s=70 if on_front else 40,
+                       marker="*" if on_front else "o", zorder=3)
+            ax.annotate(name, (cost, acc), textcoords="offset points", xytext=(5, 4),
+                        fontsize=8)
+        if front:
+            ordered = sorted((p for p in points if p[0] in front), key=lambda p: p[1])
+            ax.plot([p[1] for p in ordered], [p[2] for p in ordered], "k--", linewidth=0.8,
+                    label="Pareto front", zorder=2)
+        for label, g in gates:
+            curve = sorted(g["curve"], key=lambda p: p["retrieval_rate"])
+            ax.plot([p["retrieval_rate"] for p in curve],
+                    [100 * p["accuracy"] for p in curve], linewidth=1.2, label=f"gate {label}")
+        ax.set_xlabel("retrievals per question")
+        ax.set_ylabel("accuracy (%)")
+        ax.set_title("accuracy against retrieval cost")
+        ax.grid(alpha=0.3)
+        if front or gates:
+            ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "accuracy_vs_retrievals.png", dpi=120)
+        plt.close(fig)
+        lines += ["![accuracy against retrievals per question](accuracy_vs_retrievals.png)", ""]
+    if gates:
+        fig, ax = plt.subplots(figsize=(5, 5))
+        for label, g in gates:
+            roc = g["roc"]
+            auc = g["auroc"]
+            ax.plot([p[0] for p in roc], [p[1] for p in roc],
+                    label=f"{label} (AUROC {'n/a' if auc is None else f'{auc:.3f}'})")
+        ax.plot([0, 1], [0, 1], "k:", linewidth=0.8, label="chance")
+        ax.set_xlabel("false positive rate")
+        ax.set_ylabel("true positive rate")
+        ax.set_title("gate ROC: closed-book answer wrong")
+        ax.legend(fontsize=8)
+        fig.tight_layout()
+        fig.savefig(out / "roc.png", dpi=120)
+        plt.close(fig)
+        lines += ["![ROC curves of the gates](roc.png)", ""]
+    report = out / "report.md"
+    report.write_text("\n".join(lines))
+    return report

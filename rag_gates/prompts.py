@@ -1,0 +1,29 @@
+"""Prompts shared by the demo, the baselines and the benchmarks."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+from rag_gates.types import Passage
+
+__all__ = ["format_passages", "qa_prompt"]
+
+_INSTRUCTION = {
+    None: "Answer the question in a few words.",
+    "pubmedqa": "Answer the question with yes, no or maybe.",
+}
+
+
+def format_passages(passages: Sequence[Passage]) -> str:
+    """One passage per line: ``- Title: text``."""
+    return "\n".join(f"- {p.title}: {p.text}" if p.title else f"- {p.text}" for p in passages)
+
+
+def qa_prompt(question: str, passages: Sequence[Passage] | None = None,
+              dataset: str | None = None) -> str:
+    """A short-answer prompt, with the passages as context when given."""
+    instruction = _INSTRUCTION.get(dataset, _INSTRUCTION[None])
+    if not passages:
+        return f"{instruction}\nQuestion: {question}"
+    return (f"{instruction.rstrip('.')}, using the context.\nContext:\n"
+            f"{format_passages(passages)}\nQuestion: {question}")

@@ -1,0 +1,99 @@
+"""BM25 over a list of passages (bm25s: sparse matrices, milliseconds per query).
+
+Example:
+    >>> from rag_gates.retrieval import BM25Retriever
+    >>> bm25 = BM25Retriever.from_passages(passages)
+    >>> bm25.retrieve("Who directed Ed Wood?", k=3)
+    >>> bm25.save("indexes/bm25"); BM25Retriever.load("indexes/bm25")
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import tempfile
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_gates._optional import require
+from rag_gates.retrieval.base import BaseRetriever, check_query
+from rag_gates.types import Passage
+
+__all__ = ["BM25Retriever"]
+
+_PASSAGES = "passages.jsonl"
+
+
+class BM25Retriever(BaseRetriever):
+    """BM25 (Lucene variant) with English stopwords, lower-cased word tokens."""
+
+    def __init__(self, index: Any, passages: Sequence[Passage]) -> None:
+        self._index = index
+        self.passages = list(passages)
+
+    @property
+    def name(self) -> str:
+        return "bm25"
+
+    @classmethod
+    def from_passages(cls, passages: Sequence[Passage], *, show_progress: bool = False
+                      ) -> BM25Retriever:
+        if not passages:
+            raise ValueError("cannot index an empty list of passages")
+        bm25s = require("bm25s", "eval")
+        texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
+        tokens = bm25s.tokenize(texts, stopwords="en", show_progress=show_progress)
+        index = bm25s.BM25()
+        index.index(tokens, show_progress=show_progress)
+        return cls(index, passages)
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return self.retrieve_batch([query], k)[0]
+
+    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
+        for q in queries:
+            check_query(q, k)
+        if not queries:
+            return []
+        bm25s = require("bm25s", "eval")
+        k = min(k, len(self.passages))
+        tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False,
+                                show_progress=False)
+        # A query of only stopwords has no tokens; bm25s then scores every passage 0.
+        ids, scores = self._index.retrieve(tokens, k=k, show_progress=False, n_threads=1)
+        return [
+            [self.passages[int(i)].model_copy(update={"score": float(s)})
+             for i, s in zip(row_ids, row_scores, strict=True) if s > 0]
+            for row_ids, row_scores in zip(ids, scores, strict=True)
+        ]
+
+    def save(self, directory: str | Path) -> Path:
+        """Write the index and passages; atomic (temp dir, then rename)."""
+        target = Path(directory)
+        target.parent.mkdir(parents=True, exist_ok=True)
+        build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
+        try:
+            self._index.save(str(build), show_progress=False)
+            with (build / _PASSAGES).open("w", encoding="utf-8") as out:
+                for p in self.passages:
+                    out.write(p.model_dump_json() + "\n")
+            if target.exists():
+                shutil.rmtree(target)
+            os.rename(build, target)
+        finally:
+            if build.exists():
+                shutil.rmtree(build, ignore_errors=True)
+        return target
+
+    @classmethod
+    def load(cls, directory: str | Path) -> BM25Retriever:
+        bm25s = require("bm25s", "eval")
+        path = Path(directory)
+        if not (path / _PASSAGES).is_file():
+            raise FileNotFoundError(f"{path} is not a saved BM25Retriever (no {_PASSAGES})")
+        index = bm25s.BM25.load(str(path), show_progress=False)
+        with (path / _PASSAGES).open(encoding="utf-8") as handle:
+            passages = [Passage.model_validate(json.loads(line)) for line in handle]
+        return cls(index, passages)

@@ -1,0 +1,92 @@
+"""Dense retrieval: sentence-transformer embeddings in a Qdrant collection.
+
+Local mode (``path=...`` or ``":memory:"``) is the embedded default; ``url=...`` takes a Qdrant
+server or cluster with the same code.
+
+Example:
+    >>> from rag_gates.retrieval import QdrantDenseRetriever
+    >>> dense = QdrantDenseRetriever.build(passages, path="indexes/qdrant")  # MiniLM default
+    >>> dense.retrieve("Who directed Ed Wood?", k=3)
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from rag_gates._optional import require
+from rag_gates.retrieval.base import BaseRetriever, check_query
+from rag_gates.types import Passage
+
+__all__ = ["QdrantDenseRetriever"]
+
+
+class QdrantDenseRetriever(BaseRetriever):
+    """Cosine search over passage embeddings stored (with the passages) in Qdrant."""
+
+    def __init__(self, client: Any, collection: str, embedder: Any | None = None) -> None:
+        self.client = client
+        self.collection = collection
+        if embedder is None:
+            from rag_gates.lm.defaults import load_default_embedder
+
+            embedder = load_default_embedder()
+        self.embedder = embedder
+
+    @property
+    def name(self) -> str:
+        return "dense"
+
+    @staticmethod
+    def connect(path: str | None = None, url: str | None = None) -> Any:
+        """A Qdrant client: local ``path`` (or ``":memory:"``), else a server ``url``."""
+        qdrant_client = require("qdrant_client", "qdrant")
+        if url is not None:
+            return qdrant_client.QdrantClient(url=url)
+        if path in (None, ":memory:"):
+            return qdrant_client.QdrantClient(location=":memory:")
+        return qdrant_client.QdrantClient(path=path)
+
+    @classmethod
+    def build(cls, passages: Sequence[Passage], *, path: str | None = None,
+              url: str | None = None, collection: str = "passages", embedder: Any | None = None,
+              batch_size: int = 64, show_progress: bool = False) -> QdrantDenseRetriever:
+        """Embed ``passages`` and (re)create ``collection`` holding them."""
+        if not passages:
+            raise ValueError("cannot index an empty list of passages")
+        models = require("qdrant_client.models", "qdrant")
+        retriever = cls(cls.connect(path, url), collection, embedder)
+        texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
+        vectors = retriever.embedder.encode(texts, batch_size=batch_size,
+                                            normalize_embeddings=True,
+                                            show_progress_bar=show_progress)
+        client = retriever.client
+        if client.collection_exists(collection):
+            client.delete_collection(collection)
+        client.create_collection(collection, vectors_config=models.VectorParams(
+            size=int(vectors.shape[1]), distance=models.Distance.COSINE))
+        for lo in range(0, len(passages), 512):
+            client.upsert(collection, points=[
+                models.PointStruct(id=i, vector=vectors[i].tolist(),
+                                   payload=passages[i].model_dump(mode="json"))
+                for i in range(lo, min(lo + 512, len(passages)))
+            ])
+        return retriever
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return self.retrieve_batch([query], k)[0]
+
+    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
+        for q in queries:
+            check_query(q, k)
+        if not queries:
+            return []
+        vectors = self.embedder.encode(list(queries), normalize_embeddings=True,
+                                       show_progress_bar=False)
+        out = []
+        for vector in vectors:
+            hits = self.client.query_points(self.collection, query=vector.tolist(), limit=k,
+                                            with_payload=True).points
+            out.append([Passage.model_validate(h.payload).model_copy(update={"score": h.score})
+                        for h in hits])
+        return out

@@ -1,0 +1,238 @@
+"""Datasets, retrieval corpus, methods, the resumable runner, gate evaluation and reports,
+end to end on the shipped data slices with the tiny random-weight model."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_gates.eval.corpus import corpus_passages
+from rag_gates.eval.datasets import DATASETS, load_dataset
+from rag_gates.eval.gate_eval import GateEvalConfig, calibrate, evaluate_gate, threshold_curve
+from rag_gates.eval.methods import MethodContext, first_sentence, make_method
+from rag_gates.eval.report import pareto_front, write_report
+from rag_gates.eval.runner import (
+    RESULTS,
+    BenchConfig,
+    ConfigMismatchError,
+    read_records,
+    run_bench,
+)
+from rag_gates.retrieval.bm25 import BM25Retriever
+
+SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    """The tiny random model with room for prompts holding three real paragraphs."""
+    from rag_gates.testing import tiny_lm
+
+    return tiny_lm(seed=0, max_context=4096)
+
+
+@pytest.fixture(scope="module")
+def bm25() -> BM25Retriever:
+    return BM25Retriever.from_passages(corpus_passages("hotpotqa", SLICES))
+
+
+# ---------------------------------------------------------------- datasets
+@pytest.mark.parametrize("name", sorted(DATASETS))
+def test_loaders_read_the_shipped_slices(name: str) -> None:
+    load = load_dataset(name, SLICES, n=10)
+    assert len(load.examples) == 10 and not load.skipped
+    for e in load.examples:
+        assert e.question.strip() and e.answers and all(a for a in e.answers)
+        assert e.dataset == name
+    ids = [e.id for e in load.examples]
+    assert len(set(ids)) == len(ids)
+
+
+def test_dataset_specifics() -> None:
+    hotpot = load_dataset("hotpotqa", SLICES, n=1).examples[0]
+    assert hotpot.answers == ["yes"] and len(hotpot.context) == 10
+    assert set(hotpot.supporting_titles) == {"Scott Derrickson", "Ed Wood"}
+    wiki = load_dataset("2wiki", SLICES, n=1).examples[0]
+    assert "The Mask of Fu Manchu" in wiki.answers and "Mask of Fu Manchu" in wiki.answers
+    pop = load_dataset("popqa", SLICES, n=1).examples[0]
+    assert "politician" in pop.answers and pop.meta["s_pop"] == 58
+    pub = load_dataset("pubmedqa", SLICES, n=1).examples[0]
+    assert pub.answers[0] in ("yes", "no", "maybe") and pub.context
+
+
+def test_malformed_lines_are_reported_and_skipped(tmp_path: Path) -> None:
+    good = (SLICES / "hotpotqa_dev_sample.jsonl").read_text().splitlines()[:3]
+    lines = [good[0], "{not json", json.dumps({"question": "no answer field"}), good[1],
+             "[1, 2]", good[2]]
+    path = tmp_path / "hotpotqa_dev.jsonl"
+    path.write_bytes(("\n".join(lines) + "\n").encode() + b"\xff\xfe broken utf8\n")
+    load = load_dataset("hotpotqa", path)
+    assert len(load.examples) == 3
+    assert [number for number, _ in load.skipped] == [2, 3, 5, 7]
+
+
+def test_unknown_names_list_the_valid_ones() -> None:
+    with pytest.raises(ValueError, match="valid names: 2wiki, hotpotqa, popqa, pubmedqa"):
+        load_dataset("squad")
+    with pytest.raises(ValueError, match=r"valid names:.*fs-rag.*no-rag.*single"):
+        make_method("always-rag", MethodContext(lm=None))
+    with pytest.raises(FileNotFoundError):
+        load_dataset("hotpotqa", "/no/such/file.jsonl")
+
+
+def test_union_corpus_is_deduplicated() -> None:
+    passages = corpus_passages("hotpotqa", SLICES)
+    keys = [(p.title, p.text) for p in passages]
+    assert len(keys) == len(set(keys))
+    total = sum(len(e.context) for e in load_dataset("hotpotqa", SLICES).examples)
+    assert 0 < len(passages) <= total
+
+
+def test_bm25_open_retrieval_finds_gold_paragraphs(bm25: BM25Retriever, tmp_path: Path) -> None:
+    examples = load_dataset("hotpotqa", SLICES, n=20).examples
+    hits = sum(bool({p.title for p in bm25.retrieve(e.question, 3)} & set(e.supporting_titles))
+               for e in examples)
+    assert hits >= 15  # real BM25 on real questions: most find a gold paragraph in the top 3
+    bm25.save(tmp_path / "bm25")
+    again = BM25Retriever.load(tmp_path / "bm25")
+    q = examples[0].question
+    assert [p.id for p in again.retrieve(q, 5)] == [p.id for p in bm25.retrieve(q, 5)]
+    with pytest.raises(ValueError):
+        bm25.retrieve("   ")
+
+
+# ---------------------------------------------------------------- methods
+def test_first_sentence() -> None:
+    assert first_sentence("It is Paris. It is big.") == "It is Paris."
+    assert first_sentence("Born in St. Louis in 1950") == "Born in St. Louis in 1950"
+    assert first_sentence("") == ""
+
+
+def test_methods_record_their_work(tiny: Any, bm25: BM25Retriever) -> None:
+    ctx = MethodContext(lm=tiny, retriever=bm25, dataset="hotpotqa", max_new_tokens=8)
+    question = load_dataset("hotpotqa", SLICES, n=1).examples[0].question
+    closed = make_method("no-rag", ctx).answer(question)
+    assert (closed.trace.retrievals, closed.trace.llm_calls) == (0, 1)
+    single = make_method("single", ctx).answer(question)
+    assert single.trace.retrievals == 1 and len(single.passages) == 3
+    assert single.trace.events[0].data["query"] == question
+    fs = make_method("fs-rag", ctx).answer(question)
+    assert fs.trace.retrievals == fs.trace.llm_calls >= 1
+    assert fs.trace.generated_tokens <= 8 + 8  # the budget, plus one call's overshoot at most
+    with pytest.raises(ValueError, match="retriever"):
+        make_method("single", MethodContext(lm=tiny))
+
+
+# ---------------------------------------------------------------- runner
+def _config(**kw: Any) -> BenchConfig:
+    base: dict[str, Any] = {"dataset": "hotpotqa", "methods": ["no-rag", "single"], "n": 4,
+                            "max_new_tokens": 4, "data_path": str(SLICES)}
+    return BenchConfig(**{**base, **kw})
+
+
+def test_bench_end_to_end(tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    summary = run_bench(_config(), tmp_path / "run", lm=tiny, retriever=bm25)
+    assert set(summary) == {"no-rag", "single"}
+    assert summary["single"]["retrievals_per_question"] == 1.0
+    assert summary["no-rag"]["retrievals_per_question"] == 0.0
+    records = read_records(tmp_path / "run")
+    assert len(records) == 8
+    assert (tmp_path / "run" / "summary.md").read_text().count("|") > 10
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_resume_after_interruption_loses_and_duplicates_nothing(
+        tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    run = tmp_path / "run"
+
+    def stop_after_three(done: int, total: int, _: Any) -> None:
+        if done == 3:
+            raise Interrupt
+
+    with pytest.raises(Interrupt):
+        run_bench(_config(), run, lm=tiny, retriever=bm25, progress=stop_after_three)
+    assert len(read_records(run)) == 3
+    # A write cut off mid-line by the interruption.
+    with (run / RESULTS).open("a") as handle:
+        handle.write('{"id": "5a8b57f25542995d1e6f1371", "method": "sin')
+    run_bench(_config(), run, lm=tiny, retriever=bm25)
+    keys = Counter((r.id, r.method) for r in read_records(run))
+    assert len(keys) == 8 and set(keys.values()) == {1}
+    assert all(line.endswith("}") for line in (run / RESULTS).read_text().splitlines())
+    # Extending the run with another method keeps the earlier records.
+    run_bench(_config(methods=["fs-rag"]), run, lm=tiny, retriever=bm25)
+    assert len(read_records(run)) == 12
+
+
+def test_a_different_configuration_is_refused(tiny: Any, bm25: BM25Retriever,
+                                              tmp_path: Path) -> None:
+    run_bench(_config(n=2), tmp_path / "run", lm=tiny, retriever=bm25)
+    with pytest.raises(ConfigMismatchError, match="'n': \\(2, 3\\)"):
+        run_bench(_config(n=3), tmp_path / "run", lm=tiny, retriever=bm25)
+    with pytest.raises(ValueError, match="valid names"):
+        run_bench(_config(methods=["nope"]), tmp_path / "run2", lm=tiny, retriever=bm25)
+
+
+# ---------------------------------------------------------------- gates and reports
+def test_threshold_curve_and_calibration() -> None:
+    scores = [0.9, 0.1, 0.5, 0.7]
+    closed = [0.0, 1.0, 1.0, 0.0]      # questions 0 and 3 are wrong without retrieval
+    retrieved = [1.0, 1.0, 0.0, 1.0]   # retrieval fixes them, but breaks question 2
+    curve = threshold_curve(scores, closed, retrieved)
+    by_t = {p.threshold: p for p in curve}
+    assert by_t[0.7].retrieval_rate == 0.5 and by_t[0.7].accuracy == 1.0
+    assert by_t[0.1].retrieval_rate == 1.0 and by_t[0.1].accuracy == 0.75
+    assert curve[-1].retrieval_rate == 0.0 and curve[-1].accuracy == 0.5
+    assert calibrate(curve, None).threshold == 0.7
+    assert calibrate(curve, 0.3).retrieval_rate == 0.25
+
+
+def test_eval_gate_and_report_on_the_tiny_model(tiny: Any, bm25: BM25Retriever,
+                                                tmp_path: Path,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=6, max_new_tokens=4,
+                            data_path=str(SLICES), target_retrieval_rate=0.5)
+    pop_bm25 = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    report = evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=pop_bm25)
+    assert report.questions == 6 and report.calibrated.retrieval_rate <= 0.5
+    assert report.popularity_spearman is not None
+    decisions = (tmp_path / "gate" / "decisions.jsonl").read_text().splitlines()
+    assert len(decisions) == 6
+    assert all(0.0 <= json.loads(d)["score"] <= 1.0 for d in decisions)
+    saved = json.loads((tmp_path / "gate" / "gate.json").read_text())
+    assert saved["threshold"] == report.calibrated_threshold
+    run_bench(_config(), tmp_path / "bench", lm=tiny, retriever=bm25)
+    path = write_report([tmp_path / "bench", tmp_path / "gate"], tmp_path / "report")
+    text = path.read_text()
+    assert "| no-rag |" in text and "first-token-prob" in text
+    for png in ("accuracy_vs_retrievals.png", "roc.png"):
+        data = (tmp_path / "report" / png).read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 5000
+
+
+def test_pareto_front() -> None:
+    points = [("no-rag", 0.0, 20.0), ("single", 1.0, 30.0), ("fs-rag", 2.0, 29.0),
+              ("flare", 1.5, 35.0)]
+    assert pareto_front(points) == ["no-rag", "single", "flare"]
+
+
+@pytest.mark.parametrize(
+    ("text", "expected"),
+    [
+        ("He met Dr. Smith in Washington. Then he left.", "He met Dr. Smith in Washington."),
+        ("J. R. R. Tolkien wrote it. Yes.", "J. R. R. Tolkien wrote it."),
+        ("It cost 3.5 million dollars! Wow.", "It cost 3.5 million dollars!"),
+        ('He said "no." Then he went.', 'He said "no."'),
+        ("no sentence end here", "no sentence end here"),
+    ],
+)
+def test_first_sentence_edge_cases(text: str, expected: str) -> None:
+    assert first_sentence(text) == expected
