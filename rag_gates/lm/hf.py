@@ -442,7 +442,12 @@ class HFWhiteBoxLM(BaseTextLM):
         group.hidden_layers = ()
         generator = None
         if temperature > 0:
-            generator = torch.Generator().manual_seed(seed if seed is not None else 0)
+            generator = torch.Generator()
+            # A seed makes sampling repeatable; without one, every call draws afresh.
+            if seed is not None:
+                generator.manual_seed(seed)
+            else:
+                generator.seed()
         token_logprobs: list[TokenLogprob] = []
         emitted = 0
         # Hold back text that could be the start of a stop string, and half-decoded bytes.
@@ -584,16 +589,18 @@ class HFWhiteBoxLM(BaseTextLM):
         truncation: Truncation = "error",
         seed: int | None = None,
         top_p: float = 1.0,
-    ) -> Iterator[str]:
+    ) -> Generator[str, None, Generation]:
         """Yield text deltas as they are generated; joined, they equal ``generate().text``."""
         start = time.perf_counter()
         stops = validate_generation_args(max_new_tokens, stop, temperature, None)
         group = self.open_streams(
             [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
         )
-        yield from self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
-                                     temperature=temperature, logprobs=None, seed=seed,
-                                     top_p=top_p, start=start)
+        # The finished Generation (finish reason, token counts) is the generator's return
+        # value: ``result = yield from lm.stream(...)`` inside another generator gets it.
+        return (yield from self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
+                                             temperature=temperature, logprobs=None, seed=seed,
+                                             top_p=top_p, start=start))
 
     # ------------------------------------------------------------------ scoring
     def score(

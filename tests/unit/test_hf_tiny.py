@@ -92,6 +92,23 @@ def test_sampling_is_seeded(tiny: HFWhiteBoxLM) -> None:
     assert len(others) > 1
 
 
+def test_unseeded_sampling_varies_and_stream_returns_the_generation(tiny: HFWhiteBoxLM) -> None:
+    texts = {tiny.generate(PROMPTS[0], max_new_tokens=12, temperature=1.5).text
+             for _ in range(4)}
+    assert len(texts) > 1
+    stream = tiny.stream(PROMPTS[0], max_new_tokens=6)
+    pieces = []
+    while True:
+        try:
+            pieces.append(next(stream))
+        except StopIteration as done:
+            generation = done.value
+            break
+    assert generation.text == "".join(pieces)
+    assert generation.completion_tokens == tiny.generate(PROMPTS[0], max_new_tokens=6
+                                                         ).completion_tokens
+
+
 def test_chat_template_on_and_off(tiny: HFWhiteBoxLM) -> None:
     templated = tiny.render("hello")
     assert templated.startswith("<|im_start|>user\nhello<|im_end|>")
