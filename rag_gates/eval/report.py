@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._optional import require
-from rag_gates.eval.runner import summary_markdown
+from rag_gates.eval.runner import CONFIG, read_records, summarize, summary_markdown
 
 __all__ = ["pareto_front", "write_report"]
 
@@ -35,12 +35,19 @@ def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
 
 
 def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    summary = directory / "summary.json"
+    """A bench directory's config and summary (recomputed from its results, so an
+    unfinished or interrupted run reports what it has), and/or a gate evaluation."""
+    config = directory / CONFIG
     gate = directory / "gate_eval.json"
-    bench = json.loads(summary.read_text()) if summary.is_file() else None
+    bench = None
+    if config.is_file():
+        stored = json.loads(config.read_text())
+        records = read_records(directory)
+        bench = {"config": stored["config"], "summary": summarize(records),
+                 "planned_questions": stored["config"]["n"]}
     gate_eval = json.loads(gate.read_text()) if gate.is_file() else None
     if bench is None and gate_eval is None:
-        raise FileNotFoundError(f"{directory} has neither summary.json (rag-gates bench) nor "
+        raise FileNotFoundError(f"{directory} has neither config.json (rag-gates bench) nor "
                                 "gate_eval.json (rag-gates eval-gate)")
     return bench, gate_eval
 
@@ -64,9 +71,12 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path,
         bench, gate_eval = _load(directory)
         if bench is not None:
             cfg = bench["config"]
+            done = min((int(s["questions"]) for s in bench["summary"].values()), default=0)
+            partial = (f", partial: {done} of {bench['planned_questions']} questions"
+                       if done < bench["planned_questions"] else "")
             lines.append(summary_markdown(
                 bench["summary"], f"{cfg['dataset']} ({directory.name}): {cfg['retriever']}, "
-                                  f"k={cfg['k']}, model {cfg['model']}"))
+                                  f"k={cfg['k']}, model {cfg['model']}{partial}"))
             for method, s in bench["summary"].items():
                 label = f"{method} [{cfg['dataset']}]" if len(run_dirs) > 1 else method
                 points.append((label, s["retrievals_per_question"], s["accuracy"]))

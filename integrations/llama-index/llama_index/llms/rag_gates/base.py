@@ -29,7 +29,6 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 
 from rag_gates.lm.base import (
-    BaseTextLM,
     Prompt,
     WhiteBoxLM,
     validate_generation_args,
@@ -300,19 +299,6 @@ class RagGatesLLM(CustomLLM):
             return validate_prompt(to_rag_gates_messages(messages)), None
         return validate_prompt(formatter(messages)), False
 
-    def _target(self, template: bool | None, gen_kwargs: dict[str, Any]) -> BaseTextLM:
-        """A TextLM whose plain generate/stream carry the HF-only options too.
-
-        The core's ``agenerate``/``astream`` take only the TextLM arguments; binding the
-        rest (chat template, seed, top_p) keeps their worker-thread hand-off for async calls.
-        """
-        extra: dict[str, Any] = {k: gen_kwargs[k] for k in ("seed", "top_p") if k in gen_kwargs}
-        return _BoundLM(self.lm, template, extra)
-
-    @staticmethod
-    def _text_args(gen_kwargs: dict[str, Any]) -> dict[str, Any]:
-        return {k: v for k, v in gen_kwargs.items() if k not in ("seed", "top_p")}
-
     # ------------------------------------------------------------------ completion
     @llm_completion_callback()
     def complete(
@@ -337,8 +323,7 @@ class RagGatesLLM(CustomLLM):
     ) -> CompletionResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         text, template = self._completion_input(prompt, formatted)
-        target = self._target(template, gen_kwargs)
-        generation = await target.agenerate(text, **self._text_args(gen_kwargs))
+        generation = await self.lm.agenerate(text, chat_template=template, **gen_kwargs)
         return _completion_response(generation)
 
     @llm_completion_callback()
@@ -347,8 +332,7 @@ class RagGatesLLM(CustomLLM):
     ) -> CompletionResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         text, template = self._completion_input(prompt, formatted)
-        target = self._target(template, gen_kwargs)
-        return _acompletion_stream(target.astream(text, **self._text_args(gen_kwargs)))
+        return _acompletion_stream(self.lm.astream(text, chat_template=template, **gen_kwargs))
 
     # ------------------------------------------------------------------ chat
     @llm_chat_callback()
@@ -368,8 +352,7 @@ class RagGatesLLM(CustomLLM):
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         prompt, template = self._chat_input(messages)
-        target = self._target(template, gen_kwargs)
-        generation = await target.agenerate(prompt, **self._text_args(gen_kwargs))
+        generation = await self.lm.agenerate(prompt, chat_template=template, **gen_kwargs)
         return _chat_response(generation)
 
     @llm_chat_callback()
@@ -378,62 +361,7 @@ class RagGatesLLM(CustomLLM):
     ) -> ChatResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         prompt, template = self._chat_input(messages)
-        target = self._target(template, gen_kwargs)
-        return _achat_stream(target.astream(prompt, **self._text_args(gen_kwargs)))
-
-
-class _BoundLM(BaseTextLM):
-    """An HFWhiteBoxLM with its HF-only generation options fixed, seen as a plain TextLM.
-
-    Inherits BaseTextLM's ``agenerate``/``astream``, which run ``generate``/``stream`` in a
-    worker thread, so async calls never block the event loop.
-    """
-
-    def __init__(self, lm: HFWhiteBoxLM, template: bool | None, extra: dict[str, Any]) -> None:
-        self._lm = lm
-        self._extra = {"chat_template": template, **extra}
-
-    @property
-    def model_id(self) -> str:
-        return self._lm.model_id
-
-    @property
-    def supports_logprobs(self) -> bool:
-        return True
-
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-    ) -> Generation:
-        return self._lm.generate(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            temperature=temperature,
-            logprobs=logprobs,
-            **self._extra,
-        )
-
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-    ) -> Iterator[str]:
-        return self._lm.stream(
-            prompt,
-            max_new_tokens=max_new_tokens,
-            stop=stop,
-            temperature=temperature,
-            **self._extra,
-        )
+        return _achat_stream(self.lm.astream(prompt, chat_template=template, **gen_kwargs))
 
 
 def _completion_response(generation: Generation) -> CompletionResponse:
