@@ -8,9 +8,9 @@ from typing import Any
 import pytest
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle
-
 from llama_index.query_engine.rag_gates import FlareMethod
 from llama_index.retrievers.rag_gates.base import PassageRetriever
+
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.eval.methods import MethodContext, available_methods, make_method
 from rag_gates.retrieval.bm25 import BM25Retriever
@@ -61,7 +61,7 @@ def test_flare_is_a_registered_bench_method_and_records_its_work(bm25: BM25Retri
     result = method.answer(QUESTION)
     trace = result.trace
     # Each look-ahead round calls the model at least once; FLARE's own loop is bounded.
-    assert 1 <= trace.llm_calls
+    assert trace.llm_calls >= 1
     assert trace.generated_tokens > 0
     assert any(e.kind == "note" and e.data.get("max_iterations") == 3 for e in trace.events)
     with pytest.raises(ValueError, match="retriever"):
