@@ -17,9 +17,15 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._optional import require
-from rag_gates.eval.runner import CONFIG, read_records, summarize, summary_markdown
+from rag_gates.eval.runner import (
+    CONFIG,
+    RunRecord,
+    read_records,
+    summarize,
+    summary_markdown,
+)
 
-__all__ = ["pareto_front", "write_report"]
+__all__ = ["accuracy_by_quartile", "pareto_front", "write_report"]
 
 
 def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
@@ -34,6 +40,21 @@ def pareto_front(points: Sequence[tuple[str, float, float]]) -> list[str]:
     return front
 
 
+def accuracy_by_quartile(records: Sequence[RunRecord], method: str, key: str = "s_pop"
+                         ) -> list[dict[str, float]]:
+    """Accuracy of one method per quartile of a numeric meta field (PopQA popularity)."""
+    rows = sorted((float(r.meta[key]), r.accuracy) for r in records
+                  if r.method == method and isinstance(r.meta.get(key), int | float))
+    if len(rows) < 4:
+        return []
+    out = []
+    for q in range(4):
+        part = rows[q * len(rows) // 4:(q + 1) * len(rows) // 4]
+        out.append({"quartile": q + 1, "questions": len(part), "min": part[0][0],
+                    "max": part[-1][0], "accuracy": 100 * sum(a for _, a in part) / len(part)})
+    return out
+
+
 def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
     """A bench directory's config and summary (recomputed from its results, so an
     unfinished or interrupted run reports what it has), and/or a gate evaluation."""
@@ -44,7 +65,9 @@ def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None
         stored = json.loads(config.read_text())
         records = read_records(directory)
         bench = {"config": stored["config"], "summary": summarize(records),
-                 "planned_questions": stored["config"]["n"]}
+                 "planned_questions": stored["config"]["n"],
+                 "popularity": {m: accuracy_by_quartile(records, m)
+                                for m in summarize(records)}}
     gate_eval = json.loads(gate.read_text()) if gate.is_file() else None
     if bench is None and gate_eval is None:
         raise FileNotFoundError(f"{directory} has neither config.json (rag-gates bench) nor "
@@ -77,6 +100,16 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path,
             lines.append(summary_markdown(
                 bench["summary"], f"{cfg['dataset']} ({directory.name}): {cfg['retriever']}, "
                                   f"k={cfg['k']}, model {cfg['model']}{partial}"))
+            for method, rows in bench["popularity"].items():
+                if not rows:
+                    continue
+                lines += [f"{method} accuracy by s_pop quartile (Wikipedia page views of the "
+                          "question's subject):", "",
+                          "| quartile | s_pop range | n | accuracy |",
+                          "| ---: | --- | ---: | ---: |"]
+                lines += [f"| {r['quartile']} | {r['min']:.0f} - {r['max']:.0f} | "
+                          f"{r['questions']} | {r['accuracy']:.1f} |" for r in rows]
+                lines.append("")
             for method, s in bench["summary"].items():
                 label = f"{method} [{cfg['dataset']}]" if len(run_dirs) > 1 else method
                 points.append((label, s["retrievals_per_question"], s["accuracy"]))

@@ -236,3 +236,18 @@ def test_pareto_front() -> None:
 )
 def test_first_sentence_edge_cases(text: str, expected: str) -> None:
     assert first_sentence(text) == expected
+
+
+def test_accuracy_by_popularity_quartile() -> None:
+    from rag_gates.eval.report import accuracy_by_quartile
+    from rag_gates.eval.runner import RunRecord
+
+    def record(i: int, pop: int, acc: float) -> RunRecord:
+        return RunRecord(id=str(i), method="no-rag", question="q", answers=["a"], prediction="",
+                         em=0, f1=0, accuracy=acc, retrievals=0, llm_calls=1,
+                         generated_tokens=1, wall_s=0.1, trace={}, meta={"s_pop": pop})
+
+    records = [record(i, pop=i * 10, acc=float(i >= 6)) for i in range(8)]
+    rows = accuracy_by_quartile(records, "no-rag")
+    assert [r["accuracy"] for r in rows] == [0.0, 0.0, 0.0, 100.0]
+    assert rows[0]["min"] == 0 and rows[-1]["max"] == 70 and rows[2]["questions"] == 2
