@@ -225,6 +225,9 @@ def eval_gate(
         min=0.0, max=1.0, help="Calibrate for this retrieval rate (default: best accuracy)."
     )] = None,
     data: Annotated[Path | None, typer.Option()] = None,
+    labels: Annotated[Path | None, typer.Option(
+        help="Bench directory with (or to hold) the no-rag and single runs of these questions."
+    )] = None,
 ) -> None:
     """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
     retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json."""
@@ -237,7 +240,8 @@ def eval_gate(
         config = GateEvalConfig(gate=gate, dataset=dataset, n=n, offset=offset, model=model,
                                 retriever=retriever, k=k, max_new_tokens=max_new_tokens,
                                 target_retrieval_rate=target_rate,
-                                data_path=str(data) if data else None)
+                                data_path=str(data) if data else None,
+                                labels_dir=str(labels) if labels else None)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -249,7 +253,7 @@ def eval_gate(
 
         try:
             report = evaluate_gate(config, out, progress=progress)
-        except (ValueError, FileNotFoundError, TypeError) as exc:
+        except (ValueError, FileNotFoundError, TypeError) as exc:  # incl. ConfigMismatchError
             console.print(f"[red]error:[/] {exc}")
             raise typer.Exit(2) from exc
     c = report.calibrated

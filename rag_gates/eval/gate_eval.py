@@ -52,6 +52,10 @@ class GateEvalConfig(BaseModel):
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(32, ge=1, le=1024)
     data_path: str | None = None
+    labels_dir: str | None = Field(
+        None, exclude=True,
+        description="A bench directory holding (or to hold) the no-rag and single runs; its "
+                    "configuration must match. Default: a cache under RAG_GATES_HOME.")
     target_retrieval_rate: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Calibrate for this retrieval rate; None = the best-accuracy threshold.")
@@ -136,7 +140,7 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                         offset=config.offset, model=config.model, retriever=config.retriever,
                         k=config.k, max_new_tokens=config.max_new_tokens,
                         data_path=config.data_path)
-    labels_dir = label_run_dir(config)
+    labels_dir = Path(config.labels_dir) if config.labels_dir else label_run_dir(config)
 
     def bench_progress(done: int, total: int, _: Any) -> None:
         if progress is not None:
