@@ -40,7 +40,8 @@ lint: $(VENV)/.installed-dev
 
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy rag_gates integrations/langchain/langchain_rag_gates
-	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates -p llama_index.retrievers.rag_gates
+	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates -p llama_index.retrievers.rag_gates \
+		-p llama_index.query_engine.rag_gates
 
 pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
