@@ -26,6 +26,10 @@ app = typer.Typer(
 )
 console = Console()
 
+from rag_gates.corpus.cli import index_app  # noqa: E402  (typer + rich only; no heavy imports)
+
+app.add_typer(index_app, name="index")
+
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
 _PACKAGES = ("rag-gates", "torch", "transformers", "sentence-transformers", "llama-index-core",

@@ -12,6 +12,9 @@ from pathlib import Path
 import pytest
 
 import rag_gates
+import rag_gates.errors
+import rag_gates.lm
+import rag_gates.types
 from rag_gates._optional import EXTRAS, require
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -1,0 +1,78 @@
+"""Errors raised by the corpus-statistics backends; each message says what to do about it."""
+
+from __future__ import annotations
+
+from rag_gates.errors import RagGatesError
+
+__all__ = [
+    "CorpusError",
+    "CorruptIndexError",
+    "EmptyPhraseError",
+    "HostedError",
+    "HostedProtocolError",
+    "HostedQueryError",
+    "HostedTimeoutError",
+    "HostedUnavailableError",
+    "IndexBuildError",
+    "IndexExistsError",
+    "IndexNotFoundError",
+    "InvalidPhraseError",
+    "PhraseTooLongError",
+    "UnsupportedScopeError",
+]
+
+
+class CorpusError(RagGatesError):
+    """Base class of every corpus-statistics error."""
+
+
+class InvalidPhraseError(CorpusError, ValueError):
+    """A phrase cannot be looked up as given (wrong type, empty, too long)."""
+
+
+class EmptyPhraseError(InvalidPhraseError):
+    """The phrase is empty or whitespace only."""
+
+
+class PhraseTooLongError(InvalidPhraseError):
+    """The phrase exceeds the character or token limit of the backend."""
+
+
+class UnsupportedScopeError(CorpusError, ValueError):
+    """The backend cannot answer co-occurrence in the requested scope."""
+
+
+class IndexNotFoundError(CorpusError, FileNotFoundError):
+    """No index exists at the given path."""
+
+
+class CorruptIndexError(CorpusError):
+    """The index directory exists but its files are missing, truncated or inconsistent."""
+
+
+class IndexExistsError(CorpusError, FileExistsError):
+    """The build target exists; pass ``force=True`` (``--force``) to replace it."""
+
+
+class IndexBuildError(CorpusError):
+    """Building an index failed; nothing was written at the target path."""
+
+
+class HostedError(CorpusError):
+    """Base class of errors from the hosted infini-gram API client."""
+
+
+class HostedTimeoutError(HostedError, TimeoutError):
+    """No complete answer arrived within the client's total timeout (all retries included)."""
+
+
+class HostedUnavailableError(HostedError, ConnectionError):
+    """The server kept failing (5xx, 429, dropped connections) until the retries ran out."""
+
+
+class HostedProtocolError(HostedError):
+    """The server answered with something that is not the infini-gram JSON protocol."""
+
+
+class HostedQueryError(HostedError, ValueError):
+    """The server rejected the query (an ``error`` field or a 4xx status); not retried."""
