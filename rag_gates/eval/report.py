@@ -135,17 +135,22 @@ def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path,
 
     if points or gates:
         fig, ax = plt.subplots(figsize=(7, 5))
-        front = set(pareto_front(points))
+        # Methods compete only within a dataset: one Pareto front per "[dataset]" label.
+        groups: dict[str, list[tuple[str, float, float]]] = {}
+        for p in points:
+            groups.setdefault(p[0].rsplit("[", 1)[-1] if "[" in p[0] else "", []).append(p)
+        fronts = [[p for p in g if p[0] in set(pareto_front(g))] for g in groups.values()]
+        front = {p[0] for f in fronts for p in f}
         for name, cost, acc in points:
             on_front = name in front
             ax.scatter(cost, acc, s=70 if on_front else 40,
                        marker="*" if on_front else "o", zorder=3)
             ax.annotate(name, (cost, acc), textcoords="offset points", xytext=(5, 4),
                         fontsize=8)
-        if front:
-            ordered = sorted((p for p in points if p[0] in front), key=lambda p: p[1])
+        for i, members in enumerate(fronts):
+            ordered = sorted(members, key=lambda p: p[1])
             ax.plot([p[1] for p in ordered], [p[2] for p in ordered], "k--", linewidth=0.8,
-                    label="Pareto front", zorder=2)
+                    label="Pareto front (per dataset)" if i == 0 else None, zorder=2)
         for label, g in gates:
             curve = sorted(g["curve"], key=lambda p: p["retrieval_rate"])
             ax.plot([p["retrieval_rate"] for p in curve],
