@@ -37,6 +37,7 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
+from rag_gates.lm.stops import StopCutter
 from rag_gates.types import Generation, TokenLogprob, TopLogprob
 
 # require() turns a missing dependency into an error naming the extra; then import normally.
@@ -449,11 +450,8 @@ class HFWhiteBoxLM(BaseTextLM):
             else:
                 generator.seed()
         token_logprobs: list[TokenLogprob] = []
-        emitted = 0
-        # Hold back text that could be the start of a stop string, and half-decoded bytes.
-        holdback = max((len(s) for s in stops), default=1) - 1
+        cutter = StopCutter(stops)
         finish: Literal["stop", "length", "eos"] = "length"
-        text = ""
         for _ in range(max_new_tokens):
             logits = group.logits[0]
             token = self._choose(logits, temperature, top_p, generator)
@@ -463,19 +461,15 @@ class HFWhiteBoxLM(BaseTextLM):
                 finish = "eos"
                 break
             group.advance(token)
-            text = group.text
-            cut = min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-            if cut >= 0:
-                text, finish = text[:cut], "stop"
+            piece = cutter.update(group.text)
+            if piece:
+                yield piece
+            if cutter.stopped:
+                finish = "stop"
                 break
-            safe = len(text) - holdback
-            while safe > emitted and text[safe - 1] == "\ufffd":
-                safe -= 1
-            if safe > emitted:
-                yield text[emitted:safe]
-                emitted = safe
-        if len(text) > emitted:
-            yield text[emitted:]
+        if rest := cutter.flush():
+            yield rest
+        text = cutter.text
         completion = len(group.generated_ids)
         token_logprobs = token_logprobs[:completion]  # no entry for an end-of-sequence token
         return Generation(

@@ -24,6 +24,7 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
+from rag_gates.lm.stops import StopCutter, find_stop
 from rag_gates.types import Generation, TokenLogprob
 
 __all__ = ["LangChainTextLM", "as_text_lm"]
@@ -96,48 +97,6 @@ def _finish_reason(metadata: Mapping[str, Any]) -> FinishReason:
             return "eos"
         return "stop"
     return "stop"  # nothing reported: the model ended on its own
-
-
-def _first_stop(text: str, stops: Sequence[str]) -> int:
-    return min((i for i in (text.find(s) for s in stops) if i >= 0), default=-1)
-
-
-class _StopCutter:
-    """Applies stop strings to streamed text, for models that ignore ``stop``.
-
-    Text that could be the start of a stop string is held back until it is known not to
-    be one, so no emitted piece ever has to be taken back.
-    """
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.holdback = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""
-        self.emitted = 0
-        self.stopped = False
-
-    def feed(self, piece: str) -> str:
-        """Add a piece; return what can be emitted now (``stopped`` turns True at a stop)."""
-        self.text += piece
-        cut = _first_stop(self.text, self.stops)
-        if cut >= 0:
-            self.stopped = True
-            out = self.text[self.emitted : cut]
-            self.emitted = cut
-            return out
-        safe = len(self.text) - self.holdback
-        if safe <= self.emitted:
-            return ""
-        out = self.text[self.emitted : safe]
-        self.emitted = safe
-        return out
-
-    def flush(self) -> str:
-        if self.stopped:
-            return ""
-        out = self.text[self.emitted :]
-        self.emitted = len(self.text)
-        return out
 
 
 class LangChainTextLM(BaseTextLM):
@@ -266,9 +225,9 @@ class LangChainTextLM(BaseTextLM):
         text = _text_of(output)
         metadata: Mapping[str, Any] = getattr(output, "response_metadata", None) or {}
         finish = _finish_reason(metadata)
-        cut = _first_stop(text, stops)
-        if cut >= 0:
-            text, finish = text[:cut], "stop"
+        found = find_stop(text, stops)
+        if found is not None:
+            text, finish = text[: found[0]], "stop"
         usage = getattr(output, "usage_metadata", None) or {}
         token_logprobs = None
         if logprobs is not None:
@@ -346,7 +305,7 @@ class LangChainTextLM(BaseTextLM):
     ) -> Iterator[str]:
         """Yield text pieces as the model streams them; joined, they equal ``generate().text``."""
         model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        cutter = _StopCutter(stops)
+        cutter = StopCutter(stops)
         for chunk in model.stream(lc_input, **self._call_kwargs(stops, kwargs)):
             piece = cutter.feed(_text_of(chunk))
             if piece:
@@ -367,7 +326,7 @@ class LangChainTextLM(BaseTextLM):
     ) -> AsyncIterator[str]:
         """Async :meth:`stream` through the model's own ``astream``."""
         model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        cutter = _StopCutter(stops)
+        cutter = StopCutter(stops)
         async for chunk in model.astream(lc_input, **self._call_kwargs(stops, kwargs)):
             piece = cutter.feed(_text_of(chunk))
             if piece:

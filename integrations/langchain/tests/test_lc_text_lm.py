@@ -16,11 +16,12 @@ from langchain_core.language_models.fake_chat_models import (
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_rag_gates import ChatRagGates, LangChainTextLM, as_text_lm
-from langchain_rag_gates.language_models import _finish_reason, _StopCutter
+from langchain_rag_gates.language_models import _finish_reason
 from pydantic import Field
 
 from rag_gates.lm.base import TextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
+from rag_gates.lm.stops import StopCutter
 from rag_gates.types import ChatMessage
 
 QUESTION = "What is the capital of France?"
@@ -261,10 +262,10 @@ def test_finish_reason_mapping(metadata: dict[str, Any], expected: str) -> None:
 
 
 def test_stop_cutter_holds_back_partial_stop_strings() -> None:
-    cutter = _StopCutter(["END"])
+    cutter = StopCutter(["END"])
     out = [cutter.feed(p) for p in ["ab", "cE", "N", "Dx"]]
     assert "".join(out) == "abc" and cutter.stopped
-    cutter = _StopCutter(["END"])
+    cutter = StopCutter(["END"])
     assert "".join(cutter.feed(p) for p in ["ab", "cE", "N"]) + cutter.flush() == "abcEN"
 
 

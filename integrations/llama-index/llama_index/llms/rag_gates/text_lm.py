@@ -22,6 +22,7 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
+from rag_gates.lm.stops import StopCutter, find_stop
 from rag_gates.types import Generation, TokenLogprob, TopLogprob
 
 __all__ = [
@@ -102,48 +103,6 @@ def from_llama_index_logprobs(
 def _bytes(lp: LogProb) -> list[int] | None:
     # LlamaIndex uses [] for "unknown"; only an empty token really has no bytes.
     return list(lp.bytes) if lp.bytes or lp.token == "" else None
-
-
-def _first_stop(text: str, stops: Sequence[str], start: int = 0) -> tuple[int, int] | None:
-    """``(start, end)`` of the stop string in ``text`` that is complete first, or None.
-
-    "Complete first" (smallest end, then earliest start) is where a model that stops
-    generating at a stop string would stop, so streamed and whole-text cuts agree.
-    """
-    best: tuple[int, int] | None = None
-    for s in stops:
-        i = text.find(s, start)
-        if i >= 0 and (best is None or (i + len(s), i) < best):
-            best = (i + len(s), i)
-    return None if best is None else (best[1], best[0])
-
-
-class _StopScanner:
-    """Cut a stream of deltas at the first stop string, holding back possible stop prefixes."""
-
-    def __init__(self, stops: Sequence[str]) -> None:
-        self.stops = tuple(stops)
-        self.hold = max((len(s) for s in self.stops), default=1) - 1
-        self.text = ""
-        self.emitted = 0
-        self.stopped = False
-
-    def feed(self, delta: str) -> str:
-        self.text += delta
-        # Emitted text plus the held-back tail was already searched: no stop starts earlier.
-        found = _first_stop(self.text, self.stops, self.emitted)
-        if found is not None:
-            self.text, self.stopped = self.text[: found[0]], True
-            return self.flush()
-        safe = len(self.text) - self.hold
-        if safe <= self.emitted:
-            return ""
-        out, self.emitted = self.text[self.emitted : safe], safe
-        return out
-
-    def flush(self) -> str:
-        out, self.emitted = self.text[self.emitted :], len(self.text)
-        return out
 
 
 class LlamaIndexTextLM(BaseTextLM):
@@ -237,7 +196,7 @@ class LlamaIndexTextLM(BaseTextLM):
         reported = info.get("finish_reason")
         if reported in _FINISH_REASONS:
             finish = reported
-        found = _first_stop(text, stops)
+        found = find_stop(text, stops)
         if found is not None:
             text, finish = text[: found[0]], "stop"
         token_logprobs: list[TokenLogprob] | None = None
@@ -320,7 +279,7 @@ class LlamaIndexTextLM(BaseTextLM):
             responses: Iterator[Any] = self.llm.stream_complete(query, **kwargs)
         else:
             responses = self.llm.stream_chat(query, **kwargs)
-        scanner = _StopScanner(stops)
+        scanner = StopCutter(stops)
         text = ""
         try:
             for r in responses:
@@ -351,7 +310,7 @@ class LlamaIndexTextLM(BaseTextLM):
             responses: AsyncIterator[Any] = await self.llm.astream_complete(query, **kwargs)
         else:
             responses = await self.llm.astream_chat(query, **kwargs)
-        scanner = _StopScanner(stops)
+        scanner = StopCutter(stops)
         text = ""
         try:
             async for r in responses:
