@@ -26,6 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._io import write_text_atomic
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
@@ -209,7 +210,4 @@ def _json_safe(value: Any) -> Any:
 
 
 def _write_json(path: Path, payload: dict[str, Any]) -> None:
-    payload = _json_safe(payload)
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(payload, indent=2, allow_nan=False))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(_json_safe(payload), indent=2, allow_nan=False))

@@ -26,6 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._io import write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
 from rag_gates.eval.methods import Method, MethodContext, available_methods, make_method
 from rag_gates.eval.metrics import score_answer
@@ -144,9 +145,7 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str) -> None:
         methods = list(dict.fromkeys(existing["config"].get("methods", []) + methods))
     stored = {"config": {**config.model_dump(), "methods": methods},
               "data_fingerprint": fingerprint}
-    tmp = path.with_suffix(".tmp")
-    tmp.write_text(json.dumps(stored, indent=2))
-    tmp.replace(path)
+    write_text_atomic(path, json.dumps(stored, indent=2))
 
 
 def _record(example: QAExample, method: Method, dataset: str) -> RunRecord:
@@ -265,7 +264,5 @@ def run_bench(
                        (SUMMARY_MD, summary_markdown(summary, f"{config.dataset}, "
                                                      f"{len(data.examples)} questions, "
                                                      f"{config.retriever}, {config.model}"))):
-        tmp = run_path / f"{name}.tmp"
-        tmp.write_text(text)
-        tmp.replace(run_path / name)
+        write_text_atomic(run_path / name, text)
     return summary
