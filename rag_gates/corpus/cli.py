@@ -6,6 +6,7 @@ Registered by the main CLI as ``app.add_typer(index_app, name="index")``::
     rag-gates index stats DIR [--verify] [--json]
     rag-gates index count DIR PHRASE [--json]
     rag-gates index cooc DIR A B [--window N] [--json]
+    rag-gates index from-datasets [--datasets hotpotqa,2wiki] [--data PATH] [--json]
 
 Every expected failure (missing or corrupt index, bad phrase, existing target) prints one
 line saying what to do and exits with status 1; no traceback.
@@ -129,7 +130,11 @@ def stats(
     if as_json:
         _print_json({**info.model_dump(), **({"verified": True} if verify else {})})
         return
-    table = Table(title=f"index {info.name}", show_header=False)
+    _print_stats(info, verified=verify)
+
+
+def _print_stats(info: Any, verified: bool = False, title: str | None = None) -> None:
+    table = Table(title=title or f"index {info.name}", show_header=False)
     table.add_row("path", info.path)
     table.add_row("documents", f"{info.documents:,}")
     table.add_row("tokens", f"{info.tokens:,}")
@@ -142,9 +147,39 @@ def stats(
     if info.skipped:
         table.add_row("skipped at build", ", ".join(f"{k}: {v:,}" for k, v in
                                                     info.skipped.items()))
-    if verify:
+    if verified:
         table.add_row("suffix array", "[green]verified[/]")
     console.print(table)
+
+
+@index_app.command("from-datasets")
+def from_datasets(
+    datasets: Annotated[str, typer.Option(
+        help="Comma-separated dataset names whose context paragraphs are indexed.")
+    ] = "hotpotqa,2wiki",
+    data: Annotated[Path | None, typer.Option(
+        help="Directory holding the data files (default: $RAG_GATES_DATA, ../shared/data, "
+             "then the slices in examples/data); a file when one dataset is named.")] = None,
+    tokenizer: Annotated[str, typer.Option(
+        help="'default' (the embedded model's), a tokenizer.json, or a local model folder.")
+    ] = "default",
+    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print path and stats as JSON.")
+                       ] = False,
+) -> None:
+    """Build (once; then reuse) the corpus-statistics index of the datasets' paragraphs, the
+    one QuCo-RAG uses in the benchmark; print its cached path and stats."""
+    from rag_gates.eval.corpus import build_corpus_stats
+
+    with _clean_errors():
+        directory = build_corpus_stats(datasets, data, tokenizer=tokenizer,
+                                       progress=not quiet and not as_json)
+        info = _open(directory).stats()
+    if as_json:
+        _print_json(info.model_dump())
+        return
+    typer.echo(str(directory))
+    _print_stats(info, title=f"corpus statistics of {datasets}")
 
 
 def _query(index: Path, case: str, run: Callable[[Any], Any]) -> Any:
