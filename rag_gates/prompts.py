@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from rag_gates.types import Passage
 
-__all__ = ["format_passages", "qa_prompt"]
+__all__ = ["continue_prompt", "format_passages", "qa_prompt"]
 
 _INSTRUCTION = {
     None: "Answer the question in a few words.",
@@ -27,3 +27,17 @@ def qa_prompt(question: str, passages: Sequence[Passage] | None = None,
         return f"{instruction}\nQuestion: {question}"
     return (f"{instruction.rstrip('.')}, using the context.\nContext:\n"
             f"{format_passages(passages)}\nQuestion: {question}")
+
+
+def continue_prompt(question: str, passages: Sequence[Passage] | None, so_far: str,
+                    dataset: str | None = None) -> str:
+    """The QA prompt plus the answer written so far, asking for its next sentence only.
+
+    Used by the methods that write an answer sentence by sentence (FS-RAG, QuCo-RAG).
+    """
+    base = qa_prompt(question, passages, dataset=dataset)
+    if not so_far:
+        return base
+    return (f"{base}\nAnswer so far: {so_far}\n"
+            "Continue the answer with its next sentence only; reply with nothing if the "
+            "answer is complete.")

@@ -23,7 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates.lm.base import TextLM
-from rag_gates.prompts import qa_prompt
+from rag_gates.prompts import continue_prompt, qa_prompt
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import Passage, Trace, TraceRecorder
 
@@ -225,14 +225,6 @@ class FSRAGMethod:
         self.retriever = need_retriever(ctx, self.name)
         self.max_sentences = max_sentences
 
-    def _prompt(self, question: str, passages: list[Passage], so_far: str) -> str:
-        base = qa_prompt(question, passages, dataset=self.ctx.dataset)
-        if not so_far:
-            return base
-        return (f"{base}\nAnswer so far: {so_far}\n"
-                "Continue the answer with its next sentence only; reply with nothing if the "
-                "answer is complete.")
-
     def answer(self, question: str) -> MethodResult:
         rec = TraceRecorder()
         sentences: list[str] = []
@@ -243,7 +235,8 @@ class FSRAGMethod:
             passages = retrieve_recorded(rec, self.retriever, query, self.ctx.k)
             used.extend(p for p in passages if p not in used)
             with rec.timed("llm_call", "sentence") as data:
-                g = self.ctx.lm.generate(self._prompt(question, passages, " ".join(sentences)),
+                g = self.ctx.lm.generate(continue_prompt(question, passages, " ".join(sentences),
+                                                         self.ctx.dataset),
                                          max_new_tokens=budget)
                 data["tokens"] = g.completion_tokens
             budget -= g.completion_tokens

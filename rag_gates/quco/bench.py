@@ -1,0 +1,63 @@
+"""QuCo-RAG in ``rag-gates bench`` and ``rag-gates eval-gate`` (entry points).
+
+Methods: ``quco`` (the full loop), ``quco-no-precheck`` and ``quco-no-runtime`` (the paper's
+ablations). Gate: ``quco`` (the pre-generation gate alone, for ``eval-gate``).
+
+Counts come from the local infini-gram index over the Wikipedia paragraphs of HotpotQA and
+2WikiMultihopQA (:func:`rag_gates.eval.corpus.load_corpus_stats`, built on first use and
+cached), whatever the dataset under test: that index plays the role of the paper's
+pre-training corpus. ``tau_entity`` is :data:`BENCH_TAU_ENTITY`, calibrated for that index
+with ``rag-gates eval-gate --gate quco`` (see the README for the command and the curve).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rag_gates.eval.methods import MethodContext, need_retriever
+from rag_gates.quco.gate import QuCoGate
+from rag_gates.quco.pipeline import QuCoPipeline
+
+__all__ = ["BENCH_TAU_ENTITY", "quco_gate", "quco_method", "quco_no_precheck",
+           "quco_no_runtime"]
+
+#: tau_entity for the dataset-paragraph index (calibrated; see the module docstring).
+BENCH_TAU_ENTITY = 20.0
+
+
+def _stats() -> Any:
+    from rag_gates.eval.corpus import load_corpus_stats
+
+    return load_corpus_stats()
+
+
+def _pipeline(ctx: MethodContext, name: str, **overrides: Any) -> QuCoPipeline:
+    pipeline = QuCoPipeline(
+        ctx.lm, need_retriever(ctx, name), _stats(), tau_entity=BENCH_TAU_ENTITY, k=ctx.k,
+        chunk_tokens=ctx.max_new_tokens, max_new_tokens=ctx.max_new_tokens,
+        dataset=ctx.dataset, **overrides)
+    pipeline.name = name
+    return pipeline
+
+
+def quco_method(ctx: MethodContext) -> QuCoPipeline:
+    """The full QuCo-RAG loop: pre-check and runtime claim verification."""
+    return _pipeline(ctx, "quco")
+
+
+def quco_no_precheck(ctx: MethodContext) -> QuCoPipeline:
+    """Ablation: runtime verification only."""
+    return _pipeline(ctx, "quco-no-precheck", pre_check=False)
+
+
+def quco_no_runtime(ctx: MethodContext) -> QuCoPipeline:
+    """Ablation: the pre-generation gate only (then one generation)."""
+    return _pipeline(ctx, "quco-no-runtime", runtime_check=False)
+
+
+def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
+    """The pre-generation gate at a rarity ``threshold`` (``1 / (1 + tau_entity)``); None
+    means :data:`BENCH_TAU_ENTITY`."""
+    if threshold is None:
+        return QuCoGate(_stats(), tau_entity=BENCH_TAU_ENTITY)
+    return QuCoGate.from_threshold(_stats(), threshold)
