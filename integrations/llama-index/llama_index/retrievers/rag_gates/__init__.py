@@ -1,6 +1,12 @@
-"""LlamaIndex retrieval integration of rag-gates: Node <-> Passage conversion and node
-annotation (retrievers and postprocessors build on these)."""
+"""LlamaIndex retrieval integration of rag-gates.
 
+* :class:`GatedRetriever`: any LlamaIndex retriever behind any rag-gates gate (retrieve only
+  when the gate says so), reporting each :class:`GateDecisionEvent` through instrumentation.
+* :class:`PassageRetriever`: any rag-gates retriever (BM25, dense Qdrant) as a LlamaIndex one.
+* Node <-> Passage conversion and non-mutating node annotation.
+"""
+
+from llama_index.retrievers.rag_gates.base import PassageRetriever
 from llama_index.retrievers.rag_gates.convert import (
     ANNOTATION_KEY,
     TITLE_KEY,
@@ -10,10 +16,14 @@ from llama_index.retrievers.rag_gates.convert import (
     passage_to_node,
     passages_to_nodes,
 )
+from llama_index.retrievers.rag_gates.gated import GateDecisionEvent, GatedRetriever
 
 __all__ = [
     "ANNOTATION_KEY",
     "TITLE_KEY",
+    "GateDecisionEvent",
+    "GatedRetriever",
+    "PassageRetriever",
     "annotate_node",
     "node_to_passage",
     "nodes_to_passages",

@@ -1,0 +1,153 @@
+"""``GatedRetriever``: any LlamaIndex retriever behind any rag-gates gate.
+
+The gate decides, per query, whether retrieval is worth it. When it says no, the wrapped
+retriever is not called and no nodes come back (the LLM answers from its own knowledge);
+when it says yes, the wrapped retriever's nodes come back as annotated copies. Every
+decision is dispatched as a :class:`GateDecisionEvent` through LlamaIndex instrumentation.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import llama_index.core.instrumentation as instrument
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.instrumentation.events.base import BaseEvent
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
+from pydantic import Field, JsonValue
+
+from rag_gates.gate import Gate
+from rag_gates.types import GateDecision
+
+__all__ = ["GateDecisionEvent", "GatedRetriever"]
+
+dispatcher = instrument.get_dispatcher(__name__)
+
+
+class GateDecisionEvent(BaseEvent):
+    """A rag-gates gate decided whether to retrieve for a query.
+
+    Dispatched by :class:`GatedRetriever` inside its retrieval span, before the wrapped
+    retriever runs (or instead of it). ``decision`` is
+    ``GateDecision.model_dump(mode="json")``; rebuild the model with
+    :meth:`gate_decision`.
+    """
+
+    query_str: str = Field(..., description="The query the gate decided on.")
+    retrieve: bool = Field(..., description="True when the gate asked for retrieval.")
+    decision: dict[str, JsonValue] = Field(
+        ...,
+        description=(
+            "The full decision as JSON: gate, retrieve, score, threshold, reason, evidence, "
+            "latency_ms."
+        ),
+    )
+
+    @classmethod
+    def class_name(cls) -> str:
+        """Class name."""
+        return "GateDecisionEvent"
+
+    def gate_decision(self) -> GateDecision:
+        """The decision as a rag-gates :class:`~rag_gates.types.GateDecision`."""
+        return GateDecision.model_validate(self.decision)
+
+
+class GatedRetriever(BaseRetriever):
+    """Wrap any LlamaIndex retriever so it only retrieves when a rag-gates gate says so.
+
+    For each query the gate decides on ``query_bundle.query_str`` (``gate.decide``, or
+    ``gate.adecide`` on the async path):
+
+    * no retrieval: the wrapped retriever is not called and the result is ``[]``, so a
+      ``RetrieverQueryEngine`` answers without context;
+    * retrieval: the wrapped retriever's nodes come back as copies with
+      ``metadata[annotation_key] = decision.model_dump(mode="json")`` (the key is excluded
+      from LLM and embedding metadata, so it never reaches a prompt). The wrapped
+      retriever's nodes are never modified.
+
+    Each decision is dispatched as a :class:`GateDecisionEvent` (see
+    ``llama_index.core.instrumentation``) and kept in :attr:`last_decision`.
+
+    Args:
+        retriever (BaseRetriever): The LlamaIndex retriever to gate (a vector index's
+            ``as_retriever()``, BM25, a fusion retriever, ...).
+        gate (Gate): Any rag-gates gate (``rag_gates.gate.Gate``): ``decide(query)`` and
+            ``adecide(query)`` returning a ``GateDecision``.
+        annotation_key (str): Node metadata key for the decision. Defaults to
+            ``"rag_gates"``.
+        callback_manager (CallbackManager | None): LlamaIndex callback manager.
+
+    Example:
+        >>> from llama_index.core import VectorStoreIndex
+        >>> from llama_index.core.query_engine import RetrieverQueryEngine
+        >>> from llama_index.retrievers.rag_gates import GatedRetriever
+        >>> index = VectorStoreIndex.from_documents(documents)
+        >>> retriever = GatedRetriever(index.as_retriever(similarity_top_k=3), gate=my_gate)
+        >>> engine = RetrieverQueryEngine.from_args(retriever=retriever, llm=llm)
+        >>> response = engine.query("Were Scott Derrickson and Ed Wood of the same nationality?")
+        >>> retriever.last_decision.reason
+        >>> response.source_nodes[0].metadata["rag_gates"]["score"]
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever,
+        gate: Gate,
+        annotation_key: str = ANNOTATION_KEY,
+        callback_manager: CallbackManager | None = None,
+        **kwargs: Any,
+    ) -> None:
+        if not isinstance(retriever, BaseRetriever):
+            raise TypeError(
+                f"retriever must be a LlamaIndex BaseRetriever (e.g. index.as_retriever()), "
+                f"got {type(retriever).__name__}; for a rag-gates Retriever wrap it in "
+                "PassageRetriever first"
+            )
+        if not isinstance(gate, Gate):
+            raise TypeError(
+                f"gate must follow rag_gates' Gate protocol (name, threshold, decide, "
+                f"adecide, decide_batch), got {type(gate).__name__}"
+            )
+        if not isinstance(annotation_key, str) or not annotation_key:
+            raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
+        super().__init__(callback_manager=callback_manager, **kwargs)
+        self.retriever = retriever
+        self.gate = gate
+        self.annotation_key = annotation_key
+        self.last_decision: GateDecision | None = None
+        """The most recent decision (per instance; read events when queries run concurrently)."""
+
+    def _record(self, query_bundle: QueryBundle, decision: GateDecision) -> dict[str, JsonValue]:
+        if not isinstance(decision, GateDecision):
+            raise TypeError(
+                f"gate {getattr(self.gate, 'name', type(self.gate).__name__)!r} returned "
+                f"{type(decision).__name__}, expected a rag_gates GateDecision"
+            )
+        self.last_decision = decision
+        data = decision.model_dump(mode="json")
+        dispatcher.event(
+            GateDecisionEvent(
+                query_str=query_bundle.query_str, retrieve=decision.retrieve, decision=data
+            )
+        )
+        return data
+
+    def _annotated(
+        self, nodes: list[NodeWithScore], data: dict[str, JsonValue]
+    ) -> list[NodeWithScore]:
+        return [annotate_node(n, key=self.annotation_key, value=data) for n in nodes]
+
+    def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        data = self._record(query_bundle, self.gate.decide(query_bundle.query_str))
+        if not data["retrieve"]:
+            return []
+        return self._annotated(self.retriever.retrieve(query_bundle), data)
+
+    async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+        data = self._record(query_bundle, await self.gate.adecide(query_bundle.query_str))
+        if not data["retrieve"]:
+            return []
+        return self._annotated(await self.retriever.aretrieve(query_bundle), data)

@@ -1,0 +1,237 @@
+"""GatedRetriever over a real VectorStoreIndex (embedded MiniLM over HotpotQA paragraphs),
+with a real gate, LlamaIndex instrumentation, and a RetrieverQueryEngine on the tiny model."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from llama_index.core import VectorStoreIndex
+from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.base import BaseEvent
+from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
+from llama_index.core.instrumentation.events.retrieval import RetrievalStartEvent
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import QueryBundle
+from llama_index.retrievers.rag_gates import (
+    ANNOTATION_KEY,
+    GateDecisionEvent,
+    GatedRetriever,
+    passages_to_nodes,
+)
+from pydantic import Field, JsonValue, PrivateAttr
+
+from rag_gates.eval.corpus import corpus_passages
+from rag_gates.gate import BaseGate
+from rag_gates.types import GateDecision
+
+SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
+ASK = "Were Scott Derrickson and Ed Wood of the same nationality?"  # 5 capitalised words
+SKIP = "what is two plus two?"  # none
+TOP_K = 3
+
+
+class CapitalisedWordsGate(BaseGate):
+    """Retrieve when the question names things: score = number of capitalised words."""
+
+    name = "capitalised-words"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        words = [w for w in query.split() if w[:1].isupper()]
+        return float(len(words)), {"capitalised": list(words)}
+
+
+class MiniLMEmbedding(BaseEmbedding):
+    """The embedded all-MiniLM-L6-v2 (sentence-transformers) as a LlamaIndex embedding."""
+
+    _model: Any = PrivateAttr()
+
+    def __init__(self, model: Any, **kwargs: Any) -> None:
+        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
+        self._model = model
+
+    def _encode(self, texts: list[str]) -> list[list[float]]:
+        vectors = self._model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
+        return [[float(x) for x in v] for v in vectors]
+
+    def _get_query_embedding(self, query: str) -> list[float]:
+        return self._encode([query])[0]
+
+    async def _aget_query_embedding(self, query: str) -> list[float]:
+        return self._get_query_embedding(query)
+
+    def _get_text_embedding(self, text: str) -> list[float]:
+        return self._encode([text])[0]
+
+    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
+        return self._encode(texts)
+
+
+class Collector(BaseEventHandler):
+    """Keeps every instrumentation event it sees."""
+
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[BaseEvent]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+@pytest.fixture(scope="module")
+def index() -> VectorStoreIndex:
+    from rag_gates.lm.defaults import load_default_embedder
+
+    # The first four questions' paragraphs: Scott Derrickson, Ed Wood and their distractors.
+    nodes = [n.node for n in passages_to_nodes(corpus_passages("hotpotqa", SLICES)[:40])]
+    return VectorStoreIndex(nodes, embed_model=MiniLMEmbedding(load_default_embedder()))
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    root = get_dispatcher()
+    handler = Collector()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers.remove(handler)
+
+
+@pytest.fixture
+def gate() -> CapitalisedWordsGate:
+    return CapitalisedWordsGate(threshold=2)
+
+
+def test_yes_returns_annotated_copies_of_the_inner_nodes(
+    index: VectorStoreIndex, gate: CapitalisedWordsGate
+) -> None:
+    inner = index.as_retriever(similarity_top_k=TOP_K)
+    gated = GatedRetriever(inner, gate=gate)
+    plain = inner.retrieve(ASK)
+    nodes = gated.retrieve(ASK)
+    assert [n.node.node_id for n in nodes] == [n.node.node_id for n in plain]
+    assert [n.score for n in nodes] == pytest.approx([n.score for n in plain])
+    assert nodes[0].node.metadata["title"] == "Ed Wood"  # MiniLM's nearest paragraph
+    decision = gated.last_decision
+    assert isinstance(decision, GateDecision) and decision.retrieve
+    assert decision.score == 5.0 and decision.threshold == 2.0
+    for n in nodes:
+        assert n.node.metadata[ANNOTATION_KEY] == decision.model_dump(mode="json")
+        # The annotation never reaches a prompt or an embedding.
+        assert ANNOTATION_KEY in n.node.excluded_llm_metadata_keys
+        assert ANNOTATION_KEY in n.node.excluded_embed_metadata_keys
+    # Neither the index's stored nodes nor what the inner retriever returns were touched.
+    for n in [*plain, *inner.retrieve(ASK)]:
+        assert ANNOTATION_KEY not in n.node.metadata
+        stored = index.docstore.get_node(n.node.node_id)
+        assert ANNOTATION_KEY not in stored.metadata
+        assert ANNOTATION_KEY not in stored.excluded_llm_metadata_keys
+
+
+def test_no_skips_the_inner_retriever(
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+) -> None:
+    gated = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K), gate=gate)
+    assert gated.retrieve(SKIP) == []
+    assert gated.last_decision is not None and not gated.last_decision.retrieve
+    # Only the gated retriever started a retrieval: the inner one was never called.
+    assert len(collector.of(RetrievalStartEvent)) == 1
+    collector.events.clear()
+    gated.retrieve(ASK)
+    assert len(collector.of(RetrievalStartEvent)) == 2
+
+
+def test_each_decision_is_an_instrumentation_event(
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+) -> None:
+    gated = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K), gate=gate)
+    gated.retrieve(ASK)
+    gated.retrieve(QueryBundle(SKIP))
+    events = collector.of(GateDecisionEvent)
+    assert [(e.query_str, e.retrieve) for e in events] == [(ASK, True), (SKIP, False)]
+    assert events[1].gate_decision() == gated.last_decision
+    assert events[0].decision["evidence"] == {
+        "capitalised": ["Were", "Scott", "Derrickson", "Ed", "Wood"]
+    }
+    assert events[0].decision["reason"].startswith("capitalised-words score 5")
+    # Dispatched inside the retriever's span, so tracing tools attach it to the retrieval.
+    assert all(e.span_id and e.span_id.startswith("GatedRetriever.") for e in events)
+    assert events[0].model_dump()["class_name"] == "GateDecisionEvent"
+
+
+async def test_async_path_uses_adecide_and_aretrieve(
+    index: VectorStoreIndex, collector: Collector
+) -> None:
+    class AsyncOnlyGate(CapitalisedWordsGate):
+        # Proves the async path goes through adecide, not decide.
+        def decide(self, query: str, **signals: Any) -> GateDecision:
+            raise AssertionError("the async path must call adecide")
+
+        async def adecide(self, query: str, **signals: Any) -> GateDecision:
+            return BaseGate.decide(self, query, **signals)
+
+    inner = index.as_retriever(similarity_top_k=2)
+    gated = GatedRetriever(inner, gate=AsyncOnlyGate(threshold=2))
+    nodes = await gated.aretrieve(ASK)
+    assert [n.node.node_id for n in nodes] == [n.node.node_id for n in await inner.aretrieve(ASK)]
+    assert all(n.node.metadata[ANNOTATION_KEY]["retrieve"] is True for n in nodes)
+    assert await gated.aretrieve(SKIP) == []
+    assert [e.retrieve for e in collector.of(GateDecisionEvent)] == [True, False]
+
+
+def test_bad_arguments_are_rejected(index: VectorStoreIndex, gate: CapitalisedWordsGate) -> None:
+    with pytest.raises(TypeError, match="BaseRetriever"):
+        GatedRetriever(object(), gate=gate)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="Gate protocol"):
+        GatedRetriever(index.as_retriever(), gate=object())  # type: ignore[arg-type]
+    with pytest.raises(ValueError, match="annotation_key"):
+        GatedRetriever(index.as_retriever(), gate=gate, annotation_key="")
+
+
+def test_custom_annotation_key(index: VectorStoreIndex, gate: CapitalisedWordsGate) -> None:
+    gated = GatedRetriever(index.as_retriever(similarity_top_k=1), gate=gate,
+                           annotation_key="gate")
+    (node,) = gated.retrieve(ASK)
+    assert node.node.metadata["gate"]["gate"] == "capitalised-words"
+    assert ANNOTATION_KEY not in node.node.metadata
+
+
+def test_drops_into_a_retriever_query_engine(
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+) -> None:
+    from llama_index.llms.rag_gates import RagGatesLLM
+
+    from rag_gates.testing import tiny_lm
+
+    llm = RagGatesLLM(lm=tiny_lm(seed=0, max_context=4096), max_new_tokens=4)
+    gated = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K), gate=gate)
+    engine = RetrieverQueryEngine.from_args(retriever=gated, llm=llm)
+
+    response = engine.query(ASK)
+    assert len(response.source_nodes) == TOP_K
+    assert all(n.node.metadata[ANNOTATION_KEY]["retrieve"] for n in response.source_nodes)
+    # The LLM saw the retrieved paragraphs, and the annotation stayed out of its prompt.
+    prompts = ["\n".join(str(m.content) for m in e.messages)
+               for e in collector.of(LLMChatStartEvent)]
+    assert len(prompts) == 1
+    assert "title: Ed Wood\n" in prompts[0]
+    assert "capitalised" not in prompts[0] and ANNOTATION_KEY not in prompts[0]
+
+    # A "no": nothing retrieved. LlamaIndex's synthesizers do not call the LLM without
+    # nodes; RetrieverQueryEngine answers with its empty response.
+    collector.events.clear()
+    response = engine.query(SKIP)
+    assert response.source_nodes == []
+    assert str(response) == "Empty Response"
+    assert collector.of(LLMChatStartEvent) == []
+    assert [e.retrieve for e in collector.of(GateDecisionEvent)] == [False]
