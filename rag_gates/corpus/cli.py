@@ -6,7 +6,7 @@ Registered by the main CLI as ``app.add_typer(index_app, name="index")``::
     rag-gates index stats DIR [--verify] [--json]
     rag-gates index count DIR PHRASE [--json]
     rag-gates index cooc DIR A B [--window N] [--json]
-    rag-gates index from-datasets [--datasets hotpotqa,2wiki] [--data PATH] [--json]
+    rag-gates index from-datasets [--datasets hotpotqa,2wiki] [--data PATH] [--case C]
 
 Every expected failure (missing or corrupt index, bad phrase, existing target) prints one
 line saying what to do and exits with status 1; no traceback.
@@ -163,6 +163,9 @@ def from_datasets(
     tokenizer: Annotated[str, typer.Option(
         help="'default' (the embedded model's), a tokenizer.json, or a local model folder.")
     ] = "default",
+    case: Annotated[str, typer.Option(
+        help="'insensitive' (a lower-cased index) or 'sensitive' (a cased one).")
+    ] = "insensitive",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print path and stats as JSON.")
                        ] = False,
@@ -172,7 +175,10 @@ def from_datasets(
     from rag_gates.eval.corpus import build_corpus_stats
 
     with _clean_errors():
+        if case not in ("sensitive", "insensitive"):
+            raise ValueError("--case must be 'sensitive' or 'insensitive'")
         directory = build_corpus_stats(datasets, data, tokenizer=tokenizer,
+                                       lowercase=case == "insensitive",
                                        progress=not quiet and not as_json)
         info = _open(directory).stats()
     if as_json:

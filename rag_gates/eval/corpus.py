@@ -8,7 +8,8 @@ the hash covers the data file's bytes, so a changed file gets a new index.
 The corpus-statistics index (:func:`load_corpus_stats`) covers the union of several datasets'
 paragraphs (by default HotpotQA and 2WikiMultihopQA: both draw on the same Wikipedia), one
 document per distinct (title, paragraph) with the title as its first line, so an entity named
-only in a title is counted too. It is cached under
+only in a title is counted too; lower-cased by default, so lookups ignore case exactly (see
+:func:`load_corpus_stats` for why). It is cached under
 ``$RAG_GATES_HOME/indexes/corpus-stats-<hash>/``; the hash covers the data files' bytes, the
 tokenizer, the build options and the document format, so changed data gets a new index. With
 only the slices shipped in ``examples/data`` (no ``../shared``) it builds in seconds.
@@ -179,10 +180,10 @@ def corpus_stats_documents(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS
 def _stats_options(**overrides: Any) -> Any:
     from rag_gates.corpus.build import BuildOptions
 
-    # One suffix-array part: these corpora are small (about 13 MB of tokens for the full
+    # One suffix-array part: these corpora are small (about 4 MB of u16 tokens for the full
     # shared files), the machines share their cores, and small parts are where the indexer's
     # multi-part pitfall lives (docs/architecture.md).
-    return BuildOptions(**{"cpus": 1, "lowercase": False, **overrides})
+    return BuildOptions(**{"cpus": 1, "lowercase": True, **overrides})
 
 
 def _stats_key(files: list[tuple[str, Path]], tokenizer_sha: str, options: Any) -> str:
@@ -198,33 +199,38 @@ def _stats_key(files: list[tuple[str, Path]], tokenizer_sha: str, options: Any) 
 
 
 def corpus_stats_dir(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
-                     path: str | Path | None = None, *, tokenizer: Any = None) -> Path:
-    """Where :func:`load_corpus_stats` keeps (or will build) the index for these inputs."""
+                     path: str | Path | None = None, *, tokenizer: Any = None,
+                     lowercase: bool = True) -> Path:
+    """Where :func:`build_corpus_stats` keeps (or will build) the index for these inputs."""
     from rag_gates.corpus.tokenizer import CorpusTokenizer
 
     files = _dataset_files(_dataset_names(datasets), path)
     tok = CorpusTokenizer.resolve(tokenizer)
-    return (rag_gates_home() / "indexes"
-            / f"corpus-stats-{_stats_key(files, tok.sha256(), _stats_options())}")
+    key = _stats_key(files, tok.sha256(), _stats_options(lowercase=lowercase))
+    return rag_gates_home() / "indexes" / f"corpus-stats-{key}"
 
 
 def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                        path: str | Path | None = None, *, tokenizer: Any = None,
-                       progress: bool = False) -> Path:
+                       lowercase: bool = True, progress: bool = False) -> Path:
     """Build the corpus-statistics index of ``datasets`` unless it is cached; its directory.
+
+    ``lowercase``: index lower-cased text (a case-insensitive index; the default).
 
     The build writes the documents and the index into a temporary directory beside the cache
     and renames it into place, so an interrupted build leaves nothing half-made; when another
     process finished the same index first, its copy is kept and ours discarded.
     """
     from rag_gates.corpus import build as corpus_build
+    from rag_gates.corpus.errors import IndexExistsError
     from rag_gates.corpus.index_format import MANIFEST_NAME
     from rag_gates.corpus.tokenizer import CorpusTokenizer
 
     names = _dataset_names(datasets)
     files = _dataset_files(names, path)
     tok = CorpusTokenizer.resolve(tokenizer)
-    options = _stats_options(progress=progress, name="corpus-stats-" + "+".join(names))
+    options = _stats_options(lowercase=lowercase, progress=progress,
+                             name="corpus-stats-" + "+".join(names))
     key = _stats_key(files, tok.sha256(), options)
     target = rag_gates_home() / "indexes" / f"corpus-stats-{key}"
     if (target / MANIFEST_NAME).is_file():
@@ -252,9 +258,11 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
         (built / _SOURCES_NAME).write_text(json.dumps(sources, indent=2), encoding="utf-8")
         try:
             os.rename(built, target)
-        except OSError:
+        except OSError as exc:
             if not (target / MANIFEST_NAME).is_file():
-                raise
+                raise IndexExistsError(
+                    f"{target} exists but holds no complete index ({exc}); delete it and "
+                    "run again") from exc
             logger.info("corpus statistics: another process built %s first; using it", target)
             return target
     finally:
@@ -266,7 +274,7 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
 
 def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                       path: str | Path | None = None, *, tokenizer: Any = None,
-                      case: Literal["sensitive", "insensitive"] = "sensitive",
+                      case: Literal["sensitive", "insensitive"] = "insensitive",
                       cache: bool | str | Path = True, progress: bool = False) -> CorpusStats:
     """Phrase counts and co-occurrence over the datasets' union paragraphs (a CorpusStats).
 
@@ -281,15 +289,16 @@ def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
             ``$RAG_GATES_DATA``, ``../shared/data``, then the slices in ``examples/data``), or a
             file when one dataset is named.
         tokenizer: the tokenizer to index with (default: the embedded model's).
-        case: ``"sensitive"`` (default) counts an entity as written, in its leading-space and
-            no-space forms, on a cased index. Checked on the full shared data: all 80
-            supporting-fact titles of the first 60 HotpotQA questions are found as written
-            (none counts 0); ignoring case changes 4 of them, each only by picking up a common
-            word ("Drifting" 8 -> 14, "Management consulting" 2 -> 3), and for one-word names
-            in questions it mostly adds common nouns ("Opera" 99 -> 344, "Back" 88 -> 501):
-            it inflates the very counts QuCo compares with ``tau_entity``.
-            ``"insensitive"`` also matches lower/UPPER/Title casings (answers flagged
-            approximate).
+        case: ``"insensitive"`` (default): the index is built from lower-cased text and every
+            lookup is lower-cased, so case is ignored exactly. ``"sensitive"``: a cased index,
+            entities counted as written. Checked on the full shared data: 2Wiki questions
+            Title-Case the names they mention ("Prince Boris Of Leiningen", "Bad Times At The El
+            Royale", "Happy Mother'S Day, Love George"), so 10 of 23 hand-picked 2Wiki question
+            entities count 0 case-sensitively (also with the cased index's approximate
+            insensitive mode, which tries only whole-phrase casings) and none does on the
+            lower-cased index. The cost: one-word names pick up common words ("Opera" 99 -> 343,
+            "Back" 88 -> 497); multi-word names barely move (8 of 119 HotpotQA supporting-fact
+            titles change, "Ed Wood" 10 -> 11). Both layouts are cached side by side.
         cache: True wraps the index in a CachedCorpusStats at its default SQLite file
             (``$RAG_GATES_HOME/corpus-cache.sqlite``), a path uses that file, False returns
             the bare LocalInfiniGram.
@@ -298,7 +307,10 @@ def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
     from rag_gates.corpus.cache import CachedCorpusStats
     from rag_gates.corpus.local import LocalInfiniGram
 
-    directory = build_corpus_stats(datasets, path, tokenizer=tokenizer, progress=progress)
+    if case not in ("sensitive", "insensitive"):
+        raise ValueError(f"case must be 'sensitive' or 'insensitive', got {case!r}")
+    directory = build_corpus_stats(datasets, path, tokenizer=tokenizer,
+                                   lowercase=case == "insensitive", progress=progress)
     backend: CorpusStats = LocalInfiniGram(directory, case=case)
     if cache is False:
         return backend

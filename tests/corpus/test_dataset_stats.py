@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import json
 import shutil
+import unicodedata
 from pathlib import Path
 from typing import Any
 
@@ -66,11 +67,18 @@ def builds(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
-def _brute_counts(data_dir: Path, tokenizer_path: Path, phrases: list[str]) -> dict[str, int]:
+def _fold(text: str, lower: bool) -> str:
+    text = unicodedata.normalize("NFC", text)
+    return text.lower() if lower else text
+
+
+def _brute_counts(data_dir: Path, tokenizer_path: Path, phrases: list[str],
+                  lower: bool = True) -> dict[str, int]:
     tok = CorpusTokenizer.from_file(tokenizer_path)
-    docs = brute.doc_tokens([d["text"] for d in corpus_stats_documents(path=data_dir)],
-                            tok.encode)
-    return {p: brute.count(docs, brute.phrase_variants(p, tok.encode)) for p in phrases}
+    docs = brute.doc_tokens([_fold(d["text"], lower) for d in corpus_stats_documents(
+        path=data_dir)], tok.encode)
+    return {p: brute.count(docs, brute.phrase_variants(_fold(p, lower), tok.encode))
+            for p in phrases}
 
 
 def test_counts_match_brute_force(home: Path, data_dir: Path, tokenizer_path: Path,
@@ -79,7 +87,8 @@ def test_counts_match_brute_force(home: Path, data_dir: Path, tokenizer_path: Pa
     try:
         assert isinstance(stats, CachedCorpusStats)
         assert isinstance(stats.backend, LocalInfiniGram)
-        assert stats.backend.config.case == "sensitive"
+        assert stats.backend.lowercase  # default: a lower-cased index, exact case folding
+        assert not stats.count("Ed Wood").approximate
         expected = _brute_counts(data_dir, tokenizer_path, ENTITIES)
         got = {e: stats.count(e).value for e in ENTITIES}
         assert got == expected
@@ -87,12 +96,32 @@ def test_counts_match_brute_force(home: Path, data_dir: Path, tokenizer_path: Pa
         assert got["Big Stone Gap (film)"] >= 1  # the title line is part of the document
         assert [r.value for r in stats.count_batch(ENTITIES)] == [expected[e] for e in ENTITIES]
         assert stats.count("Ed Wood").cached
+        # 2Wiki questions Title-Case names: still found
+        assert stats.count("The Mask Of Fu Manchu").value == got["The Mask of Fu Manchu"]
     finally:
         stats.close()
     assert len(builds) == 1
     # built in a temporary directory beside the cache, then renamed into place
     assert Path(builds[0]).parent.parent == home / "indexes"
     assert Path(builds[0]).parent.name.startswith(".corpus-stats-")
+
+
+def test_case_sensitive_index(home: Path, data_dir: Path, tokenizer_path: Path,
+                              builds: list[str]) -> None:
+    with load_corpus_stats(path=data_dir, tokenizer=tokenizer_path, case="sensitive",
+                           cache=False) as stats:
+        assert isinstance(stats, LocalInfiniGram)
+        assert not stats.lowercase and stats.config.case == "sensitive"
+        expected = _brute_counts(data_dir, tokenizer_path, ENTITIES, lower=False)
+        assert {e: stats.count(e).value for e in ENTITIES} == expected
+        assert stats.count("The Mask Of Fu Manchu").value == 0
+        sensitive_dir = stats.path
+    insensitive_dir = build_corpus_stats(path=data_dir, tokenizer=tokenizer_path)
+    assert insensitive_dir.resolve() != sensitive_dir and len(builds) == 2
+    assert sensitive_dir == corpus_stats_dir(path=data_dir, tokenizer=tokenizer_path,
+                                             lowercase=False).resolve()
+    with pytest.raises(ValueError, match="case must be"):
+        load_corpus_stats(path=data_dir, tokenizer=tokenizer_path, case="upper")  # type: ignore[arg-type]
 
 
 def test_documents_are_distinct_titled_paragraphs(data_dir: Path) -> None:
@@ -152,14 +181,16 @@ def test_slices_alone_through_the_search_path(home: Path, data_dir: Path, tokeni
     """No ``path``: the resolver takes $RAG_GATES_DATA first, here holding only the slices."""
     monkeypatch.setenv("RAG_GATES_DATA", str(data_dir))
     tok = CorpusTokenizer.from_file(tokenizer_path)
-    docs = brute.doc_tokens([d["text"] for d in corpus_stats_documents()], tok.encode)
+    docs = brute.doc_tokens([_fold(d["text"], True) for d in corpus_stats_documents()],
+                            tok.encode)
     pairs = [("Scott Derrickson", "Ed Wood"), ("Ed Wood", "American"),
              ("Laleli Mosque", "Esma Sultan Mansion")]
     with load_corpus_stats(tokenizer=tokenizer_path, cache=home / "counts.sqlite") as stats:
         assert stats.count("Scott Derrickson").value >= 1
         for a, b in pairs:
             assert stats.cooccurrence(a, b).value == brute.doc_cooccurrence(
-                docs, brute.phrase_variants(a, tok.encode), brute.phrase_variants(b, tok.encode))
+                docs, brute.phrase_variants(_fold(a, True), tok.encode),
+                brute.phrase_variants(_fold(b, True), tok.encode))
     assert (home / "counts.sqlite").is_file()
     assert corpus_stats_dir(tokenizer=tokenizer_path) == corpus_stats_dir(
         path=data_dir, tokenizer=tokenizer_path)
@@ -194,3 +225,15 @@ def test_cli_from_datasets(home: Path, data_dir: Path, tokenizer_path: Path) -> 
     bad = runner.invoke(index_app, ["from-datasets", "--datasets", "nope", "--data",
                                     str(data_dir)])
     assert bad.exit_code == 1 and "unknown dataset" in bad.output
+
+
+def test_leftover_without_manifest_is_reported(home: Path, data_dir: Path,
+                                               tokenizer_path: Path) -> None:
+    from rag_gates.corpus.errors import IndexExistsError
+
+    target = corpus_stats_dir(path=data_dir, tokenizer=tokenizer_path)
+    target.mkdir(parents=True)
+    (target / "stray.txt").write_text("not an index")
+    with pytest.raises(IndexExistsError, match="no complete index"):
+        build_corpus_stats(path=data_dir, tokenizer=tokenizer_path)
+    assert sorted(p.name for p in target.parent.iterdir()) == [target.name]
