@@ -18,11 +18,15 @@ from pydantic import JsonValue
 from rag_gates.types import Passage
 
 __all__ = [
+    "annotate_document",
     "document_to_passage",
     "documents_to_passages",
     "passage_to_document",
     "passages_to_documents",
 ]
+
+ANNOTATION_KEY = "rag_gates"
+"""Default metadata key for rag-gates annotations (gate decisions, scores) on documents."""
 
 # Metadata keys read as the passage score, in order: the usual key, then the one
 # LangChain rerankers (Cohere, FlashRank, cross-encoders) write.
@@ -125,3 +129,22 @@ def documents_to_passages(docs: Iterable[Document | tuple[Document, float]]) -> 
 def passages_to_documents(passages: Iterable[Passage]) -> list[Document]:
     """Convert passages to documents, in order."""
     return [passage_to_document(p) for p in passages]
+
+
+def annotate_document(
+    doc: Document, value: Mapping[str, Any], key: str = ANNOTATION_KEY
+) -> Document:
+    """A copy of ``doc`` with ``metadata[key] = value``; ``doc`` itself is not touched.
+
+    The copy gets deep copies of the metadata and of ``value`` (same class, id and other
+    fields), so later changes to either side do not leak into the other.
+    """
+    if not isinstance(doc, Document):
+        raise TypeError(f"expected a langchain_core Document, got {type(doc).__name__}")
+    if not isinstance(key, str) or not key:
+        raise ValueError(f"key must be a non-empty string, got {key!r}")
+    if not isinstance(value, Mapping):
+        raise TypeError(f"value must be a dict of annotations, got {type(value).__name__}")
+    metadata = copy.deepcopy(dict(doc.metadata))
+    metadata[key] = copy.deepcopy(dict(value))
+    return doc.model_copy(update={"metadata": metadata})

@@ -71,6 +71,10 @@ class GatedRetriever(BaseRetriever):
     Each decision is dispatched as a :class:`GateDecisionEvent` (see
     ``llama_index.core.instrumentation``) and kept in :attr:`last_decision`.
 
+    In a ``RetrieverQueryEngine``, a "no" leaves the response synthesizer without nodes,
+    and LlamaIndex's synthesizers then return their empty response ("Empty Response")
+    without calling the LLM; ``response.source_nodes`` is ``[]``.
+
     Args:
         retriever (BaseRetriever): The LlamaIndex retriever to gate (a vector index's
             ``as_retriever()``, BM25, a fusion retriever, ...).

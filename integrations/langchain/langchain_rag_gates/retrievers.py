@@ -1,0 +1,216 @@
+"""``GatedRetriever``: any LangChain retriever behind any rag-gates gate."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForRetrieverRun,
+    CallbackManagerForRetrieverRun,
+    adispatch_custom_event,
+    dispatch_custom_event,
+)
+from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig
+from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
+
+from langchain_rag_gates.documents import annotate_document
+from rag_gates.gate import Gate
+from rag_gates.types import GateDecision
+
+__all__ = ["GatedRetriever"]
+
+DECISION_EVENT = "rag_gates_decision"
+"""Name of the LangChain custom event carrying each gate decision."""
+
+
+def _check_gate(value: Any) -> Any:
+    """``value`` if it follows rag-gates' ``Gate`` protocol, else a helpful TypeError."""
+    if not isinstance(value, Gate):
+        raise TypeError(
+            f"gate must follow rag_gates' Gate protocol (name, threshold, decide, adecide, "
+            f"decide_batch), got {type(value).__name__}; subclass rag_gates.gate.BaseGate"
+        )
+    return value
+
+
+def _checked(gate: Any, decision: Any) -> GateDecision:
+    """``decision`` if it is a ``GateDecision``, else a TypeError naming the gate."""
+    if not isinstance(decision, GateDecision):
+        raise TypeError(
+            f"gate {getattr(gate, 'name', type(gate).__name__)!r} returned "
+            f"{type(decision).__name__}, expected a rag_gates GateDecision"
+        )
+    return decision
+
+
+class GatedRetriever(BaseRetriever):
+    """Any LangChain retriever that only retrieves when a rag-gates gate says so.
+
+    For each query the gate decides (``gate.decide``; ``gate.adecide`` on the async path):
+
+    - no retrieval: the wrapped retriever is not called and the result is ``[]``;
+    - retrieval: the wrapped retriever's documents come back as copies with
+      ``metadata["rag_gates"] = decision.model_dump(mode="json")``; the wrapped
+      retriever's documents are never modified.
+
+    Every decision is also reported to the callback handlers as a custom event named
+    ``"rag_gates_decision"`` (``on_custom_event(name, data, run_id=<retriever run>)``;
+    ``astream_events`` shows it as ``on_custom_event``), and kept in :attr:`last_decision`.
+
+    Setup:
+        ```bash
+        pip install -U langchain-rag-gates
+        ```
+
+    Key init args:
+        retriever: BaseRetriever
+            The retriever to gate (a vector store's ``as_retriever()``, BM25, ...).
+        gate: rag_gates.gate.Gate
+            Any rag-gates gate; it sees the query string.
+        k: int | None
+            Number of documents to return. Passed on to the wrapped retriever as ``k``
+            (vector store retrievers read it; retrievers that take no extra arguments
+            ignore it) and the result is cut to ``k``. ``None`` = the wrapped
+            retriever's own number.
+
+    Instantiate:
+        ```python
+        from langchain_core.vectorstores import InMemoryVectorStore
+        from langchain_rag_gates import GatedRetriever
+        from rag_gates.eval.gates import FirstTokenProbGate
+        from rag_gates.lm import load_lm
+
+        store = InMemoryVectorStore.from_texts(texts, embedding=embeddings)
+        gate = FirstTokenProbGate(load_lm("default"), threshold=0.5)
+        retriever = GatedRetriever(retriever=store.as_retriever(), gate=gate, k=3)
+        ```
+
+    Invoke:
+        ```python
+        docs = retriever.invoke("Were Scott Derrickson and Ed Wood of the same nationality?")
+        docs[0].metadata["rag_gates"]  # {'gate': ..., 'retrieve': True, 'score': ..., ...}
+        retriever.invoke("what is two plus two?")  # [] when the gate says no
+        retriever.last_decision.reason
+        retriever.invoke(question, k=1)  # per-call number of documents
+        ```
+
+    Async:
+        ```python
+        docs = await retriever.ainvoke(question)
+        ```
+
+    Decision events:
+        ```python
+        from langchain_core.callbacks import BaseCallbackHandler
+
+        class Log(BaseCallbackHandler):
+            def on_custom_event(self, name, data, *, run_id, **kwargs):
+                if name == "rag_gates_decision":
+                    print(data["retrieve"], data["reason"])
+
+        retriever.invoke(question, config={"callbacks": [Log()]})
+        ```
+
+    Use within a chain:
+        ```python
+        from langchain_core.output_parsers import StrOutputParser
+        from langchain_core.prompts import ChatPromptTemplate
+        from langchain_core.runnables import RunnablePassthrough
+
+        prompt = ChatPromptTemplate.from_template(
+            "Context: {context}\\n\\nQuestion: {question}"
+        )
+        chain = (
+            {"context": retriever | format_docs, "question": RunnablePassthrough()}
+            | prompt
+            | llm
+            | StrOutputParser()
+        )
+        ```
+
+        To skip the context prompt altogether when the gate says no, route with
+        :func:`langchain_rag_gates.route_by_gate`.
+    """
+
+    retriever: BaseRetriever = Field(..., description="The LangChain retriever to gate.")
+    gate: Any = Field(
+        ...,
+        exclude=True,
+        description="Any rag-gates gate (rag_gates.gate.Gate): decide/adecide on the query.",
+    )
+    k: int | None = Field(
+        None,
+        ge=1,
+        description=(
+            "Number of documents to return: passed on to the wrapped retriever as `k` and "
+            "the result cut to it. None = the wrapped retriever's own number."
+        ),
+    )
+
+    model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    _last_decision: GateDecision | None = PrivateAttr(None)
+
+    @field_validator("gate")
+    @classmethod
+    def _check_gate(cls, value: Any) -> Any:
+        return _check_gate(value)
+
+    @property
+    def last_decision(self) -> GateDecision | None:
+        """The most recent decision of this instance (per call: the custom events)."""
+        return self._last_decision
+
+    def _inner_kwargs(
+        self, k: int | None, kwargs: dict[str, Any]
+    ) -> tuple[int | None, dict[str, Any]]:
+        k = self.k if k is None else k
+        if k is not None and (isinstance(k, bool) or not isinstance(k, int) or k < 1):
+            raise ValueError(f"k must be a positive int, got {k!r}")
+        return k, ({**kwargs, "k": k} if k is not None else dict(kwargs))
+
+    def _annotated(
+        self, docs: list[Document], data: dict[str, JsonValue], k: int | None
+    ) -> list[Document]:
+        kept = docs if k is None else docs[:k]
+        return [annotate_document(d, data) for d in kept]
+
+    def _get_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: CallbackManagerForRetrieverRun,
+        k: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        k, inner_kwargs = self._inner_kwargs(k, kwargs)
+        decision = _checked(self.gate, self.gate.decide(query))
+        self._last_decision = decision
+        data = decision.model_dump(mode="json")
+        config = RunnableConfig(callbacks=run_manager.get_child())
+        dispatch_custom_event(DECISION_EVENT, data, config=config)
+        if not decision.retrieve:
+            return []
+        docs = self.retriever.invoke(query, config=config, **inner_kwargs)
+        return self._annotated(docs, data, k)
+
+    async def _aget_relevant_documents(
+        self,
+        query: str,
+        *,
+        run_manager: AsyncCallbackManagerForRetrieverRun,
+        k: int | None = None,
+        **kwargs: Any,
+    ) -> list[Document]:
+        k, inner_kwargs = self._inner_kwargs(k, kwargs)
+        decision = _checked(self.gate, await self.gate.adecide(query))
+        self._last_decision = decision
+        data = decision.model_dump(mode="json")
+        config = RunnableConfig(callbacks=run_manager.get_child())
+        await adispatch_custom_event(DECISION_EVENT, data, config=config)
+        if not decision.retrieve:
+            return []
+        docs = await self.retriever.ainvoke(query, config=config, **inner_kwargs)
+        return self._annotated(docs, data, k)

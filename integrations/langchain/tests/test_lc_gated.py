@@ -1,0 +1,233 @@
+"""GatedRetriever over a real InMemoryVectorStore (embedded MiniLM over HotpotQA paragraphs)
+with real gates, LangChain callbacks, and LangChain's standard retriever suite."""
+
+from __future__ import annotations
+
+import functools
+from pathlib import Path
+from typing import Any
+from uuid import UUID
+
+import pytest
+from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
+from langchain_core.documents import Document
+from langchain_core.embeddings import Embeddings
+from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_rag_gates import GatedRetriever, annotate_document, passages_to_documents
+from langchain_rag_gates.retrievers import DECISION_EVENT
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+from pydantic import JsonValue
+
+from rag_gates.eval.corpus import corpus_passages
+from rag_gates.gate import BaseGate
+from rag_gates.types import GateDecision
+
+SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
+ASK = "Were Scott Derrickson and Ed Wood of the same nationality?"  # 5 capitalised words
+SKIP = "what is two plus two?"  # none
+KEY = "rag_gates"
+
+
+class CapitalisedWordsGate(BaseGate):
+    """Retrieve when the question names things: score = number of capitalised words."""
+
+    name = "capitalised-words"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        words = [w for w in query.split() if w[:1].isupper()]
+        return float(len(words)), {"capitalised": list(words)}
+
+
+class MiniLMEmbeddings(Embeddings):
+    """The embedded all-MiniLM-L6-v2 (sentence-transformers) as LangChain embeddings."""
+
+    def __init__(self, model: Any) -> None:
+        self.model = model
+
+    def embed_documents(self, texts: list[str]) -> list[list[float]]:
+        vectors = self.model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
+        return [[float(x) for x in v] for v in vectors]
+
+    def embed_query(self, text: str) -> list[float]:
+        return self.embed_documents([text])[0]
+
+
+@functools.cache
+def store() -> InMemoryVectorStore:
+    """The first four questions' paragraphs (Scott Derrickson, Ed Wood, distractors)."""
+    from rag_gates.lm.defaults import load_default_embedder
+
+    docs = passages_to_documents(corpus_passages("hotpotqa", SLICES)[:40])
+    vs = InMemoryVectorStore(MiniLMEmbeddings(load_default_embedder()))
+    vs.add_documents(docs)
+    return vs
+
+
+class Recorder(BaseCallbackHandler):
+    """Records retriever starts and custom events (sync callbacks)."""
+
+    def __init__(self) -> None:
+        self.starts: list[tuple[str, UUID, UUID | None]] = []
+        self.events: list[tuple[str, Any, UUID]] = []
+
+    def on_retriever_start(
+        self, serialized: dict[str, Any], query: str, *, run_id: UUID,
+        parent_run_id: UUID | None = None, **kwargs: Any,
+    ) -> None:
+        self.starts.append((kwargs.get("name", ""), run_id, parent_run_id))
+
+    def on_custom_event(
+        self, name: str, data: Any, *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self.events.append((name, data, run_id))
+
+
+class AsyncRecorder(AsyncCallbackHandler):
+    def __init__(self) -> None:
+        self.events: list[tuple[str, Any, UUID]] = []
+
+    async def on_custom_event(
+        self, name: str, data: Any, *, run_id: UUID, **kwargs: Any
+    ) -> None:
+        self.events.append((name, data, run_id))
+
+
+@pytest.fixture
+def gated() -> GatedRetriever:
+    return GatedRetriever(retriever=store().as_retriever(), gate=CapitalisedWordsGate(2))
+
+
+# ---------------------------------------------------------------- standard suite
+class TestGatedRetrieverStandard(RetrieversIntegrationTests):
+    @property
+    def retriever_constructor(self) -> type[GatedRetriever]:
+        return GatedRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        return {"retriever": store().as_retriever(), "gate": CapitalisedWordsGate(2)}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return ASK
+
+
+# ---------------------------------------------------------------- semantics
+def test_yes_returns_annotated_copies_of_the_inner_documents(gated: GatedRetriever) -> None:
+    inner = gated.retriever
+    plain = inner.invoke(ASK)
+    docs = gated.invoke(ASK)
+    assert [(d.id, d.page_content) for d in docs] == [(d.id, d.page_content) for d in plain]
+    assert docs[0].metadata["title"].startswith("Ed Wood")  # MiniLM's nearest paragraph
+    decision = gated.last_decision
+    assert isinstance(decision, GateDecision) and decision.retrieve
+    assert decision.score == 5.0 and decision.threshold == 2.0
+    for doc, original in zip(docs, plain, strict=True):
+        assert doc.metadata == {**original.metadata, KEY: decision.model_dump(mode="json")}
+    # Neither the store's records nor the inner retriever's documents were touched.
+    for d in [*plain, *inner.invoke(ASK)]:
+        assert KEY not in d.metadata
+    assert all(KEY not in record["metadata"] for record in store().store.values())
+
+
+def test_no_returns_nothing_and_skips_the_inner_retriever(gated: GatedRetriever) -> None:
+    rec = Recorder()
+    assert gated.invoke(SKIP, config={"callbacks": [rec]}) == []
+    assert gated.last_decision is not None and not gated.last_decision.retrieve
+    assert [name for name, _, _ in rec.starts] == ["GatedRetriever"]
+
+    rec = Recorder()
+    gated.invoke(ASK, config={"callbacks": [rec]})
+    (outer, outer_id, _), (inner, _, parent) = rec.starts
+    assert (outer, inner) == ("GatedRetriever", "VectorStoreRetriever")
+    assert parent == outer_id  # the wrapped retriever runs as a child run
+
+
+def test_decision_reaches_callback_handlers_as_a_custom_event(gated: GatedRetriever) -> None:
+    rec = Recorder()
+    gated.invoke(ASK, config={"callbacks": [rec]})
+    gated.invoke(SKIP, config={"callbacks": [rec]})
+    assert [(name, data["retrieve"]) for name, data, _ in rec.events] == [
+        (DECISION_EVENT, True), (DECISION_EVENT, False)
+    ]
+    assert GateDecision.model_validate(rec.events[1][1]) == gated.last_decision
+    assert rec.events[0][1]["evidence"] == {
+        "capitalised": ["Were", "Scott", "Derrickson", "Ed", "Wood"]
+    }
+    # Each event belongs to its retriever run.
+    retriever_runs = [run for name, run, _ in rec.starts if name == "GatedRetriever"]
+    assert [run for _, _, run in rec.events] == retriever_runs
+
+
+async def test_async_path_uses_adecide_and_async_callbacks() -> None:
+    class AsyncOnlyGate(CapitalisedWordsGate):
+        def decide(self, query: str, **signals: Any) -> GateDecision:
+            raise AssertionError("the async path must call adecide")
+
+        async def adecide(self, query: str, **signals: Any) -> GateDecision:
+            return BaseGate.decide(self, query, **signals)
+
+    inner = store().as_retriever()
+    gated = GatedRetriever(retriever=inner, gate=AsyncOnlyGate(2), k=2)
+    rec = AsyncRecorder()
+    docs = await gated.ainvoke(ASK, config={"callbacks": [rec]})
+    assert [d.id for d in docs] == [d.id for d in (await inner.ainvoke(ASK))[:2]]
+    assert all(d.metadata[KEY]["retrieve"] is True for d in docs)
+    assert await gated.ainvoke(SKIP, config={"callbacks": [rec]}) == []
+    assert [(n, d["retrieve"]) for n, d, _ in rec.events] == [
+        (DECISION_EVENT, True), (DECISION_EVENT, False)
+    ]
+
+
+async def test_astream_events_shows_the_decision(gated: GatedRetriever) -> None:
+    events = [e async for e in gated.astream_events(ASK, version="v2")]
+    custom = [e for e in events if e["event"] == "on_custom_event"]
+    assert [e["name"] for e in custom] == [DECISION_EVENT]
+    assert custom[0]["data"]["gate"] == "capitalised-words"
+
+
+def test_k_is_forwarded_to_the_inner_retriever_and_cut(gated: GatedRetriever) -> None:
+    # The inner retriever returns 4 by default; k asks it for more, or keeps fewer.
+    assert len(gated.invoke(ASK)) == 4
+    assert len(gated.invoke(ASK, k=7)) == 7
+    assert len(GatedRetriever(retriever=gated.retriever, gate=gated.gate, k=6).invoke(ASK)) == 6
+    with pytest.raises(ValueError, match="k must be a positive int"):
+        gated.invoke(ASK, k=0)
+
+
+def test_a_white_box_gate_on_the_tiny_model(tiny: Any) -> None:
+    from rag_gates.eval.gates import FirstTokenProbGate
+
+    inner = store().as_retriever()
+    unsure = GatedRetriever(retriever=inner, gate=FirstTokenProbGate(tiny, threshold=0.0), k=1)
+    (doc,) = unsure.invoke(ASK)
+    evidence = doc.metadata[KEY]["evidence"]
+    assert 0.0 < evidence["first_token_max_prob"] <= 1.0
+    assert doc.metadata[KEY]["score"] == pytest.approx(1.0 - evidence["first_token_max_prob"])
+    # 1 - max p is below 1, so a threshold above 1 never retrieves.
+    sure = GatedRetriever(retriever=inner, gate=FirstTokenProbGate(tiny, threshold=1.01))
+    assert sure.invoke(ASK) == []
+
+
+def test_bad_arguments_are_rejected() -> None:
+    with pytest.raises(TypeError, match="Gate protocol"):
+        GatedRetriever(retriever=store().as_retriever(), gate=object())
+    with pytest.raises(ValueError):
+        GatedRetriever(retriever=object(), gate=CapitalisedWordsGate(1))  # type: ignore[arg-type]
+    with pytest.raises(ValueError):
+        GatedRetriever(retriever=store().as_retriever(), gate=CapitalisedWordsGate(1), k=0)
+
+
+def test_annotate_document_copies() -> None:
+    doc = Document(page_content="x", id="d1", metadata={"nested": {"a": 1}})
+    value = {"retrieve": True, "evidence": {"n": [1]}}
+    out = annotate_document(doc, value)
+    assert out.metadata == {"nested": {"a": 1}, KEY: value} and out.id == "d1"
+    out.metadata["nested"]["a"] = 2
+    out.metadata[KEY]["evidence"]["n"].append(2)
+    assert doc.metadata == {"nested": {"a": 1}} and value["evidence"] == {"n": [1]}
+    assert annotate_document(doc, {}, key="gate").metadata["gate"] == {}
+    with pytest.raises(ValueError):
+        annotate_document(doc, {}, key="")
+    with pytest.raises(TypeError):
+        annotate_document("x", {})  # type: ignore[arg-type]
