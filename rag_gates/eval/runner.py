@@ -259,7 +259,9 @@ def run_bench(
                 if progress is not None:
                     progress(len(done), total, summarize(records, config.methods))
     summary = summarize(records)  # every method of the run, including earlier extensions
-    for name, text in ((SUMMARY_JSON, json.dumps({"config": config.model_dump(),
+    run_config = config.model_copy(
+        update={"methods": list(dict.fromkeys(r.method for r in records))})
+    for name, text in ((SUMMARY_JSON, json.dumps({"config": run_config.model_dump(),
                                                    "summary": summary}, indent=2)),
                        (SUMMARY_MD, summary_markdown(summary, f"{config.dataset}, "
                                                      f"{len(data.examples)} questions, "

@@ -142,6 +142,11 @@ def test_bench_end_to_end(tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> Non
     records = read_records(tmp_path / "run")
     assert len(records) == 8
     assert (tmp_path / "run" / "summary.md").read_text().count("|") > 10
+    # A later invocation with another method extends the run; the summary covers both.
+    extended = run_bench(_config(methods=["fs-rag"]), tmp_path / "run", lm=tiny, retriever=bm25)
+    assert set(extended) == {"no-rag", "single", "fs-rag"}
+    written = json.loads((tmp_path / "run" / "summary.json").read_text())
+    assert written["config"]["methods"] == ["no-rag", "single", "fs-rag"]
 
 
 class Interrupt(Exception):
