@@ -18,3 +18,14 @@ def test_example_runs(script: str) -> None:
                          text=True, timeout=600)
     assert out.returncode == 0, out.stderr[-2000:]
     assert "Paris" in out.stdout or "Hamlet" in out.stdout
+
+
+@pytest.mark.parametrize("script", ["llama_index_quco.py", "langchain_quco.py"])
+def test_quco_example_runs(script: str) -> None:
+    """QuCo's gate decides both ways on the example questions, with its evidence."""
+    out = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "decision: retrieve=True" in out.stdout
+    assert "decision: retrieve=False" in out.stdout
+    assert "'Scott Derrickson'" in out.stdout  # the counted entities are printed

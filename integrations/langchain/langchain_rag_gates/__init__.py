@@ -6,6 +6,10 @@
   when the gate says so; decisions in document metadata and callback events).
 - :class:`GateRouter` / :func:`route_by_gate`: send each input through a retrieval chain or
   straight to the model, by the gate's decision.
+- :class:`QuCoRunnable`: QuCo-RAG's loop (gate, generation, claim verification,
+  re-retrieval) on any LangChain model and retriever.
+- :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
+- :class:`LangChainRetrieverAdapter`: any LangChain retriever as a rag-gates ``Retriever``.
 - :func:`document_to_passage` / :func:`passage_to_document`: LangChain ``Document`` <->
   rag-gates ``Passage``; :func:`annotate_document` for non-mutating annotation.
 
@@ -25,8 +29,10 @@ from langchain_rag_gates.documents import (
     passages_to_documents,
 )
 from langchain_rag_gates.language_models import LangChainTextLM, as_text_lm
-from langchain_rag_gates.retrievers import GatedRetriever
+from langchain_rag_gates.quco import QuCoRunnable
+from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
 from langchain_rag_gates.runnables import GateRouter, route_by_gate
+from langchain_rag_gates.tools import ClaimVerifierInput, ClaimVerifierTool
 
 try:
     __version__ = metadata.version("langchain-rag-gates")
@@ -35,9 +41,13 @@ except metadata.PackageNotFoundError:  # running from a source tree without inst
 
 __all__ = [
     "ChatRagGates",
+    "ClaimVerifierInput",
+    "ClaimVerifierTool",
     "GateRouter",
     "GatedRetriever",
+    "LangChainRetrieverAdapter",
     "LangChainTextLM",
+    "QuCoRunnable",
     "__version__",
     "annotate_document",
     "as_text_lm",

@@ -1,4 +1,5 @@
-"""``GatedRetriever``: any LangChain retriever behind any rag-gates gate."""
+"""``GatedRetriever``: any LangChain retriever behind any rag-gates gate;
+``LangChainRetrieverAdapter``: any LangChain retriever as a rag-gates ``Retriever``."""
 
 from __future__ import annotations
 
@@ -15,11 +16,13 @@ from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
-from langchain_rag_gates.documents import annotate_document
+from langchain_rag_gates.documents import annotate_document, documents_to_passages
 from rag_gates.gate import Gate
-from rag_gates.types import GateDecision
+from rag_gates.retrieval.base import BaseRetriever as RagGatesBaseRetriever
+from rag_gates.retrieval.base import check_query
+from rag_gates.types import GateDecision, Passage
 
-__all__ = ["GatedRetriever"]
+__all__ = ["GatedRetriever", "LangChainRetrieverAdapter"]
 
 DECISION_EVENT = "rag_gates_decision"
 """Name of the LangChain custom event carrying each gate decision."""
@@ -214,3 +217,51 @@ class GatedRetriever(BaseRetriever):
             return []
         docs = await self.retriever.ainvoke(query, config=config, **inner_kwargs)
         return self._annotated(docs, data, k)
+
+
+class LangChainRetrieverAdapter(RagGatesBaseRetriever):
+    """Any LangChain retriever as a rag-gates :class:`~rag_gates.retrieval.base.Retriever`.
+
+    rag-gates pipelines (QuCo, and the later method pipelines) then retrieve from whatever a
+    LangChain application already has: a vector store's ``as_retriever()``, BM25, an
+    ensemble, a :class:`GatedRetriever`, ...
+
+    ``retrieve(query, k)`` calls ``retriever.invoke(query, k=k)`` (``aretrieve``:
+    ``ainvoke``): vector store retrievers read ``k``, retrievers that take no extra
+    arguments ignore it, and the result is cut to ``k`` either way. Documents become
+    passages with :func:`~langchain_rag_gates.document_to_passage`. Called inside a
+    LangChain run (a runnable's ``invoke``), the retriever run nests under it: LangChain
+    passes the parent's callbacks through its context.
+
+    Args:
+        retriever: any LangChain ``BaseRetriever``.
+        name: name used in traces (default ``"langchain:<class name>"``).
+
+    Example:
+        >>> from langchain_core.vectorstores import InMemoryVectorStore
+        >>> from langchain_rag_gates import LangChainRetrieverAdapter
+        >>> store = InMemoryVectorStore.from_texts(texts, embedding=embeddings)
+        >>> retriever = LangChainRetrieverAdapter(store.as_retriever())
+        >>> retriever.retrieve("Who directed Ed Wood?", k=3)[0].text
+    """
+
+    def __init__(self, retriever: BaseRetriever, name: str | None = None) -> None:
+        if not isinstance(retriever, BaseRetriever):
+            raise TypeError(
+                f"retriever must be a LangChain BaseRetriever (e.g. store.as_retriever()), "
+                f"got {type(retriever).__name__}"
+            )
+        self.retriever = retriever
+        self._name = name or f"langchain:{type(retriever).__name__}"
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        query, k = check_query(query, k)
+        return documents_to_passages(self.retriever.invoke(query, k=k)[:k])
+
+    async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
+        query, k = check_query(query, k)
+        return documents_to_passages((await self.retriever.ainvoke(query, k=k))[:k])

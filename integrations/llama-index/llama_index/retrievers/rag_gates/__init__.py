@@ -3,9 +3,12 @@
 * :class:`GatedRetriever`: any LlamaIndex retriever behind any rag-gates gate (retrieve only
   when the gate says so), reporting each :class:`GateDecisionEvent` through instrumentation.
 * :class:`PassageRetriever`: any rag-gates retriever (BM25, dense Qdrant) as a LlamaIndex one.
+* :class:`LlamaIndexRetrieverAdapter`: any LlamaIndex retriever as a rag-gates ``Retriever``
+  (what rag-gates pipelines such as QuCo take).
 * Node <-> Passage conversion and non-mutating node annotation.
 """
 
+from llama_index.retrievers.rag_gates.adapter import LlamaIndexRetrieverAdapter
 from llama_index.retrievers.rag_gates.base import PassageRetriever
 from llama_index.retrievers.rag_gates.convert import (
     ANNOTATION_KEY,
@@ -23,6 +26,7 @@ __all__ = [
     "TITLE_KEY",
     "GateDecisionEvent",
     "GatedRetriever",
+    "LlamaIndexRetrieverAdapter",
     "PassageRetriever",
     "annotate_node",
     "node_to_passage",

@@ -1,0 +1,249 @@
+"""``QuCoRunnable``: QuCo-RAG's dynamic generation loop as a LangChain runnable, on any
+LangChain chat model or LLM and any LangChain retriever."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+    adispatch_custom_event,
+    dispatch_custom_event,
+)
+from langchain_core.language_models import BaseLanguageModel
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from langchain_rag_gates.documents import passages_to_documents
+from langchain_rag_gates.language_models import as_text_lm
+from langchain_rag_gates.retrievers import DECISION_EVENT, LangChainRetrieverAdapter
+from rag_gates.corpus.base import CorpusStats
+from rag_gates.lm.base import TextLM
+from rag_gates.quco import QuCoConfig, QuCoPipeline, QuCoResult
+from rag_gates.retrieval.base import Retriever
+
+__all__ = ["QuCoRunnable"]
+
+
+class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
+    """QuCo-RAG (:class:`rag_gates.quco.QuCoPipeline`) as a runnable.
+
+    Each input runs QuCo's loop: the pre-generation gate (rare question entities ->
+    retrieve), chunked generation, claim verification against corpus co-occurrence, and
+    re-retrieval for flagged claims (at most ``max_rounds`` times). The model goes through
+    :func:`~langchain_rag_gates.as_text_lm` (chat models and LLMs alike), the retriever
+    through :class:`~langchain_rag_gates.LangChainRetrieverAdapter`; their runs nest under
+    this runnable's run in callbacks and tracing.
+
+    Input: the question as a ``str``, or a dict with the question under ``query_key``
+    (default ``"question"``).
+
+    Output (a dict):
+
+    - ``"answer"``: the answer text;
+    - ``"decision"``: the pre-check gate decision, ``GateDecision.model_dump(mode="json")``
+      (None with ``pre_check=False``); also sent to callback handlers as the custom event
+      ``"rag_gates_decision"`` (when the loop has finished);
+    - ``"documents"``: every passage the loop used, as LangChain ``Document`` objects;
+    - ``"rounds"``: regeneration rounds triggered by flagged claims;
+    - ``"trace"``: every decision, retrieval, model call and verification
+      (``Trace.model_dump(mode="json")``);
+    - ``"verifications"``: one ``Verification.summary()`` per verified chunk;
+    - ``"stop_reason"``: why the loop ended.
+
+    ``invoke``, ``ainvoke`` (the loop runs in a worker thread), ``batch`` and ``abatch``
+    work; it composes in LCEL like any runnable.
+
+    Setup:
+        ```bash
+        pip install -U langchain-rag-gates "rag-gates[corpus]"
+        ```
+
+    Key init args:
+        llm: BaseLanguageModel | TextLM
+            Any LangChain chat model or LLM (or a rag-gates ``TextLM``).
+        retriever: BaseRetriever | Retriever
+            Any LangChain retriever (or a rag-gates ``Retriever``).
+        stats: CorpusStats
+            Corpus statistics for the gate and the verifier
+            (``rag_gates.eval.corpus.load_corpus_stats()``, a ``LocalInfiniGram``, the
+            hosted infini-gram API).
+        extractor: Extractor | None
+            Entity/claim extractor; default ``rag_gates.extract.default_extractor()``.
+        quco_config: QuCoConfig
+            QuCo settings. Its fields may also be given directly (``tau_entity=82``,
+            ``k=3``, ``max_new_tokens=48``); they are validated.
+
+    Instantiate:
+        ```python
+        from langchain_core.vectorstores import InMemoryVectorStore
+        from langchain_rag_gates import ChatRagGates, QuCoRunnable
+        from rag_gates.eval.corpus import load_corpus_stats
+        from rag_gates.quco.bench import BENCH_TAU_ENTITY
+
+        quco = QuCoRunnable(
+            llm=ChatRagGates(model="default"),            # any chat model or LLM
+            retriever=store.as_retriever(),
+            stats=load_corpus_stats(),
+            tau_entity=BENCH_TAU_ENTITY, k=3, max_new_tokens=48,
+        )
+        ```
+
+    Invoke:
+        ```python
+        out = quco.invoke("Were Scott Derrickson and Ed Wood of the same nationality?")
+        out["answer"], out["decision"]["retrieve"], out["decision"]["reason"]
+        [d.metadata["title"] for d in out["documents"]]
+        quco.invoke({"question": "Who directed Ed Wood?"})
+        quco.batch([question_1, question_2])
+        ```
+
+    Async:
+        ```python
+        out = await quco.ainvoke(question)
+        outs = await quco.abatch([question_1, question_2])
+        ```
+    """
+
+    llm: Any = Field(
+        ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
+    )
+    retriever: Any = Field(
+        ..., exclude=True, description="A LangChain retriever, or a rag-gates Retriever."
+    )
+    stats: Any = Field(
+        ..., exclude=True, description="rag_gates.corpus.CorpusStats for gate and verifier."
+    )
+    extractor: Any = Field(
+        None, exclude=True, description="Entity/claim extractor (default: the package's)."
+    )
+    quco_config: QuCoConfig = Field(
+        default_factory=QuCoConfig, description="QuCo settings (tau_entity, k, ...)."
+    )
+    query_key: str = Field(
+        "question", min_length=1, description="Key of the question when the input is a dict."
+    )
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    _pipeline: QuCoPipeline = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_config(cls, data: Any) -> Any:
+        """Move QuCoConfig fields given directly (``tau_entity=82``) into ``quco_config``."""
+        if not isinstance(data, dict):
+            return data
+        direct = {k: data[k] for k in QuCoConfig.model_fields if k in data}
+        if not direct:
+            return data
+        rest = {k: v for k, v in data.items() if k not in direct}
+        base = rest.get("quco_config") or QuCoConfig()
+        if isinstance(base, Mapping):
+            base = QuCoConfig(**base)
+        rest["quco_config"] = QuCoConfig(**{**dict(base), **direct})
+        return rest
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(self.llm, BaseLanguageModel):
+            lm: TextLM = as_text_lm(self.llm)
+        elif isinstance(self.llm, TextLM):
+            lm = self.llm
+        else:
+            raise TypeError(
+                f"llm must be a LangChain chat model or LLM, or a rag-gates TextLM, got "
+                f"{type(self.llm).__name__}"
+            )
+        if isinstance(self.retriever, BaseRetriever):
+            passages: Retriever = LangChainRetrieverAdapter(self.retriever)
+        elif isinstance(self.retriever, Retriever):
+            passages = self.retriever
+        else:
+            raise TypeError(
+                f"retriever must be a LangChain BaseRetriever (store.as_retriever()) or a "
+                f"rag-gates Retriever, got {type(self.retriever).__name__}"
+            )
+        if not isinstance(self.stats, CorpusStats):
+            raise TypeError(
+                f"stats must be a rag_gates.corpus.CorpusStats (load_corpus_stats(), "
+                f"LocalInfiniGram, HostedInfiniGram), got {type(self.stats).__name__}"
+            )
+        self._pipeline = QuCoPipeline(lm, passages, self.stats, self.extractor,
+                                      self.quco_config)
+
+    @property
+    def pipeline(self) -> QuCoPipeline:
+        """The rag-gates pipeline this runnable drives."""
+        return self._pipeline
+
+    # ------------------------------------------------------------------ helpers
+    def question_of(self, input: Any) -> str:
+        """The question: the input itself, or ``input[query_key]``."""
+        if isinstance(input, str):
+            return input
+        if isinstance(input, Mapping):
+            if self.query_key not in input:
+                raise KeyError(
+                    f"QuCoRunnable input has no {self.query_key!r} key (keys: "
+                    f"{sorted(map(str, input))}); set query_key to the key holding the question"
+                )
+            question = input[self.query_key]
+            if not isinstance(question, str):
+                raise TypeError(
+                    f"input[{self.query_key!r}] must be a str, got {type(question).__name__}"
+                )
+            return question
+        raise TypeError(
+            f"QuCoRunnable takes a str or a dict with a {self.query_key!r} key, got "
+            f"{type(input).__name__}"
+        )
+
+    @staticmethod
+    def output_of(result: QuCoResult) -> dict[str, Any]:
+        """The runnable's output dict for a pipeline result."""
+        return {
+            "answer": result.answer,
+            "decision": None if result.decision is None
+            else result.decision.model_dump(mode="json"),
+            "documents": passages_to_documents(result.passages),
+            "rounds": result.rounds,
+            "trace": result.trace.model_dump(mode="json"),
+            "verifications": [v.summary() for v in result.verifications],
+            "stop_reason": result.stop_reason,
+        }
+
+    def _run(
+        self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        output = self.output_of(self._pipeline.run(self.question_of(input)))
+        if output["decision"] is not None:
+            dispatch_custom_event(
+                DECISION_EVENT, output["decision"],
+                config=RunnableConfig(callbacks=run_manager.get_child()),
+            )
+        return output
+
+    async def _arun(
+        self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        output = self.output_of(await self._pipeline.arun(self.question_of(input)))
+        if output["decision"] is not None:
+            await adispatch_custom_event(
+                DECISION_EVENT, output["decision"],
+                config=RunnableConfig(callbacks=run_manager.get_child()),
+            )
+        return output
+
+    # ------------------------------------------------------------------ Runnable
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return self._call_with_config(self._run, input, config)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return await self._acall_with_config(self._arun, input, config)
