@@ -150,7 +150,9 @@ def demo(
     console.print(f"[bold]model[/] {lm.model_id}: loaded in {time.perf_counter() - start:.1f} s, "
                   f"{lm.num_layers} layers, {torch_threads()} threads")
     console.print("token colours: [green]p >= 0.7[/] [yellow]p >= 0.3[/] [red]p < 0.3[/]\n")
-    for row in load_hotpotqa_rows(data, n):
+    rows = load_hotpotqa_rows(data, n)
+    closed_book: list[str] = []
+    for row in rows:
         table = Table(title=row["question"], title_justify="left", show_lines=True)
         table.add_column("setting")
         table.add_column("answer (coloured by token probability)")
@@ -162,8 +164,39 @@ def demo(
                             max_new_tokens=max_new_tokens, logprobs=0)
             table.add_row(label, _confidence_text(g), f"{_mean_probability(g):.2f}",
                           str(g.completion_tokens), f"{g.latency_ms / 1000:.1f}")
+            if passages is None:
+                closed_book.append(g.text)
         table.caption = f"gold answer: {row['answer']}"
         console.print(table)
+    _demo_quco([row["question"] for row in rows], closed_book)
+
+
+def _demo_quco(questions: list[str], answers: list[str]) -> None:
+    """QuCo-RAG's gate on each question and its claim check on the closed-book answer."""
+    from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates.quco import ClaimVerifier, QuCoGate
+    from rag_gates.quco.bench import BENCH_TAU_ENTITY
+
+    with console.status("opening the corpus-statistics index (the first run builds it)"):
+        stats = load_corpus_stats()
+    gate = QuCoGate(stats, tau_entity=BENCH_TAU_ENTITY)
+    verifier = ClaimVerifier(stats, gate.extractor)
+    console.print(f"\n[bold]QuCo-RAG[/]: entity counts in the index {stats.index_name!r} "
+                  f"(Wikipedia paragraphs of the QA datasets), tau_entity {gate.tau_entity:g}")
+    table = Table(show_lines=True)
+    for column in ("question", "entity counts", "gate decision", "closed-book claims flagged"):
+        table.add_column(column)
+    for question, answer in zip(questions, answers, strict=True):
+        d = gate.decide(question)
+        counts = d.evidence.get("counts") or {}
+        assert isinstance(counts, dict)
+        report = verifier.verify(answer) if answer.strip() else None
+        flagged = "\n".join(c.reason for c in report.flagged) if report else ""
+        checked = sum(len(s.checks) for s in report.sentences) if report else 0
+        table.add_row(question, "\n".join(f"{e}: {c}" for e, c in counts.items()) or "(none)",
+                      f"{'RETRIEVE' if d.retrieve else 'no retrieval'}\n{d.reason}",
+                      flagged or f"none of {checked} claims")
+    console.print(table)
 
 
 @app.command()

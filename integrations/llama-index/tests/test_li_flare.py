@@ -98,6 +98,30 @@ def test_flare_retrieves_when_the_model_writes_a_search_tag(bm25: BM25Retriever)
     assert "Scott Derrickson nationality" in queries
 
 
+def test_a_malformed_search_tag_is_recorded_not_fatal(bm25: BM25Retriever) -> None:
+    """LlamaIndex's FLARE parser raises IndexError on '[Search' without '(...)' (seen with
+    SmolLM2 in the benchmark); the method records it and gives an empty answer."""
+    from rag_gates.lm.base import BaseTextLM
+    from rag_gates.types import Generation
+
+    class MalformedLM(BaseTextLM):
+        @property
+        def model_id(self) -> str:
+            return "scripted"
+
+        def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+            return Generation(text="Both are [Search] American.", finish_reason="eos",
+                              completion_tokens=5)
+
+    ctx = MethodContext(lm=tiny_lm(seed=0, max_context=4096), retriever=bm25,
+                        dataset="hotpotqa")
+    method = FlareMethod(ctx, max_iterations=2)
+    method.ctx = ctx.model_copy(update={"lm": _WhiteBoxScript(MalformedLM(), ctx.lm)})
+    result = method.answer(QUESTION)
+    errors = [e for e in result.trace.events if e.name == "flare-error"]
+    assert result.answer == "" and errors and "IndexError" in str(errors[0].data["error"])
+
+
 class _WhiteBoxScript:
     """Scripted generations; everything else from a real white-box model (RagGatesLLM
     requires one)."""

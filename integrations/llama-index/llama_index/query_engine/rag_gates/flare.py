@@ -57,8 +57,16 @@ class FlareMethod:
             llm=llm, max_iterations=self.max_iterations,
         )
         # LlamaIndex's FLARE prints every query to stdout; keep the caller's output clean.
-        with contextlib.redirect_stdout(io.StringIO()):
-            response = engine.query(question)
+        try:
+            with contextlib.redirect_stdout(io.StringIO()):
+                response = engine.query(question)
+        except IndexError as error:
+            # FLARE's lookahead parser (flare/output_parser.py) indexes past the end when a
+            # model writes "[Search" without "(...)"; the peer gives no answer for that
+            # question. Recorded, scored as an empty answer, counted in the report.
+            with rec.timed("note", "flare-error") as data:
+                data["error"] = f"{type(error).__name__}: {error}"
+            return MethodResult(answer="", trace=rec.trace())
         with rec.timed("note", "flare") as data:
             data["max_iterations"] = self.max_iterations
         return MethodResult(answer=str(response).strip(), trace=rec.trace(),
