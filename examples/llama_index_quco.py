@@ -8,25 +8,25 @@ re-retrieval for flagged claims). Each decision is printed with its evidence.
 
     .venv/bin/python examples/llama_index_quco.py
 
-(The index uses LlamaIndex's default in-memory vector store. With
-``llama-index-vector-stores-qdrant`` installed, build it over Qdrant's local mode instead:
-``VectorStoreIndex(nodes, storage_context=StorageContext.from_defaults(
-vector_store=QdrantVectorStore(client=QdrantClient(location=":memory:"),
-collection_name="hotpotqa")), embed_model=embed_model)``; nothing else changes.)
+The index lives in Qdrant's local mode (``QdrantClient(location=":memory:")``; pass
+``url=...`` for a Qdrant server): any existing LlamaIndex vector store works the same way.
 """
 
 from __future__ import annotations
 
 import json
+import uuid
 from pathlib import Path
 from typing import Any
 
-from llama_index.core import VectorStoreIndex
+from llama_index.core import StorageContext, VectorStoreIndex
 from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.llms.rag_gates import RagGatesLLM
 from llama_index.query_engine.rag_gates import GatedQueryEngine, QuCoQueryEngine
 from llama_index.retrievers.rag_gates import passages_to_nodes
+from llama_index.vector_stores.qdrant import QdrantVectorStore
 from pydantic import PrivateAttr
+from qdrant_client import QdrantClient
 
 from rag_gates.eval.corpus import corpus_passages, load_corpus_stats
 from rag_gates.lm import load_default_lm
@@ -74,9 +74,16 @@ def show_decision(decision: dict[str, Any] | None) -> None:
           f"counts={decision['evidence'].get('counts')}")
 
 
-# The application's existing index: the HotpotQA sample's paragraphs, MiniLM embeddings.
-nodes = [n.node for n in passages_to_nodes(corpus_passages("hotpotqa", DATA))]
-index = VectorStoreIndex(nodes, embed_model=MiniLMEmbedding())
+# The application's existing index: the HotpotQA sample's paragraphs, MiniLM embeddings, in
+# a Qdrant collection.
+# Qdrant point ids must be UUIDs: derive one from each paragraph's id (kept in the metadata).
+nodes = [n.node.model_copy(update={
+            "id_": str(uuid.uuid5(uuid.NAMESPACE_URL, n.node.node_id)),
+            "metadata": {**n.node.metadata, "paragraph_id": n.node.node_id}})
+         for n in passages_to_nodes(corpus_passages("hotpotqa", DATA))]
+qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="hotpotqa")
+index = VectorStoreIndex(nodes, embed_model=MiniLMEmbedding(),
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 llm = RagGatesLLM(lm=load_default_lm(), max_new_tokens=48)  # the embedded SmolLM2
 
 # QuCo's evidence: phrase counts in the HotpotQA + 2Wiki paragraphs (a local infini-gram
