@@ -11,7 +11,6 @@ from __future__ import annotations
 
 from typing import Any
 
-import llama_index.core.instrumentation as instrument
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
 from llama_index.core.callbacks import CallbackManager
@@ -21,7 +20,7 @@ from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import QueryBundle
 from llama_index.core.settings import Settings
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
-from llama_index.retrievers.rag_gates.gated import GateDecisionEvent
+from llama_index.retrievers.rag_gates.gated import emit_decision
 from pydantic import JsonValue
 
 from rag_gates.gate import Gate
@@ -29,7 +28,6 @@ from rag_gates.types import GateDecision
 
 __all__ = ["DEFAULT_DIRECT_PROMPT", "GatedQueryEngine"]
 
-dispatcher = instrument.get_dispatcher(__name__)
 
 DEFAULT_DIRECT_PROMPT = PromptTemplate(
     "Answer the question from your own knowledge, briefly.\n"
@@ -154,18 +152,8 @@ class GatedQueryEngine(BaseQueryEngine):
 
     # ------------------------------------------------------------------ helpers
     def _record(self, query_bundle: QueryBundle, decision: Any) -> dict[str, JsonValue]:
-        if not isinstance(decision, GateDecision):
-            raise TypeError(
-                f"gate {getattr(self.gate, 'name', type(self.gate).__name__)!r} returned "
-                f"{type(decision).__name__}, expected a rag_gates GateDecision"
-            )
+        data = emit_decision(self.gate, query_bundle.query_str, decision)
         self.last_decision = decision
-        data = decision.model_dump(mode="json")
-        dispatcher.event(
-            GateDecisionEvent(
-                query_str=query_bundle.query_str, retrieve=decision.retrieve, decision=data
-            )
-        )
         return data
 
     def _annotated(self, response: RESPONSE_TYPE, data: dict[str, JsonValue]) -> RESPONSE_TYPE:

@@ -55,6 +55,20 @@ class GateDecisionEvent(BaseEvent):
         return GateDecision.model_validate(self.decision)
 
 
+def emit_decision(gate: Any, query_str: str, decision: Any) -> dict[str, JsonValue]:
+    """Check that ``gate`` returned a GateDecision, send it as a :class:`GateDecisionEvent`
+    through LlamaIndex's instrumentation, and return it as JSON (the node annotation)."""
+    if not isinstance(decision, GateDecision):
+        raise TypeError(
+            f"gate {getattr(gate, 'name', type(gate).__name__)!r} returned "
+            f"{type(decision).__name__}, expected a rag_gates GateDecision"
+        )
+    data = decision.model_dump(mode="json")
+    dispatcher.event(GateDecisionEvent(query_str=query_str, retrieve=decision.retrieve,
+                                       decision=data))
+    return data
+
+
 class GatedRetriever(BaseRetriever):
     """Wrap any LlamaIndex retriever so it only retrieves when a rag-gates gate says so.
 
@@ -125,18 +139,8 @@ class GatedRetriever(BaseRetriever):
         """The most recent decision (per instance; read events when queries run concurrently)."""
 
     def _record(self, query_bundle: QueryBundle, decision: GateDecision) -> dict[str, JsonValue]:
-        if not isinstance(decision, GateDecision):
-            raise TypeError(
-                f"gate {getattr(self.gate, 'name', type(self.gate).__name__)!r} returned "
-                f"{type(decision).__name__}, expected a rag_gates GateDecision"
-            )
+        data = emit_decision(self.gate, query_bundle.query_str, decision)
         self.last_decision = decision
-        data = decision.model_dump(mode="json")
-        dispatcher.event(
-            GateDecisionEvent(
-                query_str=query_bundle.query_str, retrieve=decision.retrieve, decision=data
-            )
-        )
         return data
 
     def _annotated(
