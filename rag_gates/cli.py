@@ -26,9 +26,11 @@ app = typer.Typer(
 )
 console = Console()
 
+from rag_gates.cbdr.cli import cbdr_app  # noqa: E402  (typer + rich only; no heavy imports)
 from rag_gates.corpus.cli import index_app  # noqa: E402  (typer + rich only; no heavy imports)
 
 app.add_typer(index_app, name="index")
+app.add_typer(cbdr_app, name="cbdr")
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"

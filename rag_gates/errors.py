@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ContextLengthError",
     "ModelNotFoundError",
+    "ProbeMismatchError",
     "RagGatesError",
     "WhiteBoxRequiredError",
 ]
@@ -24,3 +25,7 @@ class ModelNotFoundError(RagGatesError, FileNotFoundError):
 
 class WhiteBoxRequiredError(RagGatesError, TypeError):
     """A method needs logits or hidden states, and the model given is text-only."""
+
+
+class ProbeMismatchError(RagGatesError, ValueError):
+    """A trained probe was loaded against a model (or hidden size) it was not trained on."""

@@ -38,6 +38,7 @@ __all__ = [
     "RecordedRetriever",
     "SingleRetrievalMethod",
     "available_methods",
+    "check_method_name",
     "make_method",
     "need_retriever",
 ]
@@ -55,6 +56,9 @@ class MethodContext(BaseModel):
     dataset: str | None = Field(None, description="Dataset name, to pick its prompt.")
     k: int = Field(3, ge=1, le=50, description="Passages per retrieval.")
     max_new_tokens: int = Field(48, ge=1, le=1024, description="Answer length budget.")
+    option: str | None = Field(
+        None, description="The OPTION of a method named NAME@OPTION (e.g. the beta of "
+                          "'cbdr@0.9'); only methods that declare options accept one.")
 
 
 class MethodResult(BaseModel):
@@ -265,9 +269,28 @@ def available_methods() -> dict[str, Callable[[MethodContext], Method]]:
     return methods
 
 
-def make_method(name: str, ctx: MethodContext) -> Method:
-    """Build a method by exact name; an unknown name lists the valid ones."""
-    methods = available_methods()
-    if name not in methods:
+def split_method_name(name: str) -> tuple[str, str | None]:
+    """``"cbdr@0.9"`` -> ``("cbdr", "0.9")``; a name without ``@`` has no option."""
+    base, sep, option = name.partition("@")
+    if sep and (not base or not option):
+        raise ValueError(f"method {name!r}: write NAME@OPTION with both parts, e.g. cbdr@0.9")
+    return base, option if sep else None
+
+
+def check_method_name(name: str, methods: dict[str, Callable[[MethodContext], Method]]) -> None:
+    """Raise ValueError unless ``name`` is a registered method (with an option only where
+    the method declares ``accepts_option``); the message lists the valid names."""
+    base, option = split_method_name(name)
+    if base not in methods:
         raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(methods))}")
-    return methods[name](ctx)
+    if option is not None and not getattr(methods[base], "accepts_option", False):
+        raise ValueError(f"method {base!r} takes no @option; drop '@{option}'")
+
+
+def make_method(name: str, ctx: MethodContext) -> Method:
+    """Build a method by exact name (``NAME`` or ``NAME@OPTION`` for methods that declare
+    ``accepts_option``); an unknown name lists the valid ones."""
+    methods = available_methods()
+    check_method_name(name, methods)
+    base, option = split_method_name(name)
+    return methods[base](ctx.model_copy(update={"option": option}))

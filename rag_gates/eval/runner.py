@@ -28,7 +28,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
-from rag_gates.eval.methods import Method, MethodContext, available_methods, make_method
+from rag_gates.eval.methods import (
+    Method,
+    MethodContext,
+    available_methods,
+    check_method_name,
+    make_method,
+)
 from rag_gates.eval.metrics import score_answer
 
 __all__ = [
@@ -218,9 +224,8 @@ def run_bench(
     every record.
     """
     known = available_methods()
-    unknown = [m for m in config.methods if m not in known]
-    if unknown:
-        raise ValueError(f"unknown method(s) {unknown}; valid names: {', '.join(sorted(known))}")
+    for name in config.methods:
+        check_method_name(name, known)
     data = data or load_dataset(config.dataset, config.data_path, n=config.n,
                                 offset=config.offset)
     if data.skipped:

@@ -1,0 +1,137 @@
+"""The CBDR gate: skip retrieval when the probe says the model already knows.
+
+Score = ``1 - Conf(q)`` (higher = more need to retrieve); threshold = ``1 - beta``. So the gate
+retrieves when ``Conf(q) <= beta`` and skips when ``Conf(q) > beta``, as in the paper.
+
+:meth:`CBDRGate.prefill` is the cheap path: it runs the QA prompt once, reads the hidden state
+from that forward pass, and on a skip the answer continues from the same KV cache, so gating
+costs one tiny MLP and no second prefill.
+
+Example:
+    >>> gate = CBDRGate(lm, ConfidenceProbe.load("probe/", lm=lm), beta=0.9)
+    >>> probed = gate.prefill("Who wrote Hamlet?", max_new_tokens=32)
+    >>> probed.decision.retrieve, probed.confidence
+    (False, 0.97)
+    >>> probed.generate(max_new_tokens=32).text      # continues from the probe's pass
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Sequence
+from typing import Any
+
+from pydantic import JsonValue
+
+from rag_gates.cbdr.probe import ConfidenceProbe
+from rag_gates.gate import BaseGate
+from rag_gates.lm.base import require_white_box
+from rag_gates.types import GateDecision, Generation
+
+__all__ = ["CBDRGate", "ProbedQuestion"]
+
+
+class ProbedQuestion:
+    """A question after the gate's forward pass: the decision, and (for the skip path) the
+    prefilled prompt to continue the answer from. :meth:`generate` may be called once."""
+
+    def __init__(self, lm: Any, group: Any, decision: GateDecision, confidence: float) -> None:
+        self._lm = lm
+        self._group = group
+        self.decision = decision
+        self.confidence = confidence
+        self._used = False
+
+    def generate(self, *, max_new_tokens: int = 128, stop: Sequence[str] | None = None,
+                 temperature: float = 0.0, logprobs: int | None = None) -> Generation:
+        """The closed-book answer, continued from the prefilled QA prompt (no new prefill)."""
+        if self._used:
+            raise RuntimeError("this ProbedQuestion was already generated from; call "
+                               "gate.prefill(question) again for another answer")
+        self._used = True
+        result: Generation = self._lm.generate_from(
+            self._group, max_new_tokens=max_new_tokens, stop=stop, temperature=temperature,
+            logprobs=logprobs)
+        return result
+
+
+class CBDRGate(BaseGate):
+    """Retrieve unless the probe's confidence that the model answers right exceeds ``beta``.
+
+    Args:
+        lm: the white-box model the probe was trained on (a text-only model is refused).
+        probe: a trained :class:`ConfidenceProbe` (refused if trained on another model).
+        beta: skip retrieval when ``Conf(q) > beta``; calibrate it per probe with
+            ``rag-gates eval-gate --gate cbdr`` (the paper's 0.98 was for its own probe).
+        batch_size: questions per forward pass in :meth:`decide_batch`.
+    """
+
+    name = "cbdr"
+
+    def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float = 0.5, *,
+                 batch_size: int = 8) -> None:
+        self.lm = require_white_box(lm, "CBDRGate")
+        if not isinstance(probe, ConfidenceProbe):
+            raise TypeError(f"probe must be a ConfidenceProbe, got {type(probe).__name__}; "
+                            "load one with ConfidenceProbe.load(directory, lm=lm)")
+        probe.check_compatible(self.lm)
+        if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta <= 1:
+            raise ValueError(f"beta is a confidence in [0, 1], got {beta!r}")
+        super().__init__(threshold=1.0 - float(beta))
+        self.beta = float(beta)
+        self.probe = probe
+        self.batch_size = batch_size
+
+    def _evidence(self, confidence: float) -> dict[str, JsonValue]:
+        return {"confidence": confidence, "beta": self.beta, "layer": self.probe.layer,
+                "probe_model": self.probe.config.model_id,
+                "prompt_style": self.probe.prompts.style}
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        conf = 1.0 - score
+        if retrieve:
+            return f"probe confidence {conf:.3f} <= beta {self.beta:.3g}: retrieve"
+        return f"probe confidence {conf:.3f} > beta {self.beta:.3g}: answer without retrieval"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        conf = self.probe.confidence(self.lm, [query])[0]
+        return 1.0 - conf, self._evidence(conf)
+
+    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+        """Decisions in the order of ``queries``, with the probe run in batches."""
+        for q in queries:
+            if not isinstance(q, str) or not q.strip():
+                raise ValueError(f"every query must be a non-empty str, got {q!r}")
+        start = time.perf_counter()
+        confs = self.probe.confidence(self.lm, list(queries), batch_size=self.batch_size)
+        each = (time.perf_counter() - start) * 1000.0 / max(len(queries), 1)
+        return [self._decision(c, each) for c in confs]
+
+    def _decision(self, confidence: float, latency_ms: float) -> GateDecision:
+        score = 1.0 - confidence
+        retrieve = score >= self.threshold
+        evidence = self._evidence(confidence)
+        return GateDecision(gate=self.name, retrieve=retrieve, score=score,
+                            threshold=self.threshold,
+                            reason=self.reason(score, retrieve, evidence), evidence=evidence,
+                            latency_ms=latency_ms)
+
+    def prefill(self, query: str, *, max_new_tokens: int = 128) -> ProbedQuestion:
+        """Run the QA prompt once: the decision, and a prefilled prompt for the skip path.
+
+        ``max_new_tokens`` is the answer budget to reserve in the context window.
+        """
+        if not isinstance(query, str) or not query.strip():
+            raise ValueError(f"query must be a non-empty str, got {query!r}")
+        start = time.perf_counter()
+        prompt = self.probe.prompts.qa(query)
+        layer = self.probe.layer
+        group = self.lm.open_streams([prompt], hidden_layers=[layer], reserve=max_new_tokens)
+        if self.probe.config.position == -1:
+            hidden = group.hidden(layer)
+        else:  # another position: one more pass, since the stream keeps only the last token
+            hidden = self.lm.hidden_states([prompt], [layer],
+                                           position=self.probe.config.position)[:, 0]
+        conf = float(self.probe.confidence_from_hidden(hidden)[0])
+        decision = self._decision(conf, (time.perf_counter() - start) * 1000.0)
+        return ProbedQuestion(self.lm, group, decision, conf)

@@ -1,0 +1,290 @@
+"""The CBDR confidence probe: an MLP on one hidden state that predicts "the model answers this
+question right", trained on the model's own greedy answers.
+
+``Conf(q) = softmax(probe(h))[1]`` where ``h`` is the hidden state at one layer (default: the
+middle one, ``hidden_states[(num_layers + 1) // 2]``) and one position (default: the last
+prompt token, after the chat template's generation prompt) of the probe's QA prompt.
+
+A probe is saved as ``probe.safetensors`` (weights, plus the feature mean/std it standardises
+with) and ``probe.json`` (:class:`ProbeConfig`: model id, layer, position, prompts, training
+record). Loading it against a different model raises :class:`ProbeMismatchError`.
+
+Example:
+    >>> from rag_gates.cbdr import ConfidenceProbe
+    >>> probe = ConfidenceProbe.load("probes/smollm2", lm=lm)   # refuses another model
+    >>> probe.confidence(lm, ["Who wrote Hamlet?"])
+    [0.93]
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from rag_gates._io import write_text_atomic
+from rag_gates._optional import require
+from rag_gates.cbdr.prompts import ProbePrompts
+from rag_gates.errors import ProbeMismatchError
+from rag_gates.eval.metrics import auroc
+from rag_gates.lm.base import require_white_box
+
+require("torch", "hf")
+require("safetensors", "hf")
+import torch  # noqa: E402
+from safetensors.torch import load_file, save_file  # noqa: E402
+
+__all__ = ["ConfidenceProbe", "ProbeConfig", "ProbeTraining", "default_layer", "train_probe"]
+
+FORMAT_VERSION = 1
+CONFIG_FILE = "probe.json"
+WEIGHTS_FILE = "probe.safetensors"
+
+
+def default_layer(lm: Any) -> int:
+    """The card's middle layer: ``hidden_states[len // 2]`` with embeddings at index 0."""
+    return (int(lm.num_layers) + 1) // 2
+
+
+class ProbeConfig(BaseModel):
+    """Everything needed to use a probe correctly, saved beside its weights."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format_version: int = FORMAT_VERSION
+    model_id: str = Field(..., description="The model the probe reads; others are refused.")
+    hidden_size: int = Field(..., ge=1)
+    num_layers: int = Field(..., ge=1)
+    layer: int = Field(..., ge=0, description="Hidden-state index (0 = embeddings).")
+    position: int = Field(-1, description="Prompt position (-1 = last token).")
+    prompts: ProbePrompts = Field(default_factory=ProbePrompts)
+    hidden_dims: tuple[int, ...] = Field((512, 64, 32), description="MLP hidden widths.")
+    dropout: float = Field(0.5, ge=0.0, lt=1.0)
+    label_max_new_tokens: int = Field(
+        64, ge=1, description="Token budget of the greedy answers the labels came from.")
+    trained_on: dict[str, JsonValue] = Field(default_factory=dict)
+    metrics: dict[str, JsonValue] = Field(default_factory=dict)
+
+
+def _mlp(d: int, hidden_dims: Sequence[int], dropout: float) -> torch.nn.Sequential:
+    layers: list[torch.nn.Module] = []
+    width = d
+    for h in hidden_dims:
+        layers += [torch.nn.Linear(width, h), torch.nn.ReLU(), torch.nn.Dropout(dropout)]
+        width = h
+    layers.append(torch.nn.Linear(width, 2))
+    return torch.nn.Sequential(*layers)
+
+
+class ConfidenceProbe:
+    """A trained probe and its configuration; reads ``Conf`` from a model's hidden state."""
+
+    def __init__(self, config: ProbeConfig, module: torch.nn.Sequential | None = None,
+                 mean: torch.Tensor | None = None, std: torch.Tensor | None = None) -> None:
+        self.config = config
+        d = config.hidden_size
+        self.module = module if module is not None else _mlp(d, config.hidden_dims,
+                                                             config.dropout)
+        self.module.eval()
+        self.mean = mean if mean is not None else torch.zeros(d)
+        self.std = std if std is not None else torch.ones(d)
+
+    # ------------------------------------------------------------------ identity
+    @property
+    def layer(self) -> int:
+        return self.config.layer
+
+    @property
+    def prompts(self) -> ProbePrompts:
+        return self.config.prompts
+
+    def check_compatible(self, lm: Any) -> None:
+        """Raise :class:`ProbeMismatchError` unless ``lm`` is the model the probe was trained on."""
+        model_id = getattr(lm, "model_id", None)
+        if model_id != self.config.model_id:
+            raise ProbeMismatchError(
+                f"this probe was trained on model {self.config.model_id!r}, not {model_id!r}; "
+                "its confidence would be meaningless on another model's hidden states. Train "
+                "one for this model: rag-gates cbdr train-probe --model ... --out DIR")
+        size = getattr(lm, "hidden_size", None)
+        if size != self.config.hidden_size:
+            raise ProbeMismatchError(
+                f"probe expects hidden size {self.config.hidden_size}, the model has {size}")
+
+    # ------------------------------------------------------------------ inference
+    def confidence_from_hidden(self, hidden: torch.Tensor) -> torch.Tensor:
+        """``softmax(probe(h))[1]`` for hidden states ``[n, d]`` (or ``[d]``)."""
+        if hidden.ndim == 1:
+            hidden = hidden[None]
+        if hidden.shape[-1] != self.config.hidden_size:
+            raise ProbeMismatchError(f"hidden states have size {hidden.shape[-1]}, the probe "
+                                     f"expects {self.config.hidden_size}")
+        with torch.inference_mode():
+            x = (hidden.float() - self.mean) / self.std
+            return torch.softmax(self.module(x), dim=-1)[:, 1]
+
+    def features(self, lm: Any, prompts: Sequence[str], *, batch_size: int = 8,
+                 truncation: str = "error") -> torch.Tensor:
+        """Hidden states ``[len(prompts), d]`` at the probe's layer and position."""
+        lm = require_white_box(lm, "the CBDR probe")
+        self.check_compatible(lm)
+        if not prompts:
+            return torch.empty(0, self.config.hidden_size)
+        h = lm.hidden_states(list(prompts), [self.layer], position=self.config.position,
+                             batch_size=batch_size, truncation=truncation)
+        return h[:, 0]
+
+    def confidence(self, lm: Any, questions: Sequence[str], *, batch_size: int = 8
+                   ) -> list[float]:
+        """``Conf(q)`` for each question, through the probe's QA prompt."""
+        feats = self.features(lm, [self.prompts.qa(q) for q in questions],
+                              batch_size=batch_size)
+        return [float(c) for c in self.confidence_from_hidden(feats)] if len(feats) else []
+
+    # ------------------------------------------------------------------ persistence
+    def save(self, directory: str | Path) -> Path:
+        """Write ``probe.safetensors`` and ``probe.json`` into ``directory`` (created)."""
+        out = Path(directory)
+        out.mkdir(parents=True, exist_ok=True)
+        tensors = {f"mlp.{k}": v.detach().contiguous().cpu()
+                   for k, v in self.module.state_dict().items()}
+        tensors["feature_mean"] = self.mean.contiguous()
+        tensors["feature_std"] = self.std.contiguous()
+        tmp = out / f".{WEIGHTS_FILE}.tmp"
+        save_file(tensors, str(tmp), metadata={"model_id": self.config.model_id})
+        tmp.replace(out / WEIGHTS_FILE)
+        write_text_atomic(out / CONFIG_FILE, self.config.model_dump_json(indent=2))
+        return out
+
+    @classmethod
+    def load(cls, directory: str | Path, *, lm: Any = None) -> ConfidenceProbe:
+        """Load a saved probe; with ``lm``, refuse it unless it was trained on that model."""
+        path = Path(directory)
+        config_path, weights_path = path / CONFIG_FILE, path / WEIGHTS_FILE
+        if not config_path.is_file() or not weights_path.is_file():
+            raise FileNotFoundError(
+                f"{path} is not a probe directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}); "
+                "train one with: rag-gates cbdr train-probe --out DIR")
+        try:
+            config = ProbeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+        except ValueError as exc:
+            raise ValueError(f"{config_path} is not a valid probe config: {exc}") from exc
+        if config.format_version != FORMAT_VERSION:
+            raise ValueError(f"{config_path}: probe format {config.format_version}, this "
+                             f"version of rag-gates reads {FORMAT_VERSION}")
+        tensors = load_file(str(weights_path))
+        module = _mlp(config.hidden_size, config.hidden_dims, config.dropout)
+        state = {k[len("mlp."):]: v for k, v in tensors.items() if k.startswith("mlp.")}
+        try:
+            module.load_state_dict(state)
+        except RuntimeError as exc:
+            raise ValueError(f"{weights_path} does not match {config_path}: {exc}") from exc
+        probe = cls(config, module, tensors["feature_mean"], tensors["feature_std"])
+        if lm is not None:
+            probe.check_compatible(lm)
+        return probe
+
+
+class ProbeTraining(BaseModel):
+    """How training went: the dev AUROC of every epoch and the one kept."""
+
+    model_config = ConfigDict(frozen=True)
+
+    best_epoch: int
+    best_dev_auroc: float
+    dev_auroc: list[float]
+    train_loss: list[float]
+    train_examples: int
+    dev_examples: int
+    train_positive_rate: float
+    seconds: float
+
+
+def train_probe(
+    config: ProbeConfig,
+    train_x: torch.Tensor,
+    train_y: Sequence[int],
+    dev_x: torch.Tensor,
+    dev_y: Sequence[int],
+    *,
+    epochs: int = 30,
+    lr: float = 5e-5,
+    batch_size: int = 32,
+    standardize: bool = True,
+    seed: int = 0,
+    progress: Callable[[int, int, float], None] | None = None,
+) -> tuple[ConfidenceProbe, ProbeTraining]:
+    """Train the MLP with class-balanced cross-entropy on logits (Adam), keeping the epoch
+    with the best dev AUROC.
+
+    ``standardize`` scales features by the training mean/std (stored with the probe): the
+    middle-layer states of small models have a few huge dimensions that otherwise dominate.
+    """
+    labels = [int(y) for y in train_y]
+    dev_labels = [int(y) for y in dev_y]
+    if len(labels) != len(train_x) or len(dev_labels) != len(dev_x):
+        raise ValueError("features and labels differ in length")
+    for name, ys in (("training", labels), ("dev", dev_labels)):
+        if set(ys) != {0, 1}:
+            raise ValueError(
+                f"the {name} labels must contain both classes (right and wrong answers); got "
+                f"{sorted(set(ys))}. Use more questions, or a dataset the model sometimes "
+                "answers right.")
+    if epochs < 1 or batch_size < 1 or lr <= 0:
+        raise ValueError("epochs and batch_size must be >= 1 and lr > 0")
+    start = time.perf_counter()
+    gen = torch.Generator().manual_seed(seed)
+    torch.manual_seed(seed)
+    x = train_x.float()
+    mean = x.mean(0) if standardize else torch.zeros(x.shape[1])
+    std = x.std(0).clamp(min=1e-6) if standardize else torch.ones(x.shape[1])
+    probe = ConfidenceProbe(config, mean=mean, std=std)
+    module = probe.module
+    y = torch.tensor(labels)
+    positives = int(y.sum())
+    # Class-balanced: each class contributes half of the loss.
+    weights = torch.tensor([len(y) / (2.0 * (len(y) - positives)), len(y) / (2.0 * positives)])
+    loss_fn = torch.nn.CrossEntropyLoss(weight=weights)
+    optimizer = torch.optim.Adam(module.parameters(), lr=lr)
+    xs = (x - mean) / std
+    best: tuple[float, int, dict[str, torch.Tensor]] = (-math.inf, -1, {})
+    dev_curve: list[float] = []
+    losses: list[float] = []
+    for epoch in range(epochs):
+        module.train()
+        order = torch.randperm(len(y), generator=gen)
+        total = 0.0
+        for lo in range(0, len(y), batch_size):
+            idx = order[lo: lo + batch_size]
+            optimizer.zero_grad()
+            loss = loss_fn(module(xs[idx]), y[idx])
+            loss.backward()
+            optimizer.step()
+            total += float(loss.detach()) * len(idx)
+        losses.append(total / len(y))
+        module.eval()
+        dev_scores = [float(c) for c in probe.confidence_from_hidden(dev_x)]
+        # Conf predicts "right"; AUROC of Conf for the positive label.
+        value = auroc(dev_scores, dev_labels)
+        dev_curve.append(value)
+        if value > best[0]:
+            best = (value, epoch, {k: v.clone() for k, v in module.state_dict().items()})
+        if progress is not None:
+            progress(epoch + 1, epochs, value)
+    module.load_state_dict(best[2])
+    module.eval()
+    training = ProbeTraining(
+        best_epoch=best[1] + 1, best_dev_auroc=best[0], dev_auroc=dev_curve, train_loss=losses,
+        train_examples=len(y), dev_examples=len(dev_labels),
+        train_positive_rate=positives / len(y), seconds=time.perf_counter() - start)
+    probe.config = config.model_copy(update={"metrics": {
+        **config.metrics, "dev_auroc": training.best_dev_auroc,
+        "best_epoch": training.best_epoch, "train_examples": training.train_examples,
+        "dev_examples": training.dev_examples,
+        "train_positive_rate": training.train_positive_rate,
+        "train_seconds": round(training.seconds, 2)}})
+    return probe, training
