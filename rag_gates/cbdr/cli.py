@@ -146,3 +146,116 @@ def train_probe_command(
         f"{epochs}; {training.train_examples} train / {training.dev_examples} dev questions, "
         f"{100 * training.train_positive_rate:.1f}% answered right; labels {collect_s:.0f} s, "
         f"training {training.seconds:.1f} s) -> {out}")
+
+
+@cbdr_app.command("build-preferences")
+def build_preferences_command(
+    out: Annotated[Path, typer.Option(
+        help="JSONL file to write (resumed if it exists; skips go to FILE.state).")],
+    dataset: Annotated[str, typer.Option(
+        help="Dataset whose rows carry candidate paragraphs: hotpotqa or 2wiki.")] = "hotpotqa",
+    n: Annotated[int, typer.Option(min=1, help="Questions.")] = 300,
+    offset: Annotated[int, typer.Option(
+        min=0, help="Questions skipped first (keep the ones you evaluate on apart).")] = 500,
+    data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
+    model: Annotated[str, typer.Option(help="'default' or an HF path/id.")] = "default",
+    probe: Annotated[Path | None, typer.Option(
+        help="Probe directory (train-probe --out); default $RAG_GATES_CBDR_PROBE or the "
+             "shipped SmolLM2 probe.")] = None,
+    max_pos: Annotated[int, typer.Option(min=1, help="Positives (Inc > 0) per question.")] = 5,
+    max_neg: Annotated[int, typer.Option(min=1, help="Negatives (Inc < 0) per question.")] = 5,
+    batch_size: Annotated[int, typer.Option(min=1, help="Prompts per forward pass.")] = 4,
+    max_passage_tokens: Annotated[int, typer.Option(
+        min=1, help="Longer passages are cut to their first this-many tokens.")] = 512,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Rank each question's paragraphs by Inc = Conf(q + c) - Conf(q) and write up to
+    --max-pos positives and --max-neg negatives per question. Resumes if interrupted."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.cbdr.preferences import build_preferences
+    from rag_gates.cbdr.probe import ConfidenceProbe
+    from rag_gates.cbdr.rerank import ConfidenceGainReranker
+    from rag_gates.cbdr.shipped import load_default_probe
+    from rag_gates.eval.datasets import load_dataset
+    from rag_gates.lm.defaults import load_lm
+
+    with clean_errors():
+        examples = load_dataset(dataset, data, n=n, offset=offset).examples
+        if not examples:
+            raise ValueError(f"no {dataset} questions after offset {offset}; lower --offset")
+        with console.status(f"loading {model}"):
+            lm = load_lm(model, num_threads=threads)
+        chosen = ConfidenceProbe.load(probe, lm=lm) if probe is not None else \
+            load_default_probe(lm)
+        reranker = ConfidenceGainReranker(lm, chosen, batch_size=batch_size,
+                                          max_passage_tokens=max_passage_tokens)
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("scoring passages", total=len(examples))
+
+            def progress(done: int, total: int, records: int) -> None:
+                bar.update(task, completed=done, total=total,
+                           description=f"scoring passages ({records} records)")
+
+            stats = build_preferences(reranker, examples, max_pos=max_pos, max_neg=max_neg,
+                                      out=out, progress=progress)
+    console.print(
+        f"[bold]{stats.records} records[/] in {out} ({stats.written} new, "
+        f"{stats.already_written} already there) from {stats.questions} questions; skipped "
+        f"{stats.skipped_no_pos} with no passage raising the confidence, "
+        f"{stats.skipped_no_neg} with none lowering it, {stats.skipped_no_context} without "
+        f"passages; {stats.seconds:.0f} s")
+
+
+@cbdr_app.command("train-reranker")
+def train_reranker_command(
+    preferences: Annotated[Path, typer.Option(help="JSONL from build-preferences.")],
+    out: Annotated[Path, typer.Option(
+        help="Directory for the fine-tuned cross-encoder (a previous one is replaced).")],
+    base: Annotated[str | None, typer.Option(
+        help="Local checkpoint to start from (a cross-encoder such as bge-reranker, or a "
+             "BERT-like encoder); default the embedded all-MiniLM-L6-v2.")] = None,
+    epochs: Annotated[int, typer.Option(min=1)] = 1,
+    lr: Annotated[float, typer.Option(min=0.0, help="AdamW peak learning rate.")] = 6e-5,
+    weight_decay: Annotated[float, typer.Option(min=0.0)] = 0.01,
+    batch_size: Annotated[int, typer.Option(min=1, help="Rows (query, positive) per step.")
+                          ] = 8,
+    num_negatives: Annotated[int, typer.Option(
+        min=1, help="Hard negatives per positive (repeated when a record has fewer).")] = 4,
+    max_length: Annotated[int, typer.Option(min=8, help="Tokens per (query, passage).")] = 256,
+    seed: Annotated[int, typer.Option()] = 0,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Fine-tune a cross-encoder on the preferences with InfoNCE (one positive against its
+    hard negatives); use it with CrossEncoderReranker(DIR) or the cbdr-ce bench method."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.cbdr.finetune import train_reranker
+
+    with clean_errors():
+        if not preferences.is_file():
+            raise FileNotFoundError(
+                f"preference file {preferences} not found; build one with: rag-gates cbdr "
+                "build-preferences --dataset hotpotqa --out FILE")
+        if threads is not None:
+            import torch
+
+            torch.set_num_threads(threads)
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("training", total=None)
+
+            def progress(step: int, total: int, loss: float) -> None:
+                bar.update(task, completed=step, total=total,
+                           description=f"training (loss {loss:.3f})")
+
+            training = train_reranker(
+                preferences, out, base=base, epochs=epochs, lr=lr, weight_decay=weight_decay,
+                batch_size=batch_size, num_negatives=num_negatives, max_length=max_length,
+                seed=seed, progress=progress)
+    curve = " -> ".join(f"{x:.4f}" for x in training.epoch_loss)
+    console.print(
+        f"[bold]final loss {training.final_loss:.4f}[/] (mean per epoch {curve}; "
+        f"{training.records} records, {training.rows} rows, {training.steps} steps, "
+        f"{training.seconds:.0f} s) -> {out}")

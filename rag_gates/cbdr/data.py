@@ -63,6 +63,15 @@ def default_cache_path(lm: Any, prompts: ProbePrompts, layer: int, *, position: 
     return rag_gates_home() / "cbdr-cache" / slug / f"probe-data-{digest}.jsonl"
 
 
+def _drop_torn_tail(path: Path) -> None:
+    """Cut a last line left without its newline by an interrupted write, so the next
+    record does not get glued onto it."""
+    data = path.read_bytes()
+    if data and not data.endswith(b"\n"):
+        with path.open("r+b") as handle:
+            handle.truncate(data.rfind(b"\n") + 1)
+
+
 def _read_cache(path: Path, identity: dict[str, Any]) -> dict[tuple[str, str], ProbeExample]:
     if not path.is_file():
         return {}
@@ -109,6 +118,8 @@ def collect_probe_data(
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not path.is_file()
+        if not fresh:
+            _drop_torn_tail(path)
         handle = path.open("a", encoding="utf-8")
         if fresh:
             handle.write(json.dumps({"identity": identity}) + "\n")

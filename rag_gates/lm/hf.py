@@ -725,12 +725,15 @@ class HFWhiteBoxLM(BaseTextLM):
         padding_side: Literal["left", "right"] = "left",
         batch_size: int = 16,
         truncation: Truncation = "error",
+        early_exit: bool = True,
     ) -> torch.Tensor:
         """Hidden states at one prompt position for a batch: ``[len(prompts), len(layers), d]``.
 
         Layer indices follow ``output_hidden_states`` (0 = embeddings, ``num_layers`` = last);
         ``position`` indexes each prompt's own tokens (``-1`` = last prompt token, after the
         chat template's generation prompt). Padding, left or right, does not change results.
+        With ``early_exit`` the forward pass stops after the deepest layer asked for (a probe
+        on the middle layer costs half a pass); results are the same either way.
         """
         if isinstance(prompts, str) or not isinstance(prompts, Sequence):
             raise TypeError("prompts must be a list of prompts")
@@ -747,8 +750,7 @@ class HFWhiteBoxLM(BaseTextLM):
         for lo in range(0, len(encoded), batch_size):
             batch = encoded[lo: lo + batch_size]
             ids, mask = self._pad(batch, self.pad_token_id, padding_side)
-            out = self._forward(ids, cache=None, attention_mask=mask,
-                                position_ids=self._positions(mask), output_hidden_states=True)
+            states = self._hidden_pass(ids, mask, chosen, early_exit)
             width = ids.shape[1]
             for row, seq in enumerate(batch):
                 if not -len(seq) <= position < len(seq):
@@ -757,9 +759,39 @@ class HFWhiteBoxLM(BaseTextLM):
                     )
                 offset = width - len(seq) if padding_side == "left" else 0
                 index = offset + (position % len(seq))
-                rows.append(torch.stack([out.hidden_states[layer][row, index].float()
+                rows.append(torch.stack([states[layer][row, index].float()
                                          for layer in chosen]))
         return torch.stack(rows) if rows else torch.empty(0, len(chosen), self.hidden_size)
+
+    def _hidden_pass(self, ids: torch.Tensor, mask: torch.Tensor, layers: tuple[int, ...],
+                     early_exit: bool) -> dict[int, torch.Tensor]:
+        """Hidden states ``{layer: [batch, width, d]}`` of one padded batch."""
+        decoder = getattr(getattr(self.model, "model", None), "layers", None)
+        deepest = max(layers)
+        if not early_exit or 0 in layers or deepest >= self.num_layers or decoder is None:
+            out = self._forward(ids, cache=None, attention_mask=mask,
+                                position_ids=self._positions(mask), output_hidden_states=True)
+            return {layer: out.hidden_states[layer] for layer in layers}
+        captured: dict[int, torch.Tensor] = {}
+
+        def keep(layer: int) -> Any:
+            def hook(_module: Any, _args: Any, output: Any) -> None:
+                captured[layer] = output[0] if isinstance(output, tuple) else output
+                if layer == deepest:
+                    raise _EarlyExit
+            return hook
+
+        # hidden_states[l] is the output of decoder layer l - 1.
+        handles = [decoder[layer - 1].register_forward_hook(keep(layer)) for layer in layers]
+        try:
+            self._forward(ids, cache=None, attention_mask=mask,
+                          position_ids=self._positions(mask))
+        except _EarlyExit:
+            pass
+        finally:
+            for handle in handles:
+                handle.remove()
+        return captured
 
     def attention_row(
         self,
@@ -781,6 +813,10 @@ class HFWhiteBoxLM(BaseTextLM):
         group = StreamGroup(self, [ids], hidden_layers=(),
                             attention_layers=self._check_attention_layers([layer]))
         return group.attention(0, layer, position=position % len(ids))
+
+
+class _EarlyExit(Exception):
+    """Raised by a forward hook to stop a pass once the deepest needed layer has run."""
 
 
 class StreamGroup:

@@ -29,3 +29,17 @@ def test_quco_example_runs(script: str) -> None:
     assert "decision: retrieve=True" in out.stdout
     assert "decision: retrieve=False" in out.stdout
     assert "'Scott Derrickson'" in out.stdout  # the counted entities are printed
+
+
+@pytest.mark.parametrize("script", ["llama_index_cbdr.py", "langchain_cbdr.py"])
+def test_cbdr_example_runs(script: str) -> None:
+    """The CBDR gate decides on each question with the shipped probe's confidence, and every
+    question gets an answer (reranked paragraphs with Inc when the gate retrieves)."""
+    out = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,
+                         text=True, timeout=600)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert out.stdout.count("decision: retrieve=") == 2
+    assert out.stdout.count("confidence=") == 2
+    assert out.stdout.count("answer:") == 2
+    if "decision: retrieve=True" in out.stdout:
+        assert "Inc=" in out.stdout

@@ -9,6 +9,8 @@
 - :class:`QuCoRunnable`: QuCo-RAG's loop (gate, generation, claim verification,
   re-retrieval) on any LangChain model and retriever.
 - :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
+- :class:`ConfidenceGainReranker`: CBDR's confidence-gain reranker (or a cross-encoder
+  fine-tuned on it, or any rag-gates reranker) as a document compressor.
 - :class:`LangChainRetrieverAdapter`: any LangChain retriever as a rag-gates ``Retriever``.
 - :func:`document_to_passage` / :func:`passage_to_document`: LangChain ``Document`` <->
   rag-gates ``Passage``; :func:`annotate_document` for non-mutating annotation.
@@ -21,6 +23,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from langchain_rag_gates.chat_models import ChatRagGates
+from langchain_rag_gates.document_compressors import ConfidenceGainReranker
 from langchain_rag_gates.documents import (
     annotate_document,
     document_to_passage,
@@ -43,6 +46,7 @@ __all__ = [
     "ChatRagGates",
     "ClaimVerifierInput",
     "ClaimVerifierTool",
+    "ConfidenceGainReranker",
     "GateRouter",
     "GatedRetriever",
     "LangChainRetrieverAdapter",

@@ -9,7 +9,14 @@ import sys
 
 import langchain_rag_gates
 
-MODULES = ["chat_models", "language_models", "documents", "retrievers", "runnables"]
+MODULES = [
+    "chat_models",
+    "language_models",
+    "documents",
+    "document_compressors",
+    "retrievers",
+    "runnables",
+]
 
 
 def test_dunder_all_matches_public_names() -> None:
