@@ -32,6 +32,7 @@ from langchain_rag_gates import (
 )
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
+from rag_gates.cbdr.bench import BENCH_BETA
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.lm import load_default_lm
 from rag_gates.retrieval import BM25Retriever
@@ -41,7 +42,7 @@ QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = 0.5  # skip retrieval when Conf(q) > BETA
+BETA = BENCH_BETA  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 
 

@@ -36,6 +36,7 @@ from pydantic import PrivateAttr
 from qdrant_client import QdrantClient
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
+from rag_gates.cbdr.bench import BENCH_BETA
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.lm import load_default_lm
 from rag_gates.lm.defaults import load_default_embedder
@@ -45,7 +46,7 @@ QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = 0.5  # skip retrieval when Conf(q) > BETA
+BETA = BENCH_BETA  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 MAX_NEW_TOKENS = 48
 
