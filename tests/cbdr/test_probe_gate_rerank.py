@@ -225,3 +225,6 @@ def test_bench_method_names_take_beta(tiny: Any, probe: ConfidenceProbe, tmp_pat
         make_method("single@3", ctx)
     with pytest.raises(ValueError, match="valid names"):
         make_method("cbdrx@0.5", ctx)
+    monkeypatch.delenv("RAG_GATES_CBDR_RERANKER", raising=False)
+    with pytest.raises(ValueError, match="set RAG_GATES_CBDR_RERANKER"):
+        make_method("cbdr-ce@0.5", ctx)
