@@ -14,12 +14,31 @@ White-box: the probe reads hidden states, so a text-only model is refused at con
 
 from __future__ import annotations
 
-from rag_gates.cbdr.gate import CBDRGate, ProbedQuestion
-from rag_gates.cbdr.pipeline import CBDRPipeline
-from rag_gates.cbdr.probe import ConfidenceProbe, ProbeConfig, ProbeTraining, train_probe
-from rag_gates.cbdr.prompts import ProbePrompts
-from rag_gates.cbdr.rerank import ConfidenceGainReranker, CrossEncoderReranker
-from rag_gates.cbdr.shipped import DEFAULT_PROBE_DIR, load_default_probe
+import importlib
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:  # pragma: no cover
+    from rag_gates.cbdr.gate import CBDRGate, ProbedQuestion
+    from rag_gates.cbdr.pipeline import CBDRPipeline
+    from rag_gates.cbdr.probe import ConfidenceProbe, ProbeConfig, ProbeTraining, train_probe
+    from rag_gates.cbdr.prompts import ProbePrompts
+    from rag_gates.cbdr.rerank import ConfidenceGainReranker, CrossEncoderReranker
+    from rag_gates.cbdr.shipped import DEFAULT_PROBE_DIR, load_default_probe
+
+# Lazy: ``rag-gates --help`` imports the CLI (rag_gates.cbdr.cli) and must not pull in torch.
+_WHERE = {
+    "CBDRGate": "gate", "ProbedQuestion": "gate", "CBDRPipeline": "pipeline",
+    "ConfidenceProbe": "probe", "ProbeConfig": "probe", "ProbeTraining": "probe",
+    "train_probe": "probe", "ProbePrompts": "prompts", "ConfidenceGainReranker": "rerank",
+    "CrossEncoderReranker": "rerank", "DEFAULT_PROBE_DIR": "shipped",
+    "load_default_probe": "shipped",
+}
+
+
+def __getattr__(name: str) -> Any:
+    if name in _WHERE:
+        return getattr(importlib.import_module(f"rag_gates.cbdr.{_WHERE[name]}"), name)
+    raise AttributeError(f"module 'rag_gates.cbdr' has no attribute {name!r}")
 
 __all__ = [
     "DEFAULT_PROBE_DIR",
