@@ -165,4 +165,8 @@ def test_hosted_backend_agrees_then_times_out_by_policy(wiki_index: Path, stats:
         assert remote.evidence["counts"] == local.evidence["counts"]
         server.default_fault = ("sleep", 2.0)  # the API stops answering in time
         slow = QuCoGate(hosted, extractor, tau_entity=10, on_error="retrieve").decide(question)
-    assert slow.retrieve is True and "timed out" in str(slow.evidence["error"])
+    # Retries time out one by one ("attempt timed out"), or, on a loaded machine, the whole
+    # budget runs out first (HostedTimeoutError): both are the timeout this policy handles.
+    error = str(slow.evidence["error"])
+    assert slow.retrieve is True
+    assert "timed out" in error or error.startswith("HostedTimeoutError"), error
