@@ -27,7 +27,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from rag_gates.types import Passage
 
 __all__ = ["BaseReranker", "PassageReranker", "PassageScores", "RerankResult", "ScoredPassage",
-           "check_top_n"]
+           "check_result", "check_top_n"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -71,6 +71,24 @@ class RerankResult(BaseModel):
     def passages(self) -> list[Passage]:
         """The kept passages, best first, each carrying the reranker's score."""
         return [s.passage.model_copy(update={"score": s.score}) for s in self.ranked]
+
+    def annotations(self) -> list[tuple[ScoredPassage, dict[str, JsonValue]]]:
+        """Each kept passage, best first, with the record framework adapters attach to
+        their copy of it: ``{"reranker", "rank" (1 = best), "score", "candidates",
+        "evidence"}``."""
+        return [(s, {"reranker": self.reranker, "rank": rank, "score": s.score,
+                     "candidates": self.candidates, "evidence": dict(s.evidence)})
+                for rank, s in enumerate(self.ranked, start=1)]
+
+
+def check_result(result: object, reranker: object) -> RerankResult:
+    """``result`` if it is a :class:`RerankResult`, else a TypeError naming ``reranker``
+    (for adapters that accept any object following the protocol)."""
+    if not isinstance(result, RerankResult):
+        name = getattr(reranker, "name", type(reranker).__name__)
+        raise TypeError(f"reranker {name!r} returned {type(result).__name__}, expected a "
+                        "rag_gates RerankResult")
+    return result
 
 
 def check_top_n(top_n: int | None) -> int | None:

@@ -68,18 +68,24 @@ class ConfidenceGainReranker(BaseReranker):
         self.batch_size = batch_size
         self.max_passage_tokens = max_passage_tokens
 
-    def _fit(self, query: str, passage: Passage) -> tuple[Passage, int]:
-        """The passage cut by the truncation rule, and how many tokens were dropped."""
-        tok = self.lm.tokenizer
-        ids = tok(passage.text, add_special_tokens=False)["input_ids"]
-        empty = passage.model_copy(update={"text": ""})
-        overhead = len(self.lm.encode(self.probe.prompts.rag(query, [empty])))
+    def _room(self, query: str) -> int:
+        """Tokens a passage may take in the RAG prompt for ``query`` (encoded once a call;
+        a title's own tokens come off it per passage)."""
+        overhead = len(self.lm.encode(self.probe.prompts.rag(query, [Passage(text="")])))
         room = self.lm.max_context - overhead - _CUT_MARGIN
         if room < 1:
             raise ContextLengthError(
                 f"the question and prompt alone take {overhead} tokens of the "
                 f"{self.lm.max_context}-token context; no room for a passage")
-        keep = min(self.max_passage_tokens, room)
+        return room
+
+    def _fit(self, passage: Passage, room: int) -> tuple[Passage, int]:
+        """The passage cut by the truncation rule, and how many tokens were dropped."""
+        tok = self.lm.tokenizer
+        ids = tok(passage.text, add_special_tokens=False)["input_ids"]
+        title = len(tok(f"{passage.title}: ", add_special_tokens=False)["input_ids"]) \
+            if passage.title else 0
+        keep = max(1, min(self.max_passage_tokens, room - title))
         if len(ids) <= keep:
             return passage, 0
         text = str(tok.decode(ids[:keep], skip_special_tokens=True))
@@ -88,7 +94,8 @@ class ConfidenceGainReranker(BaseReranker):
     def score_passages(self, query: str, passages: Sequence[Passage], **signals: Any
                        ) -> PassageScores:
         question_confidence = signals.get("question_confidence")
-        fitted = [self._fit(query, p) for p in passages]
+        room = self._room(query)
+        fitted = [self._fit(p, room) for p in passages]
         prompts = [self.probe.prompts.rag(query, [p]) for p, _ in fitted]
         if question_confidence is None:
             prompts.insert(0, self.probe.prompts.qa(query))

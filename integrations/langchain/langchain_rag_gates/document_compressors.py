@@ -17,7 +17,7 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
-from rag_gates.rerank import PassageReranker, RerankResult, check_top_n
+from rag_gates.rerank import PassageReranker, RerankResult, check_result, check_top_n
 
 __all__ = ["ConfidenceGainReranker"]
 
@@ -211,17 +211,9 @@ class ConfidenceGainReranker(BaseDocumentCompressor):
         return self._last_result
 
     def _reranked(self, documents: Sequence[Document], result: Any) -> list[Document]:
-        if not isinstance(result, RerankResult):
-            raise TypeError(
-                f"reranker {getattr(self.reranker, 'name', type(self.reranker).__name__)!r} "
-                f"returned {type(result).__name__}, expected a rag_gates RerankResult"
-            )
-        self._last_result = result
+        self._last_result = result = check_result(result, self.reranker)
         out: list[Document] = []
-        for rank, scored in enumerate(result.ranked, start=1):
-            annotation: dict[str, JsonValue] = {
-                "reranker": result.reranker, "rank": rank, "score": scored.score,
-                "candidates": result.candidates, "evidence": dict(scored.evidence)}
+        for scored, annotation in result.annotations():
             doc = annotate_document(documents[scored.index], annotation, key=RERANK_KEY)
             doc.metadata[SCORE_KEY] = scored.score  # the copy's own metadata
             out.append(doc)

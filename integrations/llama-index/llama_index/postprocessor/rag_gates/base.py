@@ -3,6 +3,8 @@ cross-encoder fine-tuned on it) as a LlamaIndex node postprocessor."""
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any
 
 import llama_index.core.instrumentation as instrument
@@ -11,9 +13,9 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import annotate_node, nodes_to_passages
-from pydantic import Field, JsonValue, PrivateAttr, field_validator
+from pydantic import Field, PrivateAttr, field_validator
 
-from rag_gates.rerank import PassageReranker, RerankResult, check_top_n
+from rag_gates.rerank import PassageReranker, RerankResult, check_result, check_top_n
 
 __all__ = ["RERANK_KEY", "RETRIEVAL_SCORE_KEY", "ConfidenceGainReranker"]
 
@@ -219,16 +221,10 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         }
 
     def _reranked(self, nodes: list[NodeWithScore], result: Any) -> list[NodeWithScore]:
-        if not isinstance(result, RerankResult):
-            raise TypeError(f"reranker {self.reranker.name!r} returned "
-                            f"{type(result).__name__}, expected a rag_gates RerankResult")
-        self._last_result = result
+        self._last_result = result = check_result(result, self.reranker)
         out: list[NodeWithScore] = []
-        for rank, scored in enumerate(result.ranked, start=1):
+        for scored, annotation in result.annotations():
             original = nodes[scored.index]
-            annotation: dict[str, JsonValue] = {
-                "reranker": result.reranker, "rank": rank, "score": scored.score,
-                "candidates": result.candidates, "evidence": dict(scored.evidence)}
             if self.keep_retrieval_score:
                 annotation[RETRIEVAL_SCORE_KEY] = original.score
             # A fresh copy of the node: its metadata and excluded keys are its own.
@@ -242,6 +238,23 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         return out
 
     # ------------------------------------------------------------------ postprocess
+    @contextmanager
+    def _reranking(self, nodes: list[NodeWithScore], query_bundle: QueryBundle
+                   ) -> Iterator[Callable[[Any], list[NodeWithScore]]]:
+        """Start/end events around one rerank; yields ``finish(result) -> copied nodes``
+        (the sync and async paths differ only in how they call the reranker)."""
+        payload = self._start(nodes, query_bundle)
+        reranked: list[NodeWithScore] = []
+        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
+
+            def finish(result: Any) -> list[NodeWithScore]:
+                reranked.extend(self._reranked(nodes, result))
+                event.on_end(payload={EventPayload.NODES: reranked})
+                return reranked
+
+            yield finish
+        dispatcher.event(ReRankEndEvent(nodes=reranked))
+
     def _postprocess_nodes(
         self,
         nodes: list[NodeWithScore],
@@ -251,13 +264,9 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         if not nodes:
             return []
         assert query_bundle is not None  # checked by _query
-        payload = self._start(nodes, query_bundle)
-        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-            result = self.reranker.rerank(query, nodes_to_passages(nodes), top_n=self.top_n)
-            reranked = self._reranked(nodes, result)
-            event.on_end(payload={EventPayload.NODES: reranked})
-        dispatcher.event(ReRankEndEvent(nodes=reranked))
-        return reranked
+        with self._reranking(nodes, query_bundle) as finish:
+            return finish(self.reranker.rerank(query, nodes_to_passages(nodes),
+                                               top_n=self.top_n))
 
     @dispatcher.span
     async def _apostprocess_nodes(
@@ -269,11 +278,6 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         if not nodes:
             return []
         assert query_bundle is not None  # checked by _query
-        payload = self._start(nodes, query_bundle)
-        with self.callback_manager.event(CBEventType.RERANKING, payload=payload) as event:
-            result = await self.reranker.arerank(query, nodes_to_passages(nodes),
-                                                 top_n=self.top_n)
-            reranked = self._reranked(nodes, result)
-            event.on_end(payload={EventPayload.NODES: reranked})
-        dispatcher.event(ReRankEndEvent(nodes=reranked))
-        return reranked
+        with self._reranking(nodes, query_bundle) as finish:
+            return finish(await self.reranker.arerank(query, nodes_to_passages(nodes),
+                                                      top_n=self.top_n))
