@@ -1,6 +1,7 @@
 """Benchmark metrics: the answer matching of :mod:`rag_gates.answers` (SQuAD EM/F1,
 containment accuracy, PubMedQA decisions, "the answer is" extraction), re-exported, plus the
-ranking metrics the gate evaluation reads (AUROC, ROC curve, rank data, Spearman).
+ranking metrics the gate evaluation reads: AUROC and ROC curve from scikit-learn, rank data
+and Spearman from SciPy (``pip install "rag-gates[eval]"``).
 
 Example:
     >>> exact_match("The Eiffel Tower!", ["eiffel tower"])
@@ -14,7 +15,9 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
+from rag_gates._optional import require
 from rag_gates.answers import (
     accuracy,
     exact_match,
@@ -40,63 +43,71 @@ __all__ = [
 ]
 
 
+def _as_labels(scores: Sequence[float], labels: Sequence[int]) -> tuple[Any, Any] | None:
+    """(scores, 0/1 labels) as arrays, or None when one class is missing (or no data)."""
+    if len(scores) != len(labels):
+        raise ValueError(f"{len(scores)} scores but {len(labels)} labels")
+    np = require("numpy", "eval")
+    y = np.fromiter((bool(v) for v in labels), dtype=np.int64, count=len(labels))
+    n_pos = int(y.sum())
+    if n_pos == 0 or n_pos == len(y):
+        return None
+    x = np.asarray(scores, dtype=np.float64)
+    if np.isnan(x).any():
+        raise ValueError("scores contain NaN; replace them before ranking (a gate's "
+                         "non-finite score retrieves: map it to +inf)")
+    # Ranks instead of raw scores: the same curve and area, and +-inf is allowed.
+    return require("scipy.stats", "eval").rankdata(x), y
+
+
 def rankdata(values: Sequence[float]) -> list[float]:
-    """1-based ranks with ties given their average rank."""
-    order = sorted(range(len(values)), key=lambda i: values[i])
-    ranks = [0.0] * len(values)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            ranks[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return ranks
+    """1-based ranks with ties given their average rank (SciPy's ``rankdata``)."""
+    stats = require("scipy.stats", "eval")
+    return [float(r) for r in stats.rankdata(list(values), method="average")]
 
 
 def auroc(scores: Sequence[float], labels: Sequence[int]) -> float:
-    """Area under the ROC curve (ties count half); NaN when one class is missing."""
-    if len(scores) != len(labels):
-        raise ValueError(f"{len(scores)} scores but {len(labels)} labels")
-    n_pos = sum(1 for y in labels if y)
-    n_neg = len(labels) - n_pos
-    if not n_pos or not n_neg:
+    """Area under the ROC curve (scikit-learn's ``roc_auc_score``; ties count half).
+
+    ``labels`` are truthy for the positive class. NaN when one class is missing (or there
+    is no data); ValueError when the lengths differ or a score is NaN (+-inf is fine).
+
+    Example:
+        >>> auroc([0.1, 0.4, 0.35, 0.8], [0, 0, 1, 1])
+        0.75
+    """
+    data = _as_labels(scores, labels)
+    if data is None:
         return float("nan")
-    # Rank-sum (Mann-Whitney U) with average ranks for ties.
-    rank_sum = sum(r for r, y in zip(rankdata(scores), labels, strict=True) if y)
-    return (rank_sum - n_pos * (n_pos + 1) / 2) / (n_pos * n_neg)
+    ranks, y = data
+    return float(require("sklearn.metrics", "eval").roc_auc_score(y, ranks))
 
 
 def spearman(x: Sequence[float], y: Sequence[float]) -> float:
-    """Spearman rank correlation (Pearson on average ranks); NaN if either is constant."""
+    """Spearman rank correlation (SciPy's ``spearmanr``: Pearson on average ranks).
+
+    NaN when there are fewer than two points or either side is constant; ValueError when the
+    lengths differ.
+    """
     if len(x) != len(y):
         raise ValueError(f"{len(x)} x values but {len(y)} y values")
-    rx, ry = rankdata(x), rankdata(y)
-    n = len(rx)
-    if n < 2:
-        return float("nan")
-    mx, my = sum(rx) / n, sum(ry) / n
-    cov = sum((a - mx) * (b - my) for a, b in zip(rx, ry, strict=True))
-    vx = sum((a - mx) ** 2 for a in rx)
-    vy = sum((b - my) ** 2 for b in ry)
-    if vx == 0 or vy == 0:
-        return float("nan")
-    return float(cov / (vx * vy) ** 0.5)
+    if len(x) < 2 or len(set(x)) < 2 or len(set(y)) < 2:
+        return float("nan")  # SciPy would warn and return NaN as well
+    result = require("scipy.stats", "eval").spearmanr(list(x), list(y))
+    return float(result.statistic)
 
 
 def roc_curve(scores: Sequence[float], labels: Sequence[int]) -> list[tuple[float, float]]:
-    """(false positive rate, true positive rate) points, from the highest threshold down."""
-    n_pos = sum(1 for y in labels if y)
-    n_neg = len(labels) - n_pos
-    if not n_pos or not n_neg:
+    """(false positive rate, true positive rate) points, from the highest threshold down.
+
+    scikit-learn's ``roc_curve`` keeping every threshold: ``(0, 0)`` first, then one point per
+    distinct score, ending at ``(1, 1)``. Empty when one class is missing; ValueError as in
+    :func:`auroc`.
+    """
+    data = _as_labels(scores, labels)
+    if data is None:
         return []
-    points = [(0.0, 0.0)]
-    tp = fp = 0
-    pairs = sorted(zip(scores, labels, strict=True), key=lambda p: -p[0])
-    for i, (score, label) in enumerate(pairs):
-        tp += bool(label)
-        fp += not label
-        if i + 1 == len(pairs) or pairs[i + 1][0] != score:
-            points.append((fp / n_neg, tp / n_pos))
-    return points
+    ranks, y = data
+    fpr, tpr, _ = require("sklearn.metrics", "eval").roc_curve(y, ranks,
+                                                                drop_intermediate=False)
+    return [(float(a), float(b)) for a, b in zip(fpr, tpr, strict=True)]
