@@ -8,7 +8,7 @@ phrases) calls :func:`check_encodable`, so the error names the argument and the 
 
 from __future__ import annotations
 
-__all__ = ["check_encodable"]
+__all__ = ["check_encodable", "check_text"]
 
 
 def check_encodable(text: str, what: str = "text") -> str:
@@ -29,3 +29,19 @@ def check_encodable(text: str, what: str = "text") -> str:
             f"errors='replace' or remove the character"
         ) from None
     return text
+
+
+def check_text(value: object, what: str = "query") -> str:
+    """Return ``value`` if it is a non-empty, encodable str; else raise TypeError (not a str)
+    or ValueError (empty or whitespace; a lone surrogate, see :func:`check_encodable`), each
+    naming ``what``. The one check of queries at gates, retrievers and rerankers.
+
+    Example:
+        >>> check_text("Who wrote Hamlet?")
+        'Who wrote Hamlet?'
+    """
+    if not isinstance(value, str):
+        raise TypeError(f"{what} must be a str, got {type(value).__name__}")
+    if not value.strip():
+        raise ValueError(f"{what} is empty or whitespace")
+    return check_encodable(value, what)

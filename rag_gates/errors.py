@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 __all__ = [
+    "ArtifactError",
     "ContextLengthError",
     "ModelNotFoundError",
     "ProbeMismatchError",
@@ -29,3 +30,8 @@ class WhiteBoxRequiredError(RagGatesError, TypeError):
 
 class ProbeMismatchError(RagGatesError, ValueError):
     """A trained probe was loaded against a model (or hidden size) it was not trained on."""
+
+
+class ArtifactError(RagGatesError, ValueError):
+    """A saved artifact (a probe, an index, a cache, a run directory) is damaged, incomplete
+    or foreign; the message names the file and what to do (usually: rebuild or retrain it)."""

@@ -23,6 +23,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from rag_gates._text import check_text
 from rag_gates.cbdr.probe import ConfidenceProbe
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
@@ -93,36 +94,34 @@ class CBDRGate(BaseGate):
             return f"probe confidence {conf:.3f} <= beta {self.beta:.3g}: retrieve"
         return f"probe confidence {conf:.3f} > beta {self.beta:.3g}: answer without retrieval"
 
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        return (f"probe confidence is {evidence.get('confidence')}, not a number in [0, 1]: "
+                "the probe or the model's hidden state is damaged (retrain or reload the "
+                "probe; ConfidenceProbe.load refuses non-finite weights)")
+
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
         conf = self.probe.confidence(self.lm, [query])[0]
         return 1.0 - conf, self._evidence(conf)
 
     def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
         """Decisions in the order of ``queries``, with the probe run in batches."""
-        for q in queries:
-            if not isinstance(q, str) or not q.strip():
-                raise ValueError(f"every query must be a non-empty str, got {q!r}")
+        for i, q in enumerate(queries):
+            check_text(q, f"query {i}")
         start = time.perf_counter()
         confs = self.probe.confidence(self.lm, list(queries), batch_size=self.batch_size)
         each = (time.perf_counter() - start) * 1000.0 / max(len(queries), 1)
         return [self._decision(c, each) for c in confs]
 
     def _decision(self, confidence: float, latency_ms: float) -> GateDecision:
-        score = 1.0 - confidence
-        retrieve = score >= self.threshold
-        evidence = self._evidence(confidence)
-        return GateDecision(gate=self.name, retrieve=retrieve, score=score,
-                            threshold=self.threshold,
-                            reason=self.reason(score, retrieve, evidence), evidence=evidence,
-                            latency_ms=latency_ms)
+        return self.decision(1.0 - confidence, self._evidence(confidence),
+                             latency_ms=latency_ms)
 
     def prefill(self, query: str, *, max_new_tokens: int = 128) -> ProbedQuestion:
         """Run the QA prompt once: the decision, and a prefilled prompt for the skip path.
 
         ``max_new_tokens`` is the answer budget to reserve in the context window.
         """
-        if not isinstance(query, str) or not query.strip():
-            raise ValueError(f"query must be a non-empty str, got {query!r}")
+        check_text(query, "query")
         start = time.perf_counter()
         prompt = self.probe.prompts.qa(query)
         layer = self.probe.layer
