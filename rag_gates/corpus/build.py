@@ -56,6 +56,7 @@ from rag_gates.corpus.index_format import (
     TOKENIZER_NAME,
     VOCAB_MAP_NAME,
     Manifest,
+    file_digest,
 )
 from rag_gates.corpus.tokenizer import CorpusTokenizer
 
@@ -109,6 +110,7 @@ class BuildReport(BaseModel):
     tokenize_seconds: float
     suffix_array_seconds: float
     verify_seconds: float
+    digest_seconds: float = Field(0.0, description="Computing the files' SHA-256 digests.")
     tokens_per_second: float
     suffix_array_parts: int
     tokenizer: str
@@ -539,6 +541,10 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         if remap:
             np.asarray(dense, dtype="<u4").tofile(tmp / VOCAB_MAP_NAME)
         sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        progress.stage("computing digests")
+        t3 = time.perf_counter()
+        digests = {name: file_digest(tmp / name) for name in sizes}
+        digest_seconds = time.perf_counter() - t3
         seconds = time.perf_counter() - started
         report = BuildReport(
             out=str(target), index_id=index_id, documents=n_docs, tokens=n_tokens,
@@ -546,7 +552,7 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             skipped_examples=skips.examples, sources=[str(p) for p in paths],
             size_bytes=sum(sizes.values()), seconds=seconds, setup_seconds=setup_seconds,
             tokenize_seconds=tokenize_seconds, suffix_array_seconds=sa_seconds,
-            verify_seconds=verify_seconds,
+            verify_seconds=verify_seconds, digest_seconds=digest_seconds,
             tokens_per_second=n_tokens / seconds if seconds > 0 else 0.0,
             suffix_array_parts=jobs, tokenizer=tok.name)
         manifest = Manifest(
@@ -554,7 +560,8 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             lowercase=opts.lowercase, documents=n_docs, tokens=n_tokens,
             vocab_map=VOCAB_MAP_NAME if remap else None,
             tokenizer={"name": tok.name, "sha256": tok.sha256(), "vocab_size": tok.vocab_size},
-            files=sizes, created_at=datetime.now(UTC).isoformat(timespec="seconds"),
+            files=sizes, digests=digests,
+            created_at=datetime.now(UTC).isoformat(timespec="seconds"),
             build=report.model_dump(exclude={"skipped", "sources", "out", "index_id"}),
             skipped=report.skipped, sources=report.sources)
         (tmp / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2), encoding="utf-8")

@@ -12,6 +12,15 @@ rag-gates adds ``rag_gates_index.json`` (the manifest), ``tokenizer.json`` and, 
 with 65,535 or more ids, ``vocab_map.u32`` (index ids are dense 16-bit numbers given to
 tokenizer ids in order of first use; this file lists the tokenizer id of each).
 
+The manifest records the size and a SHA-256 of every other file. Sizes are checked at every
+open; digests (:func:`verify_digests`) when the index is first opened on a machine, and the
+verified state is kept under ``$RAG_GATES_HOME/index-checks/`` keyed by each file's path,
+size, mtime, change time and inode, so later opens only ``stat`` the files. Damage that keeps
+the sizes (a flipped token, two swapped suffix-array entries) changes counts without any other
+sign; the digests catch it. They detect damage, not tampering: whoever can edit the files can
+edit the manifest too. An index without digests (built before they existed, or by infini-gram's
+own indexer) opens with a warning, or is refused under ``check_digests="require"``.
+
 The engine (``infini_gram.cpp_engine``) is built without assertions: given a missing,
 truncated or stray file it segfaults. It also classifies files by *substring of the full path*
 (``"tokenized"``, ``"table"``, ``"offset"``, ``"metadata"``, ``"metaoff"``, ``"unigram"``), so a
@@ -23,11 +32,15 @@ module replays that discovery and checks every precondition, raising
 
 from __future__ import annotations
 
+import hashlib
 import json
+import logging
 import math
 import os
 import shutil
 import tempfile
+import time
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Literal
@@ -37,22 +50,29 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from rag_gates.corpus.errors import CorruptIndexError, IndexNotFoundError
 
 __all__ = [
+    "DIGEST_ALGORITHM",
     "FORMAT_NAME",
     "FORMAT_VERSION",
     "KEYWORDS",
     "MANIFEST_NAME",
     "TOKENIZER_NAME",
     "VOCAB_MAP_NAME",
+    "DigestCheck",
     "IndexFiles",
     "Manifest",
     "ShardFiles",
     "engine_path",
+    "file_digest",
     "inspect_index_dir",
     "read_manifest",
+    "verify_digests",
 ]
+
+logger = logging.getLogger(__name__)
 
 FORMAT_NAME: Literal["rag-gates-infini-gram"] = "rag-gates-infini-gram"
 FORMAT_VERSION = 1
+DIGEST_ALGORITHM = "sha256"  # with SHA-NI about twice as fast as blake2b on these machines
 MANIFEST_NAME = "rag_gates_index.json"
 TOKENIZER_NAME = "tokenizer.json"
 VOCAB_MAP_NAME = "vocab_map.u32"  # dense index id -> tokenizer id, for tokenizers >= 65535 ids
@@ -80,6 +100,9 @@ class Manifest(BaseModel):
     tokens: int = Field(..., ge=0, description="Tokens including one separator per document.")
     tokenizer: dict[str, str | int] = Field(default_factory=dict)
     files: dict[str, int] = Field(default_factory=dict, description="Size in bytes of each file.")
+    digests: dict[str, str] = Field(
+        default_factory=dict, description="'sha256:<hex>' of each file (empty: an index built "
+                                          "before digests were recorded).")
     created_at: str = ""
     build: dict[str, object] = Field(default_factory=dict)
     skipped: dict[str, int] = Field(default_factory=dict)
@@ -255,3 +278,116 @@ def engine_path(directory: Path) -> tuple[str, Path | None]:
     raise CorruptIndexError(
         f"the path {text} contains one of {KEYWORDS}, which the infini-gram engine reads as a "
         "file kind, and no neutral temporary path could be made; move the index elsewhere")
+
+
+# ------------------------------------------------------------------------------ digests
+REBUILD_HINT = "rebuild it with `rag-gates index build CORPUS --out {dir} --force`"
+
+
+def file_digest(path: Path) -> str:
+    """``"sha256:<hex>"`` of a file, read in chunks (never whole into memory)."""
+    with path.open("rb") as handle:
+        return f"{DIGEST_ALGORITHM}:{hashlib.file_digest(handle, DIGEST_ALGORITHM).hexdigest()}"
+
+
+@dataclass(frozen=True)
+class DigestCheck:
+    """What :func:`verify_digests` did: files hashed, files trusted from the verified-state
+    cache (unchanged since they were last verified here), bytes hashed and the time taken."""
+
+    hashed: list[str] = field(default_factory=list)
+    trusted: list[str] = field(default_factory=list)
+    bytes_hashed: int = 0
+    seconds: float = 0.0
+    recorded: bool = True  # False when the manifest has no digests
+
+
+def _stamp(st: os.stat_result) -> list[int]:
+    # The change time and inode move on any write or replacement, even when the mtime is put
+    # back with utime, so they guard the cache as well as the size and mtime.
+    return [st.st_size, st.st_mtime_ns, st.st_ctime_ns, st.st_ino]
+
+
+def _state_path(directory: Path) -> Path:
+    from rag_gates.lm.defaults import rag_gates_home
+
+    key = hashlib.sha256(str(directory).encode("utf-8", "surrogatepass")).hexdigest()[:32]
+    return rag_gates_home() / "index-checks" / f"{key}.json"
+
+
+def _read_state(path: Path, directory: Path) -> dict[str, list[object]]:
+    try:
+        data = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ValueError):
+        return {}  # no state yet, or a damaged one: verify again
+    if not isinstance(data, dict) or data.get("path") != str(directory) or \
+            not isinstance(data.get("files"), dict):
+        return {}
+    return {k: v for k, v in data["files"].items() if isinstance(v, list)}
+
+
+def _write_state(path: Path, directory: Path, files: dict[str, list[object]]) -> None:
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            json.dump({"path": str(directory), "files": files}, handle)
+        os.replace(tmp, path)
+    except OSError as exc:  # an unwritable cache only means verifying again next time
+        logger.debug("could not record the verified state of %s in %s: %s", directory, path,
+                     exc)
+
+
+def verify_digests(files: IndexFiles, *, use_cache: bool = True,
+                   names: Iterable[str] | None = None) -> DigestCheck:
+    """Check every file against the digest its manifest recorded at build time.
+
+    With ``use_cache`` a file whose (path, size, mtime, change time, inode) matches a previous
+    successful check on this machine is trusted without reading it; the others are hashed
+    and, when they match, recorded. Raises :class:`CorruptIndexError` naming the first file
+    that is missing or whose content changed since the build, with the rebuild command.
+
+    Example:
+        >>> check = verify_digests(inspect_index_dir("indexes/wiki"))   # doctest: +SKIP
+        >>> check.hashed, check.trusted                                 # doctest: +SKIP
+        ([], ['metadata.0', 'metaoff.0', 'offset.0', 'table.0', ...])
+    """
+    start = time.perf_counter()
+    manifest = files.manifest
+    expected = dict(manifest.digests) if manifest is not None else {}
+    if not expected:
+        return DigestCheck(recorded=False)
+    directory = files.directory
+    wanted = sorted(expected) if names is None else sorted(set(names) & set(expected))
+    state_path = _state_path(directory) if use_cache else None
+    known = _read_state(state_path, directory) if state_path is not None else {}
+    hashed: list[str] = []
+    trusted: list[str] = []
+    size = 0
+    for name in wanted:
+        path = directory / name
+        try:
+            stamp = _stamp(path.stat())
+        except OSError as exc:
+            raise CorruptIndexError(
+                f"{path} is listed in the index manifest but cannot be read ({exc}); "
+                + REBUILD_HINT.format(dir=directory)) from exc
+        if known.get(name) == [*stamp, expected[name]]:
+            trusted.append(name)
+            continue
+        try:
+            digest = file_digest(path)
+        except OSError as exc:
+            raise CorruptIndexError(f"cannot read {path} ({exc}); "
+                                    + REBUILD_HINT.format(dir=directory)) from exc
+        if digest != expected[name]:
+            raise CorruptIndexError(
+                f"{path} does not match the digest recorded when the index was built: its "
+                "content changed since (disk damage or an edit), so its counts cannot be "
+                "trusted; " + REBUILD_HINT.format(dir=directory))
+        hashed.append(name)
+        size += stamp[0]
+        known[name] = [*stamp, digest]
+    if state_path is not None and hashed:
+        _write_state(state_path, directory, known)
+    return DigestCheck(hashed, trusted, size, time.perf_counter() - start)

@@ -39,10 +39,13 @@ from rag_gates._optional import require
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import CorpusError, CorruptIndexError
 from rag_gates.corpus.index_format import (
+    REBUILD_HINT,
     TOKENIZER_NAME,
+    DigestCheck,
     IndexFiles,
     engine_path,
     inspect_index_dir,
+    verify_digests,
 )
 from rag_gates.corpus.phrases import normalize_phrase, surface_forms, token_variants
 from rag_gates.corpus.tokenizer import CorpusTokenizer
@@ -62,6 +65,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = ["IndexStats", "LocalConfig", "LocalInfiniGram"]
 
 logger = logging.getLogger(__name__)
+_WARNED_NO_DIGESTS: set[str] = set()  # warn once per index and process
 
 
 class LocalConfig(BaseModel):
@@ -93,6 +97,12 @@ class LocalConfig(BaseModel):
     prefetch: bool = Field(False, description="Engine prefetching; helps indexes on slow "
                                               "disks, costs ~0.2 ms per lookup otherwise.")
     verify_on_open: bool = Field(True, description="Cheap consistency checks when opening.")
+    check_digests: Literal["verify", "require", "off"] = Field(
+        "verify", description="Content digests recorded at build time: 'verify' checks them "
+                              "on the first open on this machine (then only when a file's "
+                              "size, mtime or inode changes) and warns when the index has "
+                              "none; 'require' also refuses an index without digests; 'off' "
+                              "skips the check.")
 
 
 class IndexStats(BaseModel):
@@ -148,6 +158,7 @@ class LocalInfiniGram(CorpusStats):
                        if overrides else base)
         self.files: IndexFiles = inspect_index_dir(index_dir, self.config.token_dtype)
         self.path = self.files.directory
+        self.digest_check = self._check_digests()
         manifest = self.files.manifest
         self.lowercase = bool(manifest.lowercase) if manifest else False
         self._dtype = self.config.token_dtype or (manifest.token_dtype if manifest else "u16")
@@ -164,6 +175,28 @@ class LocalInfiniGram(CorpusStats):
         self._open()
 
     # ----------------------------------------------------------------------------- opening
+    def _check_digests(self) -> DigestCheck:
+        mode = self.config.check_digests
+        if mode == "off":
+            return DigestCheck(recorded=bool(self.files.manifest and self.files.manifest.digests))
+        check = verify_digests(self.files)
+        if not check.recorded:
+            message = (f"the index at {self.path} has no content digests (built before rag-gates "
+                       "recorded them, or by another indexer), so damage that keeps file sizes "
+                       "cannot be detected when it opens; "
+                       + REBUILD_HINT.format(dir=self.path)
+                       + " (or run `rag-gates index stats --verify` for the deep check)")
+            if mode == "require":
+                raise CorruptIndexError(message)
+            if str(self.path) not in _WARNED_NO_DIGESTS:
+                _WARNED_NO_DIGESTS.add(str(self.path))
+                logger.warning(message)
+        elif check.hashed:
+            logger.info("verified the digests of %d file(s) of %s (%.1f MB) in %.0f ms",
+                        len(check.hashed), self.path, check.bytes_hashed / 1e6,
+                        check.seconds * 1000)
+        return check
+
     def _open(self) -> None:
         require("numpy", "corpus")
         from rag_gates.corpus._arrays import Shard
@@ -264,12 +297,16 @@ class LocalInfiniGram(CorpusStats):
             created_at=m.created_at if m else None, build=dict(m.build) if m else {},
             skipped=dict(m.skipped) if m else {})
 
-    def verify(self) -> None:
-        """Full check of every suffix array (seconds per 100M tokens); CorruptIndexError."""
+    def verify(self) -> DigestCheck:
+        """The deep check: every file against its build-time digest (read again, whatever the
+        verified-state cache says) and every suffix array in full (seconds per 100M tokens).
+        Raises CorruptIndexError; returns what the digest part hashed."""
         from rag_gates.corpus._arrays import verify_suffix_array
 
+        check = verify_digests(self.files, use_cache=False)
         for f in self.files.shards:
             verify_suffix_array(f.ds, f.sa, self.files.token_width, f.ptr_size)
+        return check
 
     # ----------------------------------------------------------------------------- phrases
     def _encode(self, text: str) -> list[int]:

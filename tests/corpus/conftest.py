@@ -92,3 +92,11 @@ def wiki(wiki_index: Path) -> Iterator[Any]:
     backend = LocalInfiniGram(wiki_index)
     yield backend
     backend.close()
+
+
+@pytest.fixture(autouse=True)
+def _rag_gates_home(tmp_path_factory: pytest.TempPathFactory,
+                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Caches the corpus code keeps under RAG_GATES_HOME (verified index digests) stay in a
+    temporary folder shared by the session, never in the user's home."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path_factory.getbasetemp() / "home"))

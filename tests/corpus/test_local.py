@@ -261,6 +261,13 @@ def test_verify_detects_a_wrong_suffix_array(wiki_index: Path, tmp_path: Path) -
     # Swap two suffix-array entries: still a valid-looking permutation, but out of order.
     data[0:ptr], data[ptr * 500:ptr * 501] = data[ptr * 500:ptr * 501], data[0:ptr]
     table.write_bytes(bytes(data))
+    # The build-time digests refuse the index at open (tests/corpus/test_digests.py); the
+    # structural deep check is what remains for an index without digests.
+    with pytest.raises(CorruptIndexError, match="digest"):
+        LocalInfiniGram(index)
+    manifest = json.loads((index / "rag_gates_index.json").read_text())
+    del manifest["digests"]
+    (index / "rag_gates_index.json").write_text(json.dumps(manifest))
     backend = LocalInfiniGram(index, verify_on_open=False)
     with pytest.raises(CorruptIndexError, match="out of order"):
         backend.verify()
