@@ -346,13 +346,19 @@ def report(
     runs: Annotated[list[Path], typer.Argument(help="Bench and/or eval-gate directories.")],
     out: Annotated[Path, typer.Option(help="Report directory.")] = Path("report"),
     title: Annotated[str, typer.Option()] = "rag-gates report",
+    doc: Annotated[Path | None, typer.Option(
+        help="Also put the report into this markdown page, between its "
+             "'<!-- BEGIN rag-gates report' and '<!-- END rag-gates report -->' lines "
+             "(the rest of the page is kept).")] = None,
 ) -> None:
     """Write a markdown report with a table and PNG plots for bench/eval-gate directories."""
-    from rag_gates.eval.report import write_report
+    from rag_gates.eval.report import update_document, write_report
 
     try:
         path = write_report(runs, out, title=title)
-    except FileNotFoundError as exc:
+        if doc is not None:
+            console.print(f"updated {update_document(doc, path)}")
+    except (FileNotFoundError, ValueError) as exc:
         console.print(f"[red]error:[/] {exc}")
         raise typer.Exit(2) from exc
     console.print(f"wrote {path}")
