@@ -29,7 +29,7 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 from rag_gates._io import write_text_atomic
 from rag_gates._optional import require
 from rag_gates.cbdr.prompts import ProbePrompts
-from rag_gates.errors import ProbeMismatchError
+from rag_gates.errors import ArtifactError, ProbeMismatchError
 from rag_gates.eval.metrics import auroc
 from rag_gates.lm.base import require_white_box
 
@@ -169,24 +169,54 @@ class ConfidenceProbe:
             raise FileNotFoundError(
                 f"{path} is not a probe directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}); "
                 "train one with: rag-gates cbdr train-probe --out DIR")
+        retrain = "retrain it with: rag-gates cbdr train-probe --out DIR"
         try:
             config = ProbeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
         except ValueError as exc:
-            raise ValueError(f"{config_path} is not a valid probe config: {exc}") from exc
+            raise ArtifactError(f"{config_path} is not a valid probe config: {exc}; restore it "
+                                f"or {retrain}") from exc
         if config.format_version != FORMAT_VERSION:
-            raise ValueError(f"{config_path}: probe format {config.format_version}, this "
-                             f"version of rag-gates reads {FORMAT_VERSION}")
-        tensors = load_file(str(weights_path))
+            raise ArtifactError(f"{config_path}: probe format {config.format_version}, this "
+                                f"version of rag-gates reads {FORMAT_VERSION}; {retrain}")
+        try:
+            tensors = load_file(str(weights_path))
+        except Exception as exc:  # safetensors raises its own error type, with no path
+            raise ArtifactError(f"{weights_path} cannot be read ({exc}): the file is truncated "
+                                f"or not a safetensors file; restore it or {retrain}") from exc
+        _check_tensors(tensors, config.hidden_size, f"{weights_path}", retrain)
         module = _mlp(config.hidden_size, config.hidden_dims, config.dropout)
         state = {k[len("mlp."):]: v for k, v in tensors.items() if k.startswith("mlp.")}
         try:
             module.load_state_dict(state)
         except RuntimeError as exc:
-            raise ValueError(f"{weights_path} does not match {config_path}: {exc}") from exc
+            raise ArtifactError(f"{weights_path} does not match {config_path}: {exc}; "
+                                f"{retrain}") from exc
         probe = cls(config, module, tensors["feature_mean"], tensors["feature_std"])
         if lm is not None:
             probe.check_compatible(lm)
         return probe
+
+
+def _check_tensors(tensors: dict[str, torch.Tensor], hidden_size: int, where: str,
+                   retrain: str) -> None:
+    """Refuse what would make every confidence NaN: missing or misshapen feature statistics,
+    non-finite values, a zero or negative spread."""
+    for name in ("feature_mean", "feature_std"):
+        if name not in tensors:
+            raise ArtifactError(f"{where} has no {name!r} tensor: it is incomplete or not a "
+                                f"rag-gates probe; {retrain}")
+        if tuple(tensors[name].shape) != (hidden_size,):
+            raise ArtifactError(f"{where}: {name} has shape {tuple(tensors[name].shape)}, the "
+                                f"probe config says ({hidden_size},); {retrain}")
+    for name, tensor in tensors.items():
+        if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
+            bad = int((~torch.isfinite(tensor)).sum())
+            raise ArtifactError(f"{where}: {name} is not finite ({bad} NaN/inf values); the "
+                                f"probe would decide on NaN. {retrain}")
+    if not bool((tensors["feature_std"] > 0).all()):
+        bad = int((tensors["feature_std"] <= 0).sum())
+        raise ArtifactError(f"{where}: feature_std is zero or negative in {bad} dimensions "
+                            f"(degenerate statistics make confidence NaN); {retrain}")
 
 
 class ProbeTraining(BaseModel):
