@@ -49,6 +49,7 @@ from typing import IO, Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._optional import require
+from rag_gates._text import check_encodable
 from rag_gates.corpus.errors import CorpusError, IndexBuildError, IndexExistsError
 from rag_gates.corpus.index_format import (
     FORMAT_VERSION,
@@ -192,6 +193,13 @@ def _jsonl_docs(path: Path, rel: str, skips: _Skips,
                 continue
             doc_id = row.get("id")
             title = row.get("title")
+            try:  # JSON escapes can make lone surrogates, which no tokenizer accepts
+                for value in (text, doc_id, title):
+                    if isinstance(value, str):
+                        check_encodable(value)
+            except ValueError:
+                skips.add("unencodable_text", where)
+                continue
             yield _Doc(text, str(doc_id) if doc_id is not None else where,
                        str(title) if title is not None else None, rel, number)
 

@@ -17,6 +17,7 @@ import re
 import unicodedata
 from collections.abc import Callable, Sequence
 
+from rag_gates._text import check_encodable
 from rag_gates.corpus.errors import EmptyPhraseError, InvalidPhraseError, PhraseTooLongError
 from rag_gates.corpus.types import CaseMode, SpaceMode
 
@@ -28,9 +29,14 @@ Variant = tuple[str, tuple[int, ...]]
 
 
 def normalize_phrase(phrase: object, max_chars: int) -> str:
-    """NFC, collapse whitespace, strip; raise a specific InvalidPhraseError when unusable."""
+    """NFC, collapse whitespace, strip; raise a specific InvalidPhraseError when unusable
+    (not a str, empty, too long, or not encodable: a lone surrogate, named by position)."""
     if not isinstance(phrase, str):
         raise InvalidPhraseError(f"a phrase must be a str, got {type(phrase).__name__}")
+    try:  # a lone surrogate would reach the tokenizer or the HTTP client as a raw error
+        check_encodable(phrase, "the phrase")
+    except ValueError as exc:
+        raise InvalidPhraseError(str(exc)) from None
     text = _WS.sub(" ", unicodedata.normalize("NFC", phrase)).strip()
     if not text:
         raise EmptyPhraseError("the phrase is empty (or only whitespace); pass some text")

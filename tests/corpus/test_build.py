@@ -65,6 +65,20 @@ def test_jsonl_text_and_gzip_inputs_with_counted_skips(tmp_path: Path,
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]
 
 
+def test_a_row_with_a_lone_surrogate_is_skipped_not_fatal(tmp_path: Path,
+                                                          tokenizer_path: Path) -> None:
+    # JSON escapes decode to lone surrogates that no tokenizer or UTF-8 writer accepts.
+    src = tmp_path / "a.jsonl"
+    src.write_text('{"text": "Paris is fine."}\n{"text": "bad \\ud800 text"}\n'
+                   '{"text": "good text", "title": "bad \\udfff title"}\n'
+                   '{"text": "Paris again."}\n', encoding="utf-8")
+    report = build_index(src, tmp_path / "idx", tokenizer=tokenizer_path, cpus=1)
+    assert report.documents == 2 and report.skipped == {"unencodable_text": 2}
+    assert report.skipped_examples == ["a.jsonl:2: unencodable_text",
+                                       "a.jsonl:3: unencodable_text"]
+    assert LocalInfiniGram(tmp_path / "idx").count("Paris").value == 2
+
+
 @pytest.mark.parametrize(("unit", "docs"), [("file", 1), ("paragraph", 3), ("line", 4)])
 def test_text_units(tmp_path: Path, tokenizer_path: Path, unit: str, docs: int) -> None:
     text = tmp_path / "t.txt"

@@ -21,6 +21,7 @@ from rag_gates.corpus import (
     HostedQueryError,
     HostedTimeoutError,
     HostedUnavailableError,
+    InvalidPhraseError,
     LocalInfiniGram,
     PhraseTooLongError,
     UnsupportedScopeError,
@@ -161,6 +162,11 @@ def test_bad_phrases_fail_before_any_request(server: ProtocolServer) -> None:
             hosted.count("  ")
         with pytest.raises(PhraseTooLongError):
             hosted.count("x" * 1001)
+        for phrase in ("a\ud800b", "Tom AND \udfff"):
+            with pytest.raises(InvalidPhraseError, match=r"position .*lone surrogate"):
+                hosted.count(phrase)
+            with pytest.raises(InvalidPhraseError, match="position"):
+                hosted.cooccurrence("Paris", phrase, scope=Window(tokens=10))
         assert hosted.requests_sent == 0
 
 

@@ -163,6 +163,21 @@ def test_bad_phrases_raise_specific_errors(wiki: Any, phrase: Any, error: type) 
         wiki.cooccurrence("Paris", phrase)
 
 
+def test_a_lone_surrogate_is_a_value_error_naming_its_position(wiki: Any,
+                                                               tmp_path: Path) -> None:
+    from rag_gates.corpus import CachedCorpusStats
+
+    cached = CachedCorpusStats(LocalInfiniGram(wiki.path), tmp_path / "c.sqlite")
+    for backend in (wiki, cached):
+        for call in (lambda b: b.count("a\ud800b"),
+                     lambda b: b.cooccurrence("Paris", "a\ud800b"),
+                     lambda b: b.count_batch(["Paris", "a\ud800b"]),
+                     lambda b: asyncio.run(b.acount("a\ud800b"))):
+            with pytest.raises(InvalidPhraseError, match=r"phrase .*position 1 .*U\+D800"):
+                call(backend)
+    assert len(cached) == 0  # nothing was stored for the refused batch
+
+
 def test_phrase_over_the_token_limit(wiki: Any) -> None:
     backend = LocalInfiniGram(wiki.path, max_phrase_tokens=3)
     with pytest.raises(PhraseTooLongError, match="tokens long"):
