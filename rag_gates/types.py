@@ -25,6 +25,8 @@ __all__ = [
     "GateDecision",
     "Generation",
     "Passage",
+    "PipelineResult",
+    "QAExample",
     "TokenLogprob",
     "TopLogprob",
     "Trace",
@@ -212,3 +214,42 @@ class TraceRecorder:
 
     def trace(self) -> Trace:
         return Trace(events=tuple(self._events))
+
+
+class PipelineResult(BaseModel):
+    """What any rag-gates pipeline returns for one question: the answer, the passages it
+    used, and the :class:`Trace` of every decision, retrieval and model call.
+
+    Method-specific results extend it (``QuCoResult`` adds the verifications); the benchmark
+    reads this shape, so a pipeline needs no benchmark code to be benchmarked.
+
+    Example:
+        >>> r = PipelineResult(answer="Paris", trace=Trace())
+        >>> r.decisions, r.trace.retrievals
+        ([], 0)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    answer: str = Field(..., description="The final answer text.")
+    trace: Trace = Field(..., description="Every decision, retrieval and model call, in order.")
+    passages: list[Passage] = Field(default_factory=list, description="Passages it used.")
+
+    @property
+    def decisions(self) -> list[GateDecision]:
+        """The gate decisions of the run (from the trace)."""
+        return self.trace.decisions()
+
+
+class QAExample(BaseModel):
+    """One labelled question: the unit of calibration, probe training and evaluation data."""
+
+    model_config = ConfigDict(frozen=True)
+
+    id: str = Field(..., description="Dataset id, or '<dataset>-<line>' when it has none.")
+    dataset: str
+    question: str = Field(..., min_length=1)
+    answers: list[str] = Field(..., min_length=1, description="Gold answer and aliases.")
+    context: list[Passage] = Field(default_factory=list, description="The row's paragraphs.")
+    supporting_titles: list[str] = Field(default_factory=list)
+    meta: dict[str, JsonValue] = Field(default_factory=dict)

@@ -20,11 +20,11 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict
 
 from rag_gates._optional import require
+from rag_gates.answers import score_answer
 from rag_gates.cbdr.prompts import ProbePrompts
-from rag_gates.eval.datasets import QAExample
-from rag_gates.eval.metrics import score_answer
 from rag_gates.lm.base import require_white_box
 from rag_gates.lm.defaults import rag_gates_home
+from rag_gates.types import QAExample
 
 require("torch", "hf")
 import torch  # noqa: E402

@@ -23,10 +23,10 @@ from typing import Any, Literal
 from rag_gates.cbdr.gate import CBDRGate
 from rag_gates.cbdr.probe import ConfidenceProbe
 from rag_gates.cbdr.rerank import ConfidenceGainReranker
-from rag_gates.eval.methods import MethodResult, retrieve_recorded
 from rag_gates.rerank import PassageReranker
 from rag_gates.retrieval.base import Retriever
-from rag_gates.types import TraceRecorder
+from rag_gates.retrieval.recorded import retrieve_recorded
+from rag_gates.types import PipelineResult, TraceRecorder
 
 __all__ = ["CBDRPipeline"]
 
@@ -66,7 +66,7 @@ class CBDRPipeline:
         self.max_new_tokens = max_new_tokens
         self.name = name
 
-    def answer(self, question: str) -> MethodResult:
+    def answer(self, question: str) -> PipelineResult:
         """Answer one question; the trace holds the decision, retrieval, rerank and calls."""
         rec = TraceRecorder()
         probed = self.gate.prefill(question, max_new_tokens=self.max_new_tokens)
@@ -76,7 +76,7 @@ class CBDRPipeline:
                 g = probed.generate(max_new_tokens=self.max_new_tokens)
                 data["tokens"] = g.completion_tokens
                 data["finish_reason"] = g.finish_reason
-            return MethodResult(answer=g.text, trace=rec.trace())
+            return PipelineResult(answer=g.text, trace=rec.trace())
         pool = retrieve_recorded(rec, self.retriever, question, self.candidates)
         # The zero-shot reranker runs the LLM; a cross-encoder does not.
         kind: Literal["llm_call", "note"] = (
@@ -94,8 +94,8 @@ class CBDRPipeline:
                                  max_new_tokens=self.max_new_tokens)
             data["tokens"] = g.completion_tokens
             data["finish_reason"] = g.finish_reason
-        return MethodResult(answer=g.text, trace=rec.trace(), passages=passages)
+        return PipelineResult(answer=g.text, trace=rec.trace(), passages=passages)
 
-    async def aanswer(self, question: str) -> MethodResult:
+    async def aanswer(self, question: str) -> PipelineResult:
         """:meth:`answer` in a worker thread."""
         return await asyncio.to_thread(self.answer, question)

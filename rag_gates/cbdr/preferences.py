@@ -42,8 +42,7 @@ from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rag_gates._io import write_text_atomic
 from rag_gates.cbdr.rerank import ConfidenceGainReranker
-from rag_gates.eval.datasets import QAExample
-from rag_gates.types import Passage
+from rag_gates.types import Passage, QAExample
 
 __all__ = [
     "PreferenceRecord",

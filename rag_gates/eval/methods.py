@@ -16,16 +16,17 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates.lm.base import TextLM
+from rag_gates.lm.recorded import RecordedLM, generate_recorded
 from rag_gates.prompts import continue_prompt, qa_prompt
 from rag_gates.retrieval.base import Retriever
-from rag_gates.types import Passage, Trace, TraceRecorder
+from rag_gates.retrieval.recorded import RecordedRetriever, retrieve_recorded
+from rag_gates.types import Passage, PipelineResult, TraceRecorder
 
 __all__ = [
     "BUILTIN_METHODS",
@@ -39,8 +40,10 @@ __all__ = [
     "SingleRetrievalMethod",
     "available_methods",
     "check_method_name",
+    "generate_recorded",
     "make_method",
     "need_retriever",
+    "retrieve_recorded",
 ]
 
 ENTRY_POINT_GROUP = "rag_gates.methods"
@@ -61,14 +64,8 @@ class MethodContext(BaseModel):
                           "'cbdr@0.9'); only methods that declare options accept one.")
 
 
-class MethodResult(BaseModel):
-    """An answer and everything the method did to produce it."""
-
-    model_config = ConfigDict(frozen=True)
-
-    answer: str
-    trace: Trace
-    passages: list[Passage] = Field(default_factory=list, description="Passages it used.")
+#: What a method returns: the core result type, so pipelines need no benchmark code.
+MethodResult = PipelineResult
 
 
 @runtime_checkable
@@ -81,26 +78,6 @@ class Method(Protocol):
     def answer(self, question: str) -> MethodResult: ...
 
 
-def generate_recorded(rec: TraceRecorder, lm: TextLM, prompt: str, max_new_tokens: int,
-                      name: str = "answer") -> str:
-    """Call the model and record the call (tokens, latency) in the trace."""
-    with rec.timed("llm_call", name) as data:
-        g = lm.generate(prompt, max_new_tokens=max_new_tokens)
-        data["tokens"] = g.completion_tokens
-        data["finish_reason"] = g.finish_reason
-    return g.text
-
-
-def retrieve_recorded(rec: TraceRecorder, retriever: Retriever, query: str, k: int
-                      ) -> list[Passage]:
-    """Retrieve and record the retrieval (query, ids, latency) in the trace."""
-    with rec.timed("retrieval", retriever.name) as data:
-        passages = retriever.retrieve(query, k)
-        data["query"] = query
-        data["ids"] = [p.id for p in passages]
-    return passages
-
-
 def need_retriever(ctx: MethodContext, name: str) -> Retriever:
     """The context's retriever, or an error naming the method that needs one."""
     if ctx.retriever is None:
@@ -110,53 +87,6 @@ def need_retriever(ctx: MethodContext, name: str) -> Retriever:
                         f"{type(ctx.retriever).__name__}")
     retriever: Retriever = ctx.retriever
     return retriever
-
-
-class RecordedLM:
-    """A model proxy that records every generation in a trace (for methods that hand the
-    model to a framework, which would otherwise call it unseen). Everything else passes
-    through unchanged, so white-box checks still see a white-box model."""
-
-    def __init__(self, lm: Any, rec: TraceRecorder, name: str = "llm") -> None:
-        self._lm = lm
-        self._rec = rec
-        self._name = name
-
-    def __getattr__(self, attr: str) -> Any:
-        return getattr(self._lm, attr)
-
-    def generate(self, prompt: Any, **kwargs: Any) -> Any:
-        with self._rec.timed("llm_call", self._name) as data:
-            g = self._lm.generate(prompt, **kwargs)
-            data["tokens"] = g.completion_tokens
-        return g
-
-    async def agenerate(self, prompt: Any, **kwargs: Any) -> Any:
-        with self._rec.timed("llm_call", self._name) as data:
-            g = await self._lm.agenerate(prompt, **kwargs)
-            data["tokens"] = g.completion_tokens
-        return g
-
-
-class RecordedRetriever:
-    """A retriever proxy that records every retrieval in a trace."""
-
-    def __init__(self, retriever: Retriever, rec: TraceRecorder) -> None:
-        self._retriever = retriever
-        self._rec = rec
-
-    @property
-    def name(self) -> str:
-        return self._retriever.name
-
-    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
-        return retrieve_recorded(self._rec, self._retriever, query, k)
-
-    async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
-        return self.retrieve(query, k)
-
-    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
-        return [self.retrieve(q, k) for q in queries]
 
 
 class NoRetrievalMethod:

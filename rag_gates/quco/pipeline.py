@@ -40,7 +40,6 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.types import Window
-from rag_gates.eval.methods import MethodResult, retrieve_recorded
 from rag_gates.extract.base import Extractor
 from rag_gates.extract.sentences import split_sentences
 from rag_gates.lm.base import TextLM
@@ -49,7 +48,8 @@ from rag_gates.quco._common import OnError, default_extractor_or_given
 from rag_gates.quco.gate import QuCoGate
 from rag_gates.quco.verifier import ClaimVerifier, Verification
 from rag_gates.retrieval.base import Retriever
-from rag_gates.types import GateDecision, Passage, Trace, TraceEvent, TraceRecorder
+from rag_gates.retrieval.recorded import retrieve_recorded
+from rag_gates.types import GateDecision, Passage, PipelineResult, TraceEvent, TraceRecorder
 
 __all__ = ["QuCoConfig", "QuCoPipeline", "QuCoResult"]
 
@@ -97,14 +97,10 @@ class QuCoConfig(BaseModel):
     dataset: str | None = Field(None, description="Dataset name, to pick its prompt wording.")
 
 
-class QuCoResult(BaseModel):
-    """The answer, the pre-check decision, every verification, and the trace."""
+class QuCoResult(PipelineResult):
+    """The answer, the passages used and the trace (:class:`PipelineResult`), plus the
+    pre-check decision, every verification, the rounds and why the loop stopped."""
 
-    model_config = ConfigDict(frozen=True)
-
-    answer: str
-    trace: Trace
-    passages: list[Passage] = Field(default_factory=list, description="Every passage used.")
     decision: GateDecision | None = Field(None, description="The pre-check's decision.")
     verifications: list[Verification] = Field(default_factory=list)
     rounds: int = Field(0, ge=0, description="Regeneration rounds triggered by flags.")
@@ -246,7 +242,6 @@ class QuCoPipeline:
         """``run`` in a worker thread (the model and the corpus calls block)."""
         return await asyncio.to_thread(self.run, question)
 
-    def answer(self, question: str) -> MethodResult:
-        """The benchmark's Method protocol (``rag-gates bench --methods quco``)."""
-        result = self.run(question)
-        return MethodResult(answer=result.answer, trace=result.trace, passages=result.passages)
+    def answer(self, question: str) -> QuCoResult:
+        """Alias of :meth:`run`, the name every pipeline answers to (and the benchmark calls)."""
+        return self.run(question)

@@ -82,7 +82,7 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
         from langchain_core.vectorstores import InMemoryVectorStore
         from langchain_rag_gates import ChatRagGates, QuCoRunnable
         from rag_gates.eval.corpus import load_corpus_stats
-        from rag_gates.quco.bench import BENCH_TAU_ENTITY
+        from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 
         quco = QuCoRunnable(
             llm=ChatRagGates(model="default"),            # any chat model or LLM

@@ -82,7 +82,7 @@ class GatedRetriever(BaseRetriever):
         ```python
         from langchain_core.vectorstores import InMemoryVectorStore
         from langchain_rag_gates import GatedRetriever
-        from rag_gates.eval.gates import FirstTokenProbGate
+        from rag_gates.confidence import FirstTokenProbGate
         from rag_gates.lm import load_lm
 
         store = InMemoryVectorStore.from_texts(texts, embedding=embeddings)

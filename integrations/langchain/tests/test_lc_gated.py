@@ -196,7 +196,7 @@ def test_k_is_forwarded_to_the_inner_retriever_and_cut(gated: GatedRetriever) ->
 
 
 def test_a_white_box_gate_on_the_tiny_model(tiny: Any) -> None:
-    from rag_gates.eval.gates import FirstTokenProbGate
+    from rag_gates.confidence import FirstTokenProbGate
 
     inner = store().as_retriever()
     unsure = GatedRetriever(retriever=inner, gate=FirstTokenProbGate(tiny, threshold=0.0), k=1)

@@ -42,7 +42,7 @@ from pydantic import ValidationError
 
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate, Verification
-from rag_gates.quco.bench import BENCH_TAU_ENTITY
+from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
 

@@ -55,7 +55,7 @@ from pydantic import Field, PrivateAttr, ValidationError
 
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate
-from rag_gates.quco.bench import BENCH_TAU_ENTITY
+from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
 

@@ -92,7 +92,7 @@ class QuCoQueryEngine(BaseQueryEngine):
         from llama_index.llms.rag_gates import RagGatesLLM
         from llama_index.query_engine.rag_gates import QuCoQueryEngine
         from rag_gates.eval.corpus import load_corpus_stats
-        from rag_gates.quco.bench import BENCH_TAU_ENTITY
+        from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 
         index = VectorStoreIndex.from_documents(documents, embed_model=embed_model)
         engine = QuCoQueryEngine(

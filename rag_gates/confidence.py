@@ -1,0 +1,67 @@
+"""Gates on the model's own confidence: the baselines every learned gate must beat.
+
+- :class:`FirstTokenProbGate`: ``1 - max_v p(v | QA prompt)``: one forward pass, no
+  generation; needs a white-box model.
+- :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
+  a model that returns log-probabilities (any TextLM with ``supports_logprobs``).
+
+Example:
+    >>> from rag_gates.confidence import FirstTokenProbGate
+    >>> from rag_gates.lm import load_default_lm
+    >>> gate = FirstTokenProbGate(load_default_lm(), threshold=0.5)         # doctest: +SKIP
+    >>> gate.decide("Who wrote Hamlet?").evidence["first_token_max_prob"]  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+from pydantic import JsonValue
+
+from rag_gates.gate import BaseGate
+from rag_gates.lm.base import require_white_box
+from rag_gates.prompts import qa_prompt
+
+__all__ = ["AnswerLogprobGate", "FirstTokenProbGate"]
+
+
+class FirstTokenProbGate(BaseGate):
+    """Retrieve when the model is unsure of the first answer token: score ``1 - max p``."""
+
+    name = "first-token-prob"
+
+    def __init__(self, lm: Any, threshold: float = 0.5, dataset: str | None = None) -> None:
+        super().__init__(threshold)
+        self.lm = require_white_box(lm, "first-token-prob")
+        self.dataset = dataset
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        logp = self.lm.next_token_logprobs(qa_prompt(query, dataset=self.dataset))
+        top = float(logp.max().exp())
+        return 1.0 - top, {"first_token_max_prob": top}
+
+
+class AnswerLogprobGate(BaseGate):
+    """Retrieve when the closed-book answer is unlikely: score ``-mean log p(token)``."""
+
+    name = "answer-logprob"
+
+    def __init__(self, lm: Any, threshold: float = 1.0, dataset: str | None = None,
+                 max_new_tokens: int = 32) -> None:
+        super().__init__(threshold)
+        if not getattr(lm, "supports_logprobs", False):
+            raise TypeError(f"answer-logprob needs token log-probabilities; "
+                            f"{type(lm).__name__} does not return them")
+        self.lm = lm
+        self.dataset = dataset
+        self.max_new_tokens = max_new_tokens
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
+                             max_new_tokens=self.max_new_tokens, logprobs=0)
+        values = [item.logprob for item in g.logprobs or []]
+        mean = sum(values) / len(values) if values else -math.inf
+        return -mean if values else math.inf, {"closed_book_answer": g.text,
+                                                "mean_logprob": mean if values else None,
+                                                "tokens": len(values)}

@@ -1,0 +1,163 @@
+"""The dependency direction: method packages and the floors never import the benchmark.
+
+The benchmark (``rag_gates.eval``) depends on the methods, never the reverse, so a user who
+wants one gate in their app does not load the evaluation harness. The check reads the import
+graph of the source (every ``import`` statement, at module level or inside a function, with
+relative imports resolved) and follows it transitively; a grep of one file would miss an
+import made through another module.
+
+The second half measures what importing the public packages loads: no torch, transformers or
+sentence-transformers until a model is used.
+"""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from collections.abc import Iterable
+from pathlib import Path
+
+import pytest
+
+ROOT = Path(__file__).resolve().parents[2]
+METHOD_PACKAGES = ("quco", "cbdr", "tokrag", "deeprag", "srrag")
+# The floors every method stands on; their CLI modules may reach the benchmark's data.
+FLOORS = ("types", "gate", "rerank", "answers", "confidence", "prompts", "errors", "lm",
+          "corpus", "retrieval", "extract")
+BENCH = "rag_gates.eval"
+
+
+def module_name(path: Path, root: Path) -> str:
+    parts = list(path.relative_to(root).with_suffix("").parts)
+    if parts[-1] == "__init__":
+        parts.pop()
+    return ".".join(parts)
+
+
+def imports_of(path: Path, name: str) -> set[str]:
+    """Every module ``path`` (module ``name``) imports, relative imports resolved; for
+    ``from a import b`` both ``a`` and ``a.b`` (b may be a submodule)."""
+    tree = ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+    package = name if path.name == "__init__.py" else name.rpartition(".")[0]
+    found: set[str] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base_parts = package.split(".")
+                base_parts = base_parts[: len(base_parts) - (node.level - 1)]
+                base = ".".join(base_parts + ([node.module] if node.module else []))
+            else:
+                base = node.module or ""
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
+    return found
+
+
+def import_graph(root: Path, top: str = "rag_gates") -> dict[str, set[str]]:
+    """module -> the in-tree modules it imports (importing ``a.b.c`` runs ``a`` and ``a.b``
+    too, so parents are edges as well)."""
+    files = {module_name(p, root): p for p in (root / top).rglob("*.py")}
+    graph: dict[str, set[str]] = {}
+    for name, path in files.items():
+        edges: set[str] = set()
+        for target in imports_of(path, name):
+            parts = target.split(".")
+            for i in range(1, len(parts) + 1):
+                prefix = ".".join(parts[:i])
+                if prefix in files and prefix != name:
+                    edges.add(prefix)
+        graph[name] = edges
+    return graph
+
+
+def reaches(graph: dict[str, set[str]], start: str, forbidden: str) -> list[str] | None:
+    """The import chain from ``start`` to a module under ``forbidden``, or None."""
+    parent: dict[str, str | None] = {start: None}
+    queue = [start]
+    while queue:
+        node = queue.pop(0)
+        if node == forbidden or node.startswith(forbidden + "."):
+            chain = [node]
+            while (prev := parent[chain[-1]]) is not None:
+                chain.append(prev)
+            return chain[::-1]
+        for nxt in sorted(graph.get(node, ())):
+            if nxt not in parent:
+                parent[nxt] = node
+                queue.append(nxt)
+    return None
+
+
+def violations(graph: dict[str, set[str]], starts: Iterable[str]) -> list[str]:
+    return [" -> ".join(chain) for s in starts if (chain := reaches(graph, s, BENCH))]
+
+
+def _under(graph: dict[str, set[str]], packages: Iterable[str]) -> list[str]:
+    prefixes = tuple(f"rag_gates.{p}" for p in packages)
+    return sorted(m for m in graph
+                  if m.startswith(prefixes) and (m in prefixes or m.startswith(
+                      tuple(p + "." for p in prefixes))))
+
+
+def test_method_packages_never_reach_the_benchmark() -> None:
+    graph = import_graph(ROOT)
+    starts = _under(graph, METHOD_PACKAGES)
+    assert "rag_gates.quco.pipeline" in starts and "rag_gates.cbdr.probe" in starts
+    assert violations(graph, starts) == []
+
+
+def test_floors_never_reach_the_benchmark() -> None:
+    graph = import_graph(ROOT)
+    starts = [m for m in _under(graph, FLOORS) if not m.endswith(".cli")]
+    assert "rag_gates.lm.hf" in starts and "rag_gates.types" in starts
+    assert violations(graph, starts) == []
+
+
+def test_the_check_finds_an_indirect_and_a_lazy_import(tmp_path: Path) -> None:
+    """The checker itself: a method that reaches the benchmark through a helper module, by a
+    relative import inside a function, is caught with the whole chain."""
+    pkg = tmp_path / "rag_gates"
+    for sub in ("", "eval", "quco", "lm"):
+        (pkg / sub).mkdir(parents=True, exist_ok=True)
+        (pkg / sub / "__init__.py").write_text("")
+    (pkg / "eval" / "metrics.py").write_text("X = 1\n")
+    (pkg / "lm" / "helper.py").write_text("def f():\n    from ..eval import metrics\n")
+    (pkg / "quco" / "gate.py").write_text("from rag_gates.lm.helper import f\n")
+    (pkg / "quco" / "clean.py").write_text("import json\n")
+    graph = import_graph(tmp_path)
+    found = violations(graph, ["rag_gates.quco.gate", "rag_gates.quco.clean"])
+    assert found == ["rag_gates.quco.gate -> rag_gates.lm.helper -> rag_gates.eval"]
+
+
+HEAVY = ("torch", "transformers", "sentence_transformers")
+FRAMEWORKS = ("llama_index", "langchain_core", "langchain")
+LIGHT_IMPORTS = [
+    "rag_gates", "rag_gates.gate", "rag_gates.confidence", "rag_gates.quco", "rag_gates.cbdr",
+    "rag_gates.lm", "rag_gates.retrieval", "rag_gates.corpus", "rag_gates.cli",
+    "langchain_rag_gates", "llama_index.llms.rag_gates", "llama_index.retrievers.rag_gates",
+    "llama_index.query_engine.rag_gates", "llama_index.tools.rag_gates",
+    "llama_index.postprocessor.rag_gates",
+]
+
+
+@pytest.mark.parametrize("module", LIGHT_IMPORTS)
+def test_import_is_light(module: str) -> None:
+    """Importing a public package loads no model library (and the core no framework)."""
+    code = (
+        "import sys, importlib; before = set(sys.modules); "
+        f"importlib.import_module({module!r}); "
+        "new = set(sys.modules) - before; tops = {m.split('.')[0] for m in new}; "
+        "print(len(new)); "
+        f"print(' '.join(sorted(tops & {set(HEAVY)!r}))); "
+        f"print(' '.join(sorted(tops & {set(FRAMEWORKS)!r})))"
+    )
+    count, heavy, frameworks = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, timeout=120,
+    ).stdout.split("\n")[:3]
+    assert int(count) > 0
+    assert heavy == "", f"importing {module} loaded {heavy}"
+    if module.startswith("rag_gates"):
+        assert frameworks == "", f"importing {module} loaded {frameworks}"
