@@ -26,7 +26,7 @@ app = typer.Typer(
 )
 console = Console()
 
-from rag_gates.cbdr.cli import cbdr_app  # noqa: E402  (typer + rich only; no heavy imports)
+from rag_gates.commands.cbdr import cbdr_app  # noqa: E402  (typer + rich only; no heavy imports)
 from rag_gates.corpus.cli import index_app  # noqa: E402  (typer + rich only; no heavy imports)
 
 app.add_typer(index_app, name="index")
@@ -178,7 +178,7 @@ def _demo_quco(questions: list[str], answers: list[str]) -> None:
     """QuCo-RAG's gate on each question and its claim check on the closed-book answer."""
     from rag_gates.eval.corpus import load_corpus_stats
     from rag_gates.quco import ClaimVerifier, QuCoGate
-    from rag_gates.quco.bench import BENCH_TAU_ENTITY
+    from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 
     with console.status("opening the corpus-statistics index (the first run builds it)"):
         stats = load_corpus_stats()
@@ -206,7 +206,7 @@ def _demo_cbdr(lm: Any, rows: list[dict[str, Any]]) -> None:
     """CBDR's probe gate on each question, and its confidence-gain ranking of the first
     question's ten paragraphs (the two gold ones marked)."""
     from rag_gates.cbdr import CBDRGate, ConfidenceGainReranker, load_default_probe
-    from rag_gates.cbdr.bench import BENCH_BETA
+    from rag_gates.eval.plugins.cbdr import BENCH_BETA
 
     probe = load_default_probe(lm)
     gate = CBDRGate(lm, probe, beta=BENCH_BETA)

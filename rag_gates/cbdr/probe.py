@@ -30,13 +30,14 @@ from rag_gates._io import write_text_atomic
 from rag_gates._optional import require
 from rag_gates.cbdr.prompts import ProbePrompts
 from rag_gates.errors import ArtifactError, ProbeMismatchError
-from rag_gates.eval.metrics import auroc
 from rag_gates.lm.base import require_white_box
 
 require("torch", "hf")
+require("sklearn", "hf")
 require("safetensors", "hf")
 import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
+from sklearn.metrics import roc_auc_score  # noqa: E402
 
 __all__ = ["ConfidenceProbe", "ProbeConfig", "ProbeTraining", "default_layer", "train_probe"]
 
@@ -299,7 +300,7 @@ def train_probe(
         module.eval()
         dev_scores = [float(c) for c in probe.confidence_from_hidden(dev_x)]
         # Conf predicts "right"; AUROC of Conf for the positive label.
-        value = auroc(dev_scores, dev_labels)
+        value = float(roc_auc_score(dev_labels, dev_scores))
         dev_curve.append(value)
         if value > best[0]:
             best = (value, epoch, {k: v.clone() for k, v in module.state_dict().items()})
