@@ -68,9 +68,9 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
         retriever: BaseRetriever | Retriever
             Any LangChain retriever (or a rag-gates ``Retriever``).
         stats: CorpusStats
-            Corpus statistics for the gate and the verifier
-            (``rag_gates.eval.corpus.load_corpus_stats()``, a ``LocalInfiniGram``, the
-            hosted infini-gram API).
+            Corpus statistics for the gate and the verifier: a ``LocalInfiniGram`` over an
+            index of your documents (``rag-gates index build docs/ --out indexes/docs``), or
+            the hosted infini-gram API.
         extractor: Extractor | None
             Entity/claim extractor; default ``rag_gates.extract.default_extractor()``.
         quco_config: QuCoConfig
@@ -81,14 +81,14 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
         ```python
         from langchain_core.vectorstores import InMemoryVectorStore
         from langchain_rag_gates import ChatRagGates, QuCoRunnable
-        from rag_gates.eval.corpus import load_corpus_stats
-        from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+        from rag_gates.corpus import LocalInfiniGram
 
         quco = QuCoRunnable(
             llm=ChatRagGates(model="default"),            # any chat model or LLM
             retriever=store.as_retriever(),
-            stats=load_corpus_stats(),
-            tau_entity=BENCH_TAU_ENTITY, k=3, max_new_tokens=48,
+            stats=LocalInfiniGram("indexes/docs"),  # rag-gates index build docs/ --out indexes/docs
+            tau_entity=82,  # calibrate on your own labelled questions: rag-gates eval-gate
+            k=3, max_new_tokens=48,
         )
         ```
 

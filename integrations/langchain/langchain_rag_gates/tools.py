@@ -58,10 +58,11 @@ class ClaimVerifierTool(BaseTool):
     Instantiate:
         ```python
         from langchain_rag_gates import ClaimVerifierTool
-        from rag_gates.eval.corpus import load_corpus_stats
+        from rag_gates.corpus import LocalInfiniGram
         from rag_gates.quco import ClaimVerifier
 
-        tool = ClaimVerifierTool(verifier=ClaimVerifier(load_corpus_stats()))
+        # indexes/docs: rag-gates index build docs/ --out indexes/docs
+        tool = ClaimVerifierTool(verifier=ClaimVerifier(LocalInfiniGram("indexes/docs")))
         ```
 
     Invoke:

@@ -76,14 +76,14 @@ class GatedQueryEngine(BaseQueryEngine):
         from llama_index.core import VectorStoreIndex
         from llama_index.llms.rag_gates import RagGatesLLM
         from llama_index.query_engine.rag_gates import GatedQueryEngine
-        from rag_gates.eval.corpus import load_corpus_stats
+        from rag_gates.corpus import LocalInfiniGram
         from rag_gates.quco import QuCoGate
 
         llm = RagGatesLLM(max_new_tokens=48)  # the embedded SmolLM2; any LlamaIndex LLM works
         index = VectorStoreIndex.from_documents(documents, embed_model=embed_model)
         engine = GatedQueryEngine(
             index.as_query_engine(llm=llm, similarity_top_k=3),
-            gate=QuCoGate(load_corpus_stats(), tau_entity=82),
+            gate=QuCoGate(LocalInfiniGram("indexes/docs"), tau_entity=82),  # see QuCoGate
             llm=llm,
         )
         ```

@@ -76,9 +76,9 @@ class QuCoQueryEngine(BaseQueryEngine):
         retriever (BaseRetriever | Retriever): a LlamaIndex retriever (build it with
             ``similarity_top_k`` >= ``k``: its own top-k bounds what comes back) or a
             rag-gates ``Retriever``.
-        stats (CorpusStats): corpus statistics for the gate and the verifier
-            (``rag_gates.eval.corpus.load_corpus_stats()``, a ``LocalInfiniGram``, or the
-            hosted infini-gram API).
+        stats (CorpusStats): corpus statistics for the gate and the verifier: a
+            ``LocalInfiniGram`` over an index of your documents (``rag-gates index build
+            docs/ --out indexes/docs``), or the hosted infini-gram API.
         extractor (Extractor | None): entity/claim extractor; default
             ``rag_gates.extract.default_extractor()``.
         config (QuCoConfig | None): QuCo settings; keyword ``overrides`` (``tau_entity=82``,
@@ -91,15 +91,15 @@ class QuCoQueryEngine(BaseQueryEngine):
         from llama_index.core import VectorStoreIndex
         from llama_index.llms.rag_gates import RagGatesLLM
         from llama_index.query_engine.rag_gates import QuCoQueryEngine
-        from rag_gates.eval.corpus import load_corpus_stats
-        from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+        from rag_gates.corpus import LocalInfiniGram
 
         index = VectorStoreIndex.from_documents(documents, embed_model=embed_model)
         engine = QuCoQueryEngine(
             RagGatesLLM(),                                    # any LlamaIndex LLM
             index.as_retriever(similarity_top_k=3),
-            load_corpus_stats(),
-            tau_entity=BENCH_TAU_ENTITY, k=3, max_new_tokens=48,
+            LocalInfiniGram("indexes/docs"),  # rag-gates index build docs/ --out indexes/docs
+            tau_entity=82,  # calibrate on your own labelled questions: rag-gates eval-gate
+            k=3, max_new_tokens=48,
         )
         ```
 

@@ -59,10 +59,11 @@ def claim_verifier_tool(
     Instantiate:
         ```python
         from llama_index.tools.rag_gates import claim_verifier_tool
-        from rag_gates.eval.corpus import load_corpus_stats
+        from rag_gates.corpus import LocalInfiniGram
         from rag_gates.quco import ClaimVerifier
 
-        tool = claim_verifier_tool(ClaimVerifier(load_corpus_stats()))
+        # indexes/docs: rag-gates index build docs/ --out indexes/docs
+        tool = claim_verifier_tool(ClaimVerifier(LocalInfiniGram("indexes/docs")))
         # agent = ReActAgent(tools=[tool, ...], llm=llm)
         ```
 
