@@ -2,12 +2,14 @@
 
 Training rows come from the records :func:`~rag_gates.cbdr.preferences.build_preferences`
 writes: each positive of a record is paired with that record's hard negatives (``num_negatives``
-of them, sampled afresh each epoch, repeated when the record has fewer). The loss is
-sentence-transformers' ``MultipleNegativesRankingLoss`` for cross-encoders (InfoNCE: softmax
-over the scaled sigmoid scores of one positive against its hard negatives plus a few in-batch
-ones), called directly in a plain torch loop: AdamW, linear warm-up over the first 10% of the
-steps, then linear decay. A batch never holds two rows of the same question, so another
-positive of the question is never used as its negative.
+of them, a seeded sample when it has more, repeated when it has fewer; drawn once per
+training run). The training is sentence-transformers' own: ``CrossEncoderTrainer`` with its
+``MultipleNegativesRankingLoss`` for cross-encoders (InfoNCE: softmax over the scaled sigmoid
+scores of one positive against its hard negatives plus a few in-batch ones), AdamW with a
+linear warm-up over the first 10% of the steps then linear decay, gradients clipped at 1, and
+the ``NO_DUPLICATES`` batch sampler: a batch never holds a text twice, so two rows of one
+question (the same query) never share a batch and another positive of the question is never
+used as its negative.
 
 The model is written with the ``CrossEncoder``'s own ``save`` (safetensors, no pickle) plus
 ``rag_gates_reranker.json`` (:class:`RerankerTraining`: base, data, hyper-parameters, loss
@@ -16,7 +18,8 @@ curve, time). It loads with ``CrossEncoder(str(out))`` and
 
 The default base is the embedded all-MiniLM-L6-v2 (a bi-encoder: it gets a fresh one-logit
 classification head, which the preferences train). Any local cross-encoder or BERT-like
-checkpoint works the same way (e.g. a bge-reranker directory, as in the paper).
+checkpoint works the same way (e.g. a bge-reranker directory, as in the paper). Needs
+``pip install "rag-gates[train]"`` (sentence-transformers and ``datasets``).
 
 Example:
     >>> from rag_gates.cbdr.finetune import train_reranker
@@ -119,32 +122,46 @@ def training_rows(records: Sequence[PreferenceRecord], num_negatives: int,
     return rows
 
 
-def _batches(rows: Sequence[TrainingRow], batch_size: int, rng: random.Random
-             ) -> list[list[TrainingRow]]:
-    """Shuffled batches in which no question appears twice."""
-    pending = list(rows)
-    rng.shuffle(pending)
-    batches: list[list[TrainingRow]] = []
-    while pending:
-        batch: list[TrainingRow] = []
-        seen: set[int] = set()
-        rest: list[TrainingRow] = []
-        for row in pending:
-            if len(batch) < batch_size and row.record not in seen:
-                batch.append(row)
-                seen.add(row.record)
-            else:
-                rest.append(row)
-        batches.append(batch)
-        pending = rest
-    return batches
-
-
 def columns(batch: Sequence[TrainingRow]) -> list[list[str]]:
     """The loss's inputs: ``[anchors, positives, negatives_1, ..., negatives_n]``."""
     n = len(batch[0].negatives)
     return ([[r.query for r in batch], [r.positive for r in batch]]
             + [[r.negatives[j] for r in batch] for j in range(n)])
+
+
+def _loss_log(progress: Callable[[int, int, float], None] | None) -> Any:
+    """A trainer callback that reads each step's logged loss: it feeds ``progress`` (a running
+    mean), keeps the mean per epoch (``.epoch_loss``) and stops on a non-finite loss."""
+    require("transformers", "hf")
+    from transformers import TrainerCallback
+
+    class LossLog(TrainerCallback):
+        def __init__(self) -> None:
+            self.epoch_loss: list[float] = []
+            self._current: list[float] = []
+            self._running = 0.0
+
+        def on_log(self, args: Any, state: Any, control: Any,
+                   logs: dict[str, float] | None = None, **kwargs: Any) -> None:
+            if not logs or "loss" not in logs:
+                return  # the end-of-training summary, not a step
+            value = float(logs["loss"])
+            if not math.isfinite(value):
+                raise ValueError(f"the loss became {value} at step {state.global_step}; lower "
+                                 "--lr and train again")
+            self._current.append(value)
+            self._running = value if state.global_step == 1 else (
+                0.9 * self._running + 0.1 * value)
+            if progress is not None:
+                progress(state.global_step, max(state.max_steps, state.global_step),
+                         self._running)
+
+        def on_epoch_end(self, args: Any, state: Any, control: Any, **kwargs: Any) -> None:
+            if self._current:
+                self.epoch_loss.append(sum(self._current) / len(self._current))
+            self._current = []
+
+    return LossLog()
 
 
 def resolve_base(base: str | Path | None) -> str:
@@ -231,13 +248,13 @@ def train_reranker(
             build-preferences``.
         out: directory for the model (a previous reranker there is replaced).
         base: local checkpoint to start from; None = the embedded all-MiniLM-L6-v2.
-        epochs: passes over the rows.
+        epochs: passes over the rows (each row keeps its hard negatives).
         lr: AdamW peak learning rate (linear warm-up over 10% of the steps, then decay).
         weight_decay: AdamW weight decay (not applied to biases and LayerNorm weights).
-        batch_size: rows per step (no question twice in one batch).
+        batch_size: rows per step (no text twice in one batch, so no question twice).
         num_negatives: hard negatives per row (the record's, repeated if it has fewer).
         max_length: tokens per (query, passage) pair.
-        seed: seeds the new head, the row order, negative sampling and dropout.
+        seed: seeds the new head, negative sampling, the batch order and dropout.
         progress: called as ``progress(step, total_steps, running_loss)`` after each step.
 
     Returns:
@@ -249,7 +266,13 @@ def train_reranker(
     """
     require("torch", "hf")
     require("sentence_transformers", "hf")
+    datasets = require("datasets", "train")
     import torch
+    from sentence_transformers.base.sampler import BatchSamplers
+    from sentence_transformers.cross_encoder import (
+        CrossEncoderTrainer,
+        CrossEncoderTrainingArguments,
+    )
     from sentence_transformers.cross_encoder.losses import MultipleNegativesRankingLoss
 
     for name, count in (("epochs", epochs), ("batch_size", batch_size),
@@ -268,69 +291,45 @@ def train_reranker(
             f"({len(records)} records); build more with rag-gates cbdr build-preferences")
     _check_out(out)
     base_name = resolve_base(base)
-    rng = random.Random(seed)
-    torch.manual_seed(seed)  # the new head's initial weights, dropout, in-batch sampling
+    rows = training_rows(records, num_negatives, random.Random(seed))
+    # Column order is the loss's input order: anchor, positive, then the hard negatives.
+    train_data = datasets.Dataset.from_dict(
+        dict(zip(["query", "positive", *(f"negative_{j + 1}" for j in range(num_negatives))],
+                 columns(rows), strict=True)))
+    torch.manual_seed(seed)  # the new head's initial weights
     model = load_cross_encoder(base_name, max_length=max_length)
     loss_fn = MultipleNegativesRankingLoss(model)
-    n_rows = len(training_rows(records, num_negatives))
-    steps_per_epoch = len(_batches(training_rows(records, num_negatives), batch_size,
-                                   random.Random(seed)))
-    # Batches per epoch vary a little with the shuffle (no question twice per batch); the
-    # schedule is laid out for the first epoch's count and clamps at its end.
-    total_steps = steps_per_epoch * epochs
-    warmup = max(1, math.ceil(_WARMUP * total_steps))
-    no_decay = ("bias", "LayerNorm.weight", "layer_norm.weight", "norm.weight")
-    params = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW([
-        {"params": [p for n, p in params if not n.endswith(no_decay)],
-         "weight_decay": weight_decay},
-        {"params": [p for n, p in params if n.endswith(no_decay)], "weight_decay": 0.0},
-    ], lr=lr)
-
-    def schedule(step: int) -> float:
-        if step < warmup:
-            return (step + 1) / warmup
-        return max(0.0, (total_steps - step) / max(1, total_steps - warmup))
-
-    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
-    model.train()
-    epoch_loss: list[float] = []
-    step = 0
-    running = 0.0
-    for _ in range(epochs):
-        batches = _batches(training_rows(records, num_negatives, rng), batch_size, rng)
-        total = 0.0
-        for batch in batches:
-            optimizer.zero_grad()
-            loss = loss_fn(columns(batch), None)
-            if not torch.isfinite(loss):
-                raise ValueError(f"the loss became {float(loss)} at step {step + 1}; lower "
-                                   "--lr and train again")
-            loss.backward()
-            torch.nn.utils.clip_grad_norm_([p for _, p in params], _MAX_GRAD_NORM)
-            optimizer.step()
-            if step < total_steps - 1:
-                scheduler.step()
-            step += 1
-            value = float(loss.detach())
-            total += value
-            running = value if step == 1 else 0.9 * running + 0.1 * value
-            if progress is not None:
-                progress(step, max(total_steps, step), running)
-        epoch_loss.append(total / len(batches))
-        logger.info("epoch %d: mean InfoNCE loss %.4f over %d steps", len(epoch_loss),
-                    epoch_loss[-1], len(batches))
+    out.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{out.name}.trainer.", dir=out.parent))
+    args = CrossEncoderTrainingArguments(
+        output_dir=str(scratch), num_train_epochs=epochs, per_device_train_batch_size=batch_size,
+        learning_rate=lr, weight_decay=weight_decay, warmup_steps=_WARMUP,
+        lr_scheduler_type="linear", max_grad_norm=_MAX_GRAD_NORM, seed=seed, data_seed=seed,
+        batch_sampler=BatchSamplers.NO_DUPLICATES, logging_steps=1,
+        logging_nan_inf_filter=False,  # a diverging loss stops training (below), not hidden
+        save_strategy="no", report_to="none", disable_tqdm=True, dataloader_num_workers=0,
+        dataloader_pin_memory=False)
+    losses = _loss_log(progress)
+    trainer = CrossEncoderTrainer(model=model, args=args, train_dataset=train_data,
+                                  loss=loss_fn, callbacks=[losses])
+    try:
+        trainer.train()
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    for epoch, value in enumerate(losses.epoch_loss, start=1):
+        logger.info("epoch %d: mean InfoNCE loss %.4f", epoch, value)
+    step = trainer.state.global_step
+    warmup = args.get_warmup_steps(trainer.state.max_steps)
     model.eval()
     training = RerankerTraining(
         base=base_name, preferences=str(preferences.resolve()),
         preferences_sha256=_sha256(preferences), out=str(out), records=usable,
-        records_skipped=len(records) - usable, rows=n_rows, epochs=epochs, steps=step,
+        records_skipped=len(records) - usable, rows=len(rows), epochs=epochs, steps=step,
         batch_size=batch_size, num_negatives=num_negatives, lr=lr, weight_decay=weight_decay,
         warmup_steps=warmup, max_length=max_length, seed=seed,
         loss_config={k: v for k, v in loss_fn.get_config_dict().items()},
-        epoch_loss=epoch_loss, final_loss=epoch_loss[-1],
+        epoch_loss=losses.epoch_loss, final_loss=losses.epoch_loss[-1],
         seconds=time.perf_counter() - start)
-    out.parent.mkdir(parents=True, exist_ok=True)
     build = Path(tempfile.mkdtemp(prefix=f".{out.name}.", dir=out.parent))
     try:
         build.chmod(0o755)  # mkdtemp makes it private; the model directory is not secret
