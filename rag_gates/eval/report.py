@@ -403,8 +403,8 @@ def accuracy_figure(data: ReportData) -> Figure:
             ax.scatter(p.cost, p.accuracy, s=90 if p in front else 30, color="0.15",
                        marker="*" if p in front else "o", zorder=4)
         for n, no_rag, single in data.references(dataset):
-            ax.plot([0.0, 1.0], [no_rag, single], color="0.45", linestyle=":", linewidth=1.4,
-                    zorder=1, gid=RANDOM_GATE_GID, label=f"random gate (n={n})")
+            ax.plot([0.0, 1.0], [no_rag, single], color="0.3", linestyle=":", linewidth=1.6,
+                    zorder=3.5, gid=RANDOM_GATE_GID, label=f"random gate (n={n})")
         for g in data.gates:
             if g.dataset == dataset:
                 curve = sorted(g.curve)
@@ -419,7 +419,7 @@ def accuracy_figure(data: ReportData) -> Figure:
     handles = [Line2D([], [], color=c, linewidth=1.3, label=f"gate {name}")
                for name, c in colors.items()]
     handles += [
-        Line2D([], [], color="0.45", linestyle=":", linewidth=1.4,
+        Line2D([], [], color="0.3", linestyle=":", linewidth=1.6,
                label="random gate: no-rag to single\n(a gate's value is its area above)"),
         Line2D([], [], color="k", linestyle="--", linewidth=0.8, marker="*", markersize=9,
                label="Pareto front (per question set)"),
