@@ -24,10 +24,11 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from rag_gates._text import check_encodable, check_text
 from rag_gates.types import Passage
 
 __all__ = ["BaseReranker", "PassageReranker", "PassageScores", "RerankResult", "ScoredPassage",
-           "check_result", "check_top_n"]
+           "check_query", "check_result", "check_top_n"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -91,6 +92,12 @@ def check_result(result: object, reranker: object) -> RerankResult:
     return result
 
 
+def check_query(query: object) -> str:
+    """Validate a reranker's query (a non-empty, encodable str) before anything else, also
+    when there are no candidates: adapters call it before their empty-list shortcut."""
+    return check_text(query, "query")
+
+
 def check_top_n(top_n: int | None) -> int | None:
     """Validate ``top_n`` (None = keep all); raise ValueError saying what is allowed."""
     if top_n is None:
@@ -131,10 +138,7 @@ class BaseReranker(ABC):
                **signals: Any) -> RerankResult:
         """Passages best first (at most ``top_n``); ``signals`` pass to :meth:`score_passages`
         (e.g. ``question_confidence`` for the CBDR reranker, already known from the gate)."""
-        if not isinstance(query, str):
-            raise TypeError(f"query must be a str, got {type(query).__name__}")
-        if not query.strip():
-            raise ValueError("query is empty or whitespace")
+        query = check_query(query)
         top_n = check_top_n(top_n)
         if isinstance(passages, str | Passage) or not isinstance(passages, Sequence):
             raise TypeError("passages must be a list of rag_gates Passage objects")
@@ -142,6 +146,9 @@ class BaseReranker(ABC):
             if not isinstance(p, Passage):
                 raise TypeError(f"passage {i} must be a rag_gates Passage, got "
                                 f"{type(p).__name__}")
+            check_encodable(p.text, f"passage {i} text")
+            if p.title is not None:
+                check_encodable(p.title, f"passage {i} title")
         start = time.perf_counter()
         if not passages:
             return RerankResult(reranker=self.name, query=query, candidates=0)

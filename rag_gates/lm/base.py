@@ -19,6 +19,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._text import check_encodable
 from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.types import ChatMessage, Generation
 
@@ -65,17 +66,20 @@ class ContinuationScore(BaseModel):
 
 
 def validate_prompt(prompt: object) -> Prompt:
-    """Check a prompt's type and content; raise TypeError or ValueError saying what is wrong."""
+    """Check a prompt's type and content; raise TypeError or ValueError saying what is wrong
+    (an empty prompt; text that cannot be encoded, with its position)."""
     if isinstance(prompt, str):
         if not prompt.strip():
             raise ValueError("prompt is empty or whitespace; pass the question or instruction text")
-        return prompt
+        return check_encodable(prompt, "prompt")
     if isinstance(prompt, Sequence) and not isinstance(prompt, bytes | bytearray):
         if len(prompt) == 0:
             raise ValueError("prompt is an empty list of messages; pass at least one message")
         messages = as_messages(prompt)
         if not any(m.content.strip() for m in messages):
             raise ValueError("every message of the prompt is empty or whitespace")
+        for i, m in enumerate(messages):
+            check_encodable(m.content, f"message {i} content")
         return messages
     raise TypeError(
         f"prompt must be a str or a list of chat messages, got {type(prompt).__name__}"

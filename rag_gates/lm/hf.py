@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any, Literal
 
 from rag_gates._optional import require
+from rag_gates._text import check_encodable
 from rag_gates.errors import ContextLengthError, ModelNotFoundError
 from rag_gates.lm.base import (
     BaseTextLM,
@@ -622,6 +623,7 @@ class HFWhiteBoxLM(BaseTextLM):
         for i, c in enumerate(continuations):
             if not isinstance(c, str):
                 raise TypeError(f"continuation {i} must be a str, got {type(c).__name__}")
+            check_encodable(c, f"continuation {i}")
             ids = self.tokenizer(c, add_special_tokens=False)["input_ids"]
             if not ids:
                 raise ValueError(f"continuation {i} is empty; nothing to score")

@@ -7,6 +7,7 @@ from abc import ABC, abstractmethod
 from collections.abc import Sequence
 from typing import Protocol, runtime_checkable
 
+from rag_gates._text import check_text
 from rag_gates.types import Passage
 
 __all__ = ["BaseRetriever", "Retriever", "check_query"]
@@ -14,10 +15,7 @@ __all__ = ["BaseRetriever", "Retriever", "check_query"]
 
 def check_query(query: object, k: object) -> tuple[str, int]:
     """Validate a query and k; raise TypeError/ValueError saying what is wrong."""
-    if not isinstance(query, str):
-        raise TypeError(f"query must be a str, got {type(query).__name__}")
-    if not query.strip():
-        raise ValueError("query is empty or whitespace")
+    query = check_text(query, "query")
     if isinstance(k, bool) or not isinstance(k, int) or k < 1:
         raise ValueError(f"k must be an int >= 1, got {k!r}")
     return query, k
