@@ -28,6 +28,7 @@ from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.build import BuildOptions, BuildReport, build_index
 from rag_gates.corpus.cache import CachedCorpusStats, default_cache_path
 from rag_gates.corpus.errors import (
+    CorpusCacheError,
     CorpusError,
     CorruptIndexError,
     EmptyPhraseError,
@@ -63,6 +64,7 @@ __all__ = [
     "CaseMode",
     "CooccurrenceResult",
     "CorpusAnswer",
+    "CorpusCacheError",
     "CorpusError",
     "CorpusStats",
     "CorpusTokenizer",

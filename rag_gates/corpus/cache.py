@@ -9,6 +9,12 @@ Safe for many threads (one connection per thread) and many processes (WAL journa
 timeout, idempotent ``INSERT OR REPLACE``): concurrent writers of the same key write the same
 answer.
 
+A file that is not a rag-gates cache (another table layout) is refused when the cache is
+made; a damaged answer row or a SQLite fault during a query raises
+:class:`~rag_gates.corpus.errors.CorpusCacheError` naming the file, a
+:class:`~rag_gates.corpus.errors.CorpusError` like a backend failure, so gates apply their
+``on_error`` policy to it (by default: retrieve).
+
 Example:
     >>> stats = CachedCorpusStats(LocalInfiniGram("indexes/wiki"))    # doctest: +SKIP
     >>> stats.count("Honolulu").cached, stats.count("Honolulu").cached  # doctest: +SKIP
@@ -26,14 +32,14 @@ import sqlite3
 import threading
 import time
 import unicodedata
-from collections.abc import Sequence
+from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
-from pydantic import BaseModel
+from pydantic import BaseModel, ValidationError
 
 from rag_gates.corpus.base import CorpusStats
-from rag_gates.corpus.errors import CorpusError
+from rag_gates.corpus.errors import CorpusCacheError, CorpusError
 from rag_gates.corpus.types import CooccurrenceResult, CorpusAnswer, CountResult, Scope, parse_scope
 
 __all__ = ["CachedCorpusStats", "default_cache_path"]
@@ -49,6 +55,7 @@ CREATE TABLE IF NOT EXISTS answers (
     created REAL NOT NULL
 ) WITHOUT ROWID
 """
+_COLUMNS = ["key", "backend", "index_key", "kind", "payload", "created"]
 
 
 _WS = re.compile(r"\s+")
@@ -124,12 +131,32 @@ class CachedCorpusStats(CorpusStats):
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(answers)")]
         except sqlite3.Error as exc:
-            raise CorpusError(f"cannot open the corpus cache at {self.path}: {exc}") from exc
+            raise CorpusCacheError(f"cannot open the corpus cache at {self.path}: {exc}; pass "
+                                   "another path, or delete the file if it is a damaged "
+                                   "cache") from exc
+        if columns != _COLUMNS:
+            conn.close()
+            raise CorpusCacheError(
+                f"{self.path} holds a table 'answers' with the columns {columns}, so it is not "
+                f"a rag-gates corpus cache (columns {_COLUMNS}); pass another path, or delete "
+                "the file if it is a cache from an incompatible version")
         self._local.conn = conn
         with self._lock:
             self._connections.append(conn)
         return conn
+
+    @contextlib.contextmanager
+    def _sqlite(self, action: str) -> Iterator[sqlite3.Connection]:
+        """The thread's connection; a SQLite fault becomes a CorpusCacheError naming the file."""
+        conn = self._connect()
+        try:
+            yield conn
+        except sqlite3.Error as exc:
+            raise CorpusCacheError(
+                f"the corpus cache {self.path} failed while {action} ({type(exc).__name__}: "
+                f"{exc}); check the disk, or delete the file to start a fresh cache") from exc
 
     def _key(self, kind: str, query: dict[str, Any]) -> str:
         text = self._prefix + "|" + kind + "|" + json.dumps(query, sort_keys=True)
@@ -137,39 +164,49 @@ class CachedCorpusStats(CorpusStats):
 
     def _get(self, key: str, model: type[A]) -> A | None:
         start = time.perf_counter()
-        row = self._connect().execute(
-            "SELECT payload, created FROM answers WHERE key = ?", (key,)).fetchone()
+        with self._sqlite("reading an answer") as conn:
+            row = conn.execute(
+                "SELECT payload, created FROM answers WHERE key = ?", (key,)).fetchone()
         if row is None:
             return None
-        if self.ttl_seconds is not None and time.time() - float(row[1]) > self.ttl_seconds:
-            return None
-        answer = model.model_validate_json(row[0])
+        try:
+            if self.ttl_seconds is not None and time.time() - float(row[1]) > self.ttl_seconds:
+                return None
+            answer = model.model_validate_json(row[0])
+        except (ValidationError, TypeError, ValueError) as exc:
+            first = exc.errors()[0]["msg"] if isinstance(exc, ValidationError) else str(exc)
+            raise CorpusCacheError(
+                f"{self.path}: a cached {model.__name__} is unreadable ({first}); the file is "
+                "damaged: remove this backend's answers with CachedCorpusStats.clear() or "
+                "delete the file") from None
         return answer.model_copy(update={
             "cached": True, "latency_ms": (time.perf_counter() - start) * 1000.0})
 
     def _put(self, key: str, kind: str, answer: BaseModel) -> None:
-        self._connect().execute(
-            "INSERT OR REPLACE INTO answers (key, backend, index_key, kind, payload, created) "
-            "VALUES (?, ?, ?, ?, ?, ?)",
-            (key, self.backend.backend_name, self.backend.index_key, kind,
-             answer.model_dump_json(), time.time()))
+        with self._sqlite("storing an answer") as conn:
+            conn.execute(
+                "INSERT OR REPLACE INTO answers (key, backend, index_key, kind, payload, "
+                "created) VALUES (?, ?, ?, ?, ?, ?)",
+                (key, self.backend.backend_name, self.backend.index_key, kind,
+                 answer.model_dump_json(), time.time()))
 
     def _put_many(self, rows: list[tuple[str, str, BaseModel]]) -> None:
         if not rows:
             return
         now = time.time()
-        conn = self._connect()
-        conn.execute("BEGIN IMMEDIATE")
-        try:
-            conn.executemany(
-                "INSERT OR REPLACE INTO answers (key, backend, index_key, kind, payload, "
-                "created) VALUES (?, ?, ?, ?, ?, ?)",
-                [(k, self.backend.backend_name, self.backend.index_key, kind,
-                  a.model_dump_json(), now) for k, kind, a in rows])
-            conn.execute("COMMIT")
-        except BaseException:
-            conn.execute("ROLLBACK")
-            raise
+        with self._sqlite("storing answers") as conn:
+            conn.execute("BEGIN IMMEDIATE")
+            try:
+                conn.executemany(
+                    "INSERT OR REPLACE INTO answers (key, backend, index_key, kind, payload, "
+                    "created) VALUES (?, ?, ?, ?, ?, ?)",
+                    [(k, self.backend.backend_name, self.backend.index_key, kind,
+                      a.model_dump_json(), now) for k, kind, a in rows])
+                conn.execute("COMMIT")
+            except BaseException:
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
+                raise
 
     # ----------------------------------------------------------------------------- queries
     @staticmethod
@@ -256,13 +293,14 @@ class CachedCorpusStats(CorpusStats):
 
     def clear(self) -> int:
         """Delete this backend+index's answers; returns how many were removed."""
-        cur = self._connect().execute(
-            "DELETE FROM answers WHERE backend = ? AND index_key = ?",
-            (self.backend.backend_name, self.backend.index_key))
+        with self._sqlite("clearing answers") as conn:
+            cur = conn.execute("DELETE FROM answers WHERE backend = ? AND index_key = ?",
+                               (self.backend.backend_name, self.backend.index_key))
         return int(cur.rowcount)
 
     def __len__(self) -> int:
-        row = self._connect().execute("SELECT COUNT(*) FROM answers").fetchone()
+        with self._sqlite("counting answers") as conn:
+            row = conn.execute("SELECT COUNT(*) FROM answers").fetchone()
         return int(row[0])
 
     def close(self) -> None:

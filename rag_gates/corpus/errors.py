@@ -5,6 +5,7 @@ from __future__ import annotations
 from rag_gates.errors import RagGatesError
 
 __all__ = [
+    "CorpusCacheError",
     "CorpusError",
     "CorruptIndexError",
     "EmptyPhraseError",
@@ -24,6 +25,11 @@ __all__ = [
 
 class CorpusError(RagGatesError):
     """Base class of every corpus-statistics error."""
+
+
+class CorpusCacheError(CorpusError):
+    """The corpus cache file is unusable: another program's database, a corrupt answer row,
+    or a SQLite fault. A corpus failure like any other: gates follow their ``on_error``."""
 
 
 class InvalidPhraseError(CorpusError, ValueError):

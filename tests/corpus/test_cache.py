@@ -179,3 +179,63 @@ def test_unusable_cache_path_is_a_clear_error(wiki: Any, tmp_path: Path) -> None
         CachedCorpusStats(wiki, blocker / "c.sqlite")
     with pytest.raises(CorpusError, match="cannot open the corpus cache"):
         CachedCorpusStats(wiki, tmp_path)  # a directory, not a file
+
+
+# ------------------------------------------------------------------ damaged or foreign files
+def test_a_file_with_another_schema_is_refused_naming_it(wiki: Any, tmp_path: Path) -> None:
+    from rag_gates.corpus import CorpusCacheError
+
+    path = tmp_path / "other.sqlite"
+    with sqlite3.connect(path) as conn:  # some other program's database, same table name
+        conn.execute("CREATE TABLE answers (key TEXT PRIMARY KEY, value TEXT)")
+    with pytest.raises(CorpusCacheError) as caught:  # when the cache is made, before a gate
+        CachedCorpusStats(wiki, path)
+    message = str(caught.value)
+    assert str(path) in message and "not a rag-gates corpus cache" in message
+    assert "another path" in message
+    with sqlite3.connect(path) as conn:  # the foreign table is left as it was
+        assert [r[1] for r in conn.execute("PRAGMA table_info(answers)")] == ["key", "value"]
+
+
+def _corrupt_rows(path: Path) -> None:
+    with sqlite3.connect(path) as conn:
+        conn.execute("UPDATE answers SET payload = '{\"value\": \"many\"'")
+
+
+def test_a_corrupt_payload_row_is_a_typed_error_naming_the_file(wiki: Any,
+                                                                 tmp_path: Path) -> None:
+    from rag_gates.corpus import CorpusCacheError
+
+    path = tmp_path / "c.sqlite"
+    cache = CachedCorpusStats(LocalInfiniGram(wiki.path), path)
+    cache.count("Paris")
+    cache.cooccurrence("film", "American")
+    _corrupt_rows(path)
+    for call in (lambda: cache.count("Paris"), lambda: cache.count_batch(["film", "Paris"]),
+                 lambda: cache.cooccurrence("film", "American"),
+                 lambda: asyncio.run(cache.acount("Paris"))):
+        with pytest.raises(CorpusCacheError, match=r"c\.sqlite.*unreadable.*clear\(\)"):
+            call()
+
+
+@pytest.mark.parametrize("policy", ["retrieve", "skip", "raise"])
+def test_quco_gate_routes_cache_faults_through_on_error(wiki: Any, tmp_path: Path,
+                                                        policy: str) -> None:
+    from rag_gates.corpus import CorpusCacheError
+    from rag_gates.quco import QuCoGate
+
+    path = tmp_path / "c.sqlite"
+    cache = CachedCorpusStats(LocalInfiniGram(wiki.path), path)
+    question = "Did Ed Wood live in Paris?"
+    gate = QuCoGate(cache, tau_entity=0, on_error=policy)  # type: ignore[arg-type]
+    healthy = gate.decide(question)
+    assert healthy.evidence["entities"] and "error" not in healthy.evidence
+    _corrupt_rows(path)
+    if policy == "raise":
+        with pytest.raises(CorpusCacheError):
+            gate.decide(question)
+        return
+    d = gate.decide(question)
+    assert d.retrieve is (policy == "retrieve")
+    assert "CorpusCacheError" in str(d.evidence["error"]) and "on_error" in d.reason
+    assert gate.errors == 1
