@@ -31,6 +31,9 @@ from rag_gates.corpus.cli import index_app  # noqa: E402  (typer + rich only; no
 
 app.add_typer(index_app, name="index")
 app.add_typer(cbdr_app, name="cbdr")
+from rag_gates.eval.testbed.cli import testbed_app  # noqa: E402  (typer + rich only)
+
+app.add_typer(testbed_app, name="testbed")
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
@@ -303,6 +306,8 @@ def eval_gate(
     labels: Annotated[Path | None, typer.Option(
         help="Bench directory with (or to hold) the no-rag and single runs of these questions."
     )] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
+                                                           "choice).")] = None,
 ) -> None:
     """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
     retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json."""
@@ -316,7 +321,8 @@ def eval_gate(
                                 retriever=retriever, k=k, max_new_tokens=max_new_tokens,
                                 target_retrieval_rate=target_rate,
                                 data_path=str(data) if data else None,
-                                labels_dir=str(labels) if labels else None)
+                                labels_dir=str(labels) if labels else None,
+                                threads=threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),

@@ -37,6 +37,7 @@ from typing import Any, Literal
 
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.eval.datasets import load_dataset, resolve_dataset_file
+from rag_gates.eval.testbed.dataset import is_testbed
 from rag_gates.lm.defaults import rag_gates_home
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import Passage
@@ -45,6 +46,7 @@ __all__ = [
     "CORPUS_STATS_DATASETS",
     "RETRIEVERS",
     "build_corpus_stats",
+    "build_testbed_corpus_stats",
     "corpus_passages",
     "corpus_stats_dir",
     "corpus_stats_documents",
@@ -78,7 +80,12 @@ def _file_hash(path: Path) -> str:
 
 
 def corpus_passages(dataset: str, path: str | Path | None = None) -> list[Passage]:
-    """Every distinct context paragraph of the whole dataset file, in first-seen order."""
+    """Every distinct context paragraph of the whole dataset file, in first-seen order
+    (for ``testbed:DIR``: its retrieval corpus, one passage per fact plus the paragraphs)."""
+    if is_testbed(dataset):
+        from rag_gates.eval.testbed.dataset import testbed_passages
+
+        return testbed_passages(dataset)
     load = load_dataset(dataset, path)
     seen: dict[tuple[str | None, str], Passage] = {}
     for example in load.examples:
@@ -92,7 +99,13 @@ def corpus_passages(dataset: str, path: str | Path | None = None) -> list[Passag
 
 
 def index_dir(dataset: str, path: str | Path | None = None) -> Path:
-    """Cache directory of a dataset's indexes (keyed by the data file's content hash)."""
+    """Cache directory of a dataset's indexes (keyed by the data file's content hash); a
+    testbed keeps its indexes inside its own directory."""
+    if is_testbed(dataset):
+        from rag_gates.eval.testbed.dataset import testbed_dir
+
+        directory = testbed_dir(dataset)
+        return directory / "indexes" / f"retrieval-{_file_hash(directory / 'passages.jsonl')}"
     file = resolve_dataset_file(dataset, path)
     return rag_gates_home() / "indexes" / f"{dataset}-{_file_hash(file)}"
 
@@ -221,8 +234,6 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
     and renames it into place, so an interrupted build leaves nothing half-made; when another
     process finished the same index first, its copy is kept and ours discarded.
     """
-    from rag_gates.corpus import build as corpus_build
-    from rag_gates.corpus.errors import IndexExistsError
     from rag_gates.corpus.index_format import MANIFEST_NAME
     from rag_gates.corpus.tokenizer import CorpusTokenizer
 
@@ -236,12 +247,26 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
     if (target / MANIFEST_NAME).is_file():
         logger.debug("corpus statistics index cached at %s", target)
         return target
-    started = time.perf_counter()
     for name, file in files:
         logger.info("corpus statistics: reading the %s paragraphs of %s", name, file)
     docs = corpus_stats_documents(names, path)
     logger.info("corpus statistics: %d distinct paragraphs; building the index at %s",
                 len(docs), target)
+    sources = {"format": _DOC_FORMAT,
+               "datasets": [{"name": name, "file": str(file), "sha256": _file_digest(file)}
+                            for name, file in files]}
+    return _publish_stats_index(docs, target, tok, options, sources)
+
+
+def _publish_stats_index(docs: list[dict[str, str]], target: Path, tok: Any, options: Any,
+                         sources: dict[str, Any]) -> Path:
+    """Index ``docs`` in a temporary directory beside ``target``, then rename it into place
+    (keeping another process's copy when it finished first)."""
+    from rag_gates.corpus import build as corpus_build
+    from rag_gates.corpus.errors import IndexExistsError
+    from rag_gates.corpus.index_format import MANIFEST_NAME
+
+    started = time.perf_counter()
     target.parent.mkdir(parents=True, exist_ok=True)
     work = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
     try:
@@ -251,10 +276,7 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                 handle.write(json.dumps(doc, ensure_ascii=False) + "\n")
         built = work / "index"
         report = corpus_build.build_index(source, built, tokenizer=tok, options=options)
-        sources = {"format": _DOC_FORMAT, "documents": report.documents,
-                   "tokens": report.tokens,
-                   "datasets": [{"name": name, "file": str(file), "sha256": _file_digest(file)}
-                                for name, file in files]}
+        sources = {**sources, "documents": report.documents, "tokens": report.tokens}
         (built / _SOURCES_NAME).write_text(json.dumps(sources, indent=2), encoding="utf-8")
         try:
             os.rename(built, target)
@@ -272,10 +294,50 @@ def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
     return target
 
 
+def build_testbed_corpus_stats(testbed: str | Path, *, tokenizer: Any = None,
+                               lowercase: bool = True, progress: bool = False) -> Path:
+    """Build (once) the corpus-statistics index of a testbed's training corpus: every
+    document of its ``corpus.jsonl`` (the fact statements and the Wikipedia paragraphs it
+    was trained on) exactly as trained, one document each. Kept in ``DIR/indexes/``."""
+    from rag_gates.corpus.index_format import MANIFEST_NAME
+    from rag_gates.corpus.tokenizer import CorpusTokenizer
+
+    directory = Path(testbed).expanduser()
+    corpus = directory / "corpus.jsonl"
+    if not corpus.is_file():
+        raise FileNotFoundError(f"{corpus} does not exist: build the testbed first "
+                                f"(rag-gates testbed build --out {directory})")
+    tok = CorpusTokenizer.resolve(tokenizer)
+    options = _stats_options(lowercase=lowercase, progress=progress,
+                             name=f"testbed-{directory.name}")
+    identity = {"format": "testbed-corpus/v1", "corpus": _file_digest(corpus),
+                "tokenizer": tok.sha256(),
+                "options": options.model_dump(exclude={"force", "progress", "name", "cpus",
+                                                       "mem_gb", "ulimit", "batch_docs",
+                                                       "verify"})}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    target = directory / "indexes" / f"corpus-stats-{key}"
+    if (target / MANIFEST_NAME).is_file():
+        return target
+    docs = []
+    with corpus.open(encoding="utf-8") as handle:
+        for line in handle:
+            if line.strip():
+                row = json.loads(line)
+                docs.append({"id": row["id"], "title": row.get("title") or "",
+                             "text": row["text"]})
+    logger.info("corpus statistics: %d testbed documents; building the index at %s",
+                len(docs), target)
+    return _publish_stats_index(docs, target, tok, options,
+                                {"format": "testbed-corpus/v1", "corpus": str(corpus),
+                                 "sha256": identity["corpus"]})
+
+
 def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                       path: str | Path | None = None, *, tokenizer: Any = None,
                       case: Literal["sensitive", "insensitive"] = "insensitive",
-                      cache: bool | str | Path = True, progress: bool = False) -> CorpusStats:
+                      cache: bool | str | Path = True, progress: bool = False,
+                      testbed: str | Path | None = None) -> CorpusStats:
     """Phrase counts and co-occurrence over the datasets' union paragraphs (a CorpusStats).
 
     A :class:`~rag_gates.corpus.LocalInfiniGram` over the index built by
@@ -303,14 +365,22 @@ def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
             (``$RAG_GATES_HOME/corpus-cache.sqlite``), a path uses that file, False returns
             the bare LocalInfiniGram.
         progress: show the builder's progress bar on stderr (stages are logged either way).
+        testbed: a testbed directory (``rag-gates testbed build``): count in exactly its
+            training corpus instead of the datasets' paragraphs (``datasets`` and ``path``
+            are then ignored), so QuCo counts what the testbed model saw.
     """
     from rag_gates.corpus.cache import CachedCorpusStats
     from rag_gates.corpus.local import LocalInfiniGram
 
     if case not in ("sensitive", "insensitive"):
         raise ValueError(f"case must be 'sensitive' or 'insensitive', got {case!r}")
-    directory = build_corpus_stats(datasets, path, tokenizer=tokenizer,
-                                   lowercase=case == "insensitive", progress=progress)
+    if testbed is not None:
+        directory = build_testbed_corpus_stats(testbed, tokenizer=tokenizer,
+                                               lowercase=case == "insensitive",
+                                               progress=progress)
+    else:
+        directory = build_corpus_stats(datasets, path, tokenizer=tokenizer,
+                                       lowercase=case == "insensitive", progress=progress)
     backend: CorpusStats = LocalInfiniGram(directory, case=case)
     if cache is False:
         return backend

@@ -172,8 +172,18 @@ def find_dataset_file(name: str) -> Path:
     )
 
 
+def _is_testbed(name: str) -> bool:
+    from rag_gates.eval.testbed.dataset import is_testbed  # it imports this module
+
+    return is_testbed(name)
+
+
 def resolve_dataset_file(name: str, path: str | Path | None = None) -> Path:
     """``path`` as a file, or the dataset's file inside ``path``, or found on the search path."""
+    if _is_testbed(name):  # testbed:DIR names its own directory; its manifest is the file
+        from rag_gates.eval.testbed.dataset import testbed_dir
+
+        return (testbed_dir(name) / "manifest.jsonl").resolve()
     if path is None:
         return find_dataset_file(name)
     file = Path(path)
@@ -193,7 +203,13 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
     ``path`` may be a file or a directory holding ``<stem>.jsonl``; by default the search
     path is ``$RAG_GATES_DATA``, ``../shared/data``, then the slices shipped in
     ``examples/data``. Malformed lines are skipped, logged and listed in ``skipped``.
+    ``testbed:DIR`` (and its variants) load a built testbed's questions
+    (:mod:`rag_gates.eval.testbed.dataset`).
     """
+    if _is_testbed(name):
+        from rag_gates.eval.testbed.dataset import load_testbed_dataset
+
+        return load_testbed_dataset(name, n=n, offset=offset)
     parse = DATASETS[_check_name(name)][1]
     file = resolve_dataset_file(name, path)
     if n is not None and n < 1:

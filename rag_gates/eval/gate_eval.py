@@ -31,7 +31,13 @@ from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
-from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+from rag_gates.eval.runner import (
+    BenchConfig,
+    ConfigMismatchError,
+    _repair_tail,
+    read_records,
+    run_bench,
+)
 from rag_gates.lm.defaults import rag_gates_home
 from rag_gates.types import GateDecision
 
@@ -60,6 +66,9 @@ class GateEvalConfig(BaseModel):
     target_retrieval_rate: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Calibrate for this retrieval rate; None = the best-accuracy threshold.")
+    threads: int | None = Field(
+        None, ge=1, exclude=True,
+        description="torch threads for the model (not part of the evaluation's identity).")
 
 
 class ThresholdPoint(BaseModel):
@@ -136,11 +145,11 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
     if lm is None:
         from rag_gates.lm.defaults import load_lm
 
-        lm = load_lm(config.model)
+        lm = load_lm(config.model, num_threads=config.threads)
     bench = BenchConfig(dataset=config.dataset, methods=["no-rag", "single"], n=config.n,
                         offset=config.offset, model=config.model, retriever=config.retriever,
                         k=config.k, max_new_tokens=config.max_new_tokens,
-                        data_path=config.data_path)
+                        data_path=config.data_path, threads=config.threads)
     labels_dir = Path(config.labels_dir) if config.labels_dir else label_run_dir(config)
 
     def bench_progress(done: int, total: int, _: Any) -> None:
@@ -154,15 +163,7 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
     gate = make_gate(config.gate, ctx)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    decisions: list[GateDecision] = []
-    with (out / "decisions.jsonl.tmp").open("w", encoding="utf-8") as handle:
-        for i, example in enumerate(data.examples, start=1):
-            d = gate.decide(example.question)
-            decisions.append(d)
-            handle.write(json.dumps({"id": example.id, **d.model_dump(mode="json")}) + "\n")
-            if progress is not None:
-                progress(f"gate {config.gate}", i, len(data.examples))
-    (out / "decisions.jsonl.tmp").replace(out / "decisions.jsonl")
+    decisions = _decide_resumably(gate, config, data.examples, out, progress)
     closed = [by_key[(e.id, "no-rag")].accuracy for e in data.examples]
     retrieved = [by_key[(e.id, "single")].accuracy for e in data.examples]
     # An infinite score (e.g. an empty answer) ranks above every finite one.
@@ -196,6 +197,43 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
         "expected": {"retrieval_rate": chosen.retrieval_rate, "accuracy": chosen.accuracy},
     })
     return report
+
+
+def _decide_resumably(gate: Any, config: GateEvalConfig, examples: list[Any], out: Path,
+                      progress: Callable[[str, int, int], None] | None
+                      ) -> list[GateDecision]:
+    """The gate's decision on every question, one line each in ``decisions.jsonl``, written
+    as it is made; a rerun after an interruption keeps the finished ones (a line cut short is
+    dropped) and decides the rest. A directory holding another evaluation's decisions is
+    refused rather than mixed."""
+    identity = {"config": config.model_dump(mode="json", exclude={"labels_dir"}),
+                "questions": [e.id for e in examples]}
+    marker, path = out / "decisions.config.json", out / "decisions.jsonl"
+    if marker.is_file():
+        before = json.loads(marker.read_text())
+        if before != identity:
+            raise ConfigMismatchError(
+                f"{out} holds the decisions of another gate evaluation ({before['config']}); "
+                "use a new --out directory")
+    else:
+        path.unlink(missing_ok=True)  # decisions of an older layout: not resumable
+        write_text_atomic(marker, json.dumps(identity, indent=2))
+    _repair_tail(path)
+    done: dict[str, GateDecision] = {}
+    if path.is_file():
+        for line in path.read_text(encoding="utf-8").splitlines():
+            row = json.loads(line)
+            done[row.pop("id")] = GateDecision.model_validate(row)
+    with path.open("a", encoding="utf-8") as handle:
+        for i, example in enumerate(examples, start=1):
+            if example.id not in done:
+                d = gate.decide(example.question)
+                handle.write(json.dumps({"id": example.id, **d.model_dump(mode="json")}) + "\n")
+                handle.flush()
+                done[example.id] = d
+            if progress is not None:
+                progress(f"gate {config.gate}", i, len(examples))
+    return [done[e.id] for e in examples]
 
 
 def _json_safe(value: Any) -> Any:

@@ -1,0 +1,351 @@
+"""Build a knowledge-controlled testbed: choose PopQA facts, state each one a known number of
+times in a training corpus mixed with Wikipedia paragraphs, and continue training the
+embedded model on that corpus with :class:`transformers.Trainer`.
+
+The output directory holds::
+
+    config.json        the build configuration (a directory accepts only the same one again)
+    manifest.jsonl     every fact: subject, relation, object, repetitions, split, question
+    corpus.jsonl       the training corpus, one document per line (statements + paragraphs)
+    passages.jsonl     the retrieval corpus: one passage per fact plus the paragraphs
+    counterfactual.jsonl  per fact, a passage of the same form with a wrong object
+    twohop.jsonl       two-hop questions composed from two facts (where facts chain)
+    checkpoints/       Trainer checkpoints while training (removed when the build completes)
+    model/             the trained model: a normal HF directory (``load_lm(DIR / "model")``)
+    training.json      the training record: steps, losses, tokens, seconds, tokens/s
+
+Everything before training is a pure function of the configuration (and the shipped data);
+training is seeded and resumes from its last checkpoint when the build is run again.
+
+Example:
+    >>> from rag_gates.eval.testbed import TestbedConfig, build_testbed
+    >>> record = build_testbed(TestbedConfig(n_facts=120, ladder=[0, 2, 8, 32]),
+    ...                        "~/.cache/rag-gates/testbeds/tb1")      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import shutil
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rag_gates._io import write_text_atomic
+from rag_gates.eval.testbed.facts import (
+    SPLITS,
+    Fact,
+    _rng,
+    load_popqa_facts,
+    load_wiki_paragraphs,
+    plan_facts,
+    render_fact,
+)
+
+__all__ = ["TestbedConfig", "build_testbed", "read_manifest", "testbed_documents",
+           "write_plan"]
+
+logger = logging.getLogger(__name__)
+
+CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, RECORD = (
+    "config.json", "manifest.jsonl", "corpus.jsonl", "passages.jsonl", "counterfactual.jsonl",
+    "twohop.jsonl", "training.json")
+MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
+
+
+class TestbedConfig(BaseModel):
+    """Everything that defines a testbed (``threads`` and ``keep_checkpoints`` aside)."""
+
+    __test__ = False  # not a pytest class
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    base_model: str = Field("default", description="'default' (the embedded SmolLM2) or an "
+                                                   "HF directory to continue training.")
+    n_facts: int = Field(240, ge=1, description="Facts chosen, over all rungs and splits.")
+    ladder: list[int] = Field([0, 2, 8, 32], min_length=1,
+                              description="Repetition counts; facts cycle through them.")
+    split_fractions: list[float] = Field(
+        [0.3, 0.2, 0.5], min_length=3, max_length=3,
+        description="Shares of probe-training, calibration and evaluation facts.")
+    relations: list[str] | None = Field(None, description="Relations to use (default: all "
+                                                          "with templates).")
+    general_paragraphs: int = Field(400, ge=0, description="Wikipedia paragraphs mixed in.")
+    seed: int = 0
+    epochs: float = Field(2.0, gt=0)
+    learning_rate: float = Field(5e-5, gt=0, le=1e-2)
+    batch_size: int = Field(8, ge=1)
+    block_size: int = Field(128, ge=16, le=4096,
+                            description="Tokens per packed training sequence.")
+    warmup_fraction: float = Field(0.05, ge=0, lt=1)
+    save_steps: int = Field(25, ge=1, description="Checkpoint every this many steps.")
+    popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
+    wiki_path: str | None = Field(None, description="Paragraph file (default: shipped).")
+    threads: int | None = Field(None, ge=1, exclude=True,
+                                description="torch threads (not part of the identity).")
+    keep_checkpoints: bool = Field(False, exclude=True)
+
+    @field_validator("ladder")
+    @classmethod
+    def _distinct(cls, ladder: list[int]) -> list[int]:
+        if len(set(ladder)) != len(ladder) or any(r < 0 for r in ladder):
+            raise ValueError(f"ladder must be distinct non-negative counts, got {ladder}")
+        return ladder
+
+
+def read_manifest(directory: str | Path) -> list[Fact]:
+    """The facts of a built (or planned) testbed, in manifest order."""
+    path = Path(directory) / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{path} does not exist: build the testbed first "
+                                f"(rag-gates testbed build --out {directory})")
+    return [Fact.model_validate_json(line) for line in path.open(encoding="utf-8")
+            if line.strip()]
+
+
+def _jsonl(path: Path, rows: Sequence[dict[str, Any]]) -> None:
+    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows))
+
+
+def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
+    """Manifest, training corpus, retrieval passages, counterfactual passages and two-hop
+    questions of a configuration (no model involved; deterministic)."""
+    pool = load_popqa_facts(config.popqa_path)
+    facts = plan_facts(pool, n_facts=config.n_facts, ladder=config.ladder, seed=config.seed,
+                       split_fractions=config.split_fractions, relations=config.relations)
+    wiki = load_wiki_paragraphs(config.wiki_path)
+    order = list(range(len(wiki)))
+    _rng(config.seed, "general").shuffle(order)
+    general = [wiki[i] for i in sorted(order[: config.general_paragraphs])]
+    corpus: list[dict[str, Any]] = []
+    for f in facts:
+        for k, text in enumerate(render_fact(f, f.repetitions, config.seed)):
+            corpus.append({"id": f"{f.id}-{k}", "kind": "fact", "fact": f.id, "text": text})
+    for i, p in enumerate(general):
+        corpus.append({"id": f"wiki-{i}", "kind": "general", "title": p["title"],
+                       "text": p["text"]})
+    _rng(config.seed, "corpus").shuffle(corpus)
+    passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
+                 "fact": f.id} for f in facts]
+    passages += [{"id": f"wiki-{i}", "title": p["title"], "text": p["text"]}
+                 for i, p in enumerate(general)]
+    counterfactual = [{"id": f"{f.id}-cf", "fact": f.id, "title": f.subj,
+                       "text": render_fact(f, 1, config.seed, obj=f.counterfactual)[0],
+                       "object": f.counterfactual} for f in facts]
+    return {"manifest": [f.model_dump() for f in facts], "corpus": corpus,
+            "passages": passages, "counterfactual": counterfactual,
+            "twohop": compose_twohop(facts)}
+
+
+#: Two-hop question forms: (first relation, second relation) -> question about the first
+#: subject whose answer is the second fact's object.
+_TWOHOP = {
+    ("country", "capital"): "What is the capital of the country where {s} is located?",
+    ("place of birth", "country"): "In what country is the city where {s} was born?",
+    ("capital of", "capital"): "What is the capital of the place whose capital is {s}?",
+}
+
+
+def compose_twohop(facts: Sequence[Fact]) -> list[dict[str, Any]]:
+    """Questions that chain two facts: the first fact's object is the second's subject."""
+    by_subject: dict[tuple[str, str], Fact] = {(f.prop, f.subj.casefold()): f for f in facts}
+    out = []
+    for first in facts:
+        for (p1, p2), form in _TWOHOP.items():
+            second = by_subject.get((p2, first.obj.casefold())) if first.prop == p1 else None
+            if second is None or second.id == first.id:
+                continue
+            out.append({"id": f"{first.id}+{second.id}", "question": form.format(s=first.subj),
+                        "answers": second.answers, "hops": [first.id, second.id],
+                        "repetitions": [first.repetitions, second.repetitions],
+                        "splits": [first.split, second.split]})
+    return out
+
+
+def _identity(config: TestbedConfig) -> dict[str, Any]:
+    return config.model_dump()
+
+
+def _prepare(out: Path, config: TestbedConfig) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    path = out / CONFIG
+    now = _identity(config)
+    if path.is_file():
+        before = json.loads(path.read_text())
+        diff = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+        if diff:
+            raise ValueError(f"{out} holds a testbed built with another configuration (was, "
+                             f"now): {diff}. Use a new --out directory.")
+        return
+    write_text_atomic(path, json.dumps(now, indent=2))
+
+
+def _base_model_dir(name: str) -> Path:
+    if name == "default":
+        from rag_gates.lm.defaults import default_lm_dir, load_default_tokenizer
+
+        load_default_tokenizer()  # converts the shipped GGUF once if needed
+        return default_lm_dir()
+    path = Path(name).expanduser()
+    if not path.is_dir():
+        raise FileNotFoundError(f"base model directory {path} does not exist; pass "
+                                "base_model='default' or an HF model directory")
+    return path
+
+
+def pack_blocks(texts: Sequence[str], tokenizer: Any, block_size: int) -> list[list[int]]:
+    """Token blocks of at most ``block_size``: documents (each ending in EOS) packed in order
+    without splitting one across blocks, except a document longer than a block, which is cut
+    into block-sized pieces."""
+    eos = tokenizer.eos_token_id
+    blocks: list[list[int]] = []
+    current: list[int] = []
+    for text in texts:
+        ids = [*tokenizer(text, add_special_tokens=False)["input_ids"], eos]
+        pieces = [ids[i:i + block_size] for i in range(0, len(ids), block_size)]
+        for piece in pieces:
+            if current and len(current) + len(piece) > block_size:
+                blocks.append(current)
+                current = []
+            current = current + piece
+    if current:
+        blocks.append(current)
+    return blocks
+
+
+class _Blocks:
+    """A map-style dataset of packed blocks, padded per batch by :func:`_collate`."""
+
+    def __init__(self, blocks: list[list[int]]) -> None:
+        self.blocks = blocks
+
+    def __len__(self) -> int:
+        return len(self.blocks)
+
+    def __getitem__(self, i: int) -> dict[str, list[int]]:
+        return {"input_ids": self.blocks[i]}
+
+
+def _collator(pad_id: int) -> Callable[[list[dict[str, list[int]]]], dict[str, Any]]:
+    import torch
+
+    def collate(batch: list[dict[str, list[int]]]) -> dict[str, Any]:
+        width = max(len(b["input_ids"]) for b in batch)
+        ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+        mask = torch.zeros((len(batch), width), dtype=torch.long)
+        for i, b in enumerate(batch):
+            ids[i, : len(b["input_ids"])] = torch.tensor(b["input_ids"])
+            mask[i, : len(b["input_ids"])] = 1
+        labels = ids.masked_fill(mask == 0, -100)  # no loss on padding
+        return {"input_ids": ids, "attention_mask": mask, "labels": labels}
+
+    return collate
+
+
+def _last_checkpoint(directory: Path) -> Path | None:
+    found = [p for p in directory.glob("checkpoint-*") if p.name.split("-")[-1].isdigit()]
+    return max(found, key=lambda p: int(p.name.split("-")[-1])) if found else None
+
+
+def build_testbed(config: TestbedConfig, out_dir: str | Path, *,
+                  callbacks: Sequence[Any] = (), progress: bool = True) -> dict[str, Any]:
+    """Build (or resume, or return the record of) the testbed in ``out_dir``.
+
+    ``callbacks``: extra :class:`transformers.TrainerCallback` objects. ``progress``: the
+    Trainer's progress bar on stderr. Returns the training record (``training.json``).
+    """
+    out = Path(out_dir).expanduser()
+    _prepare(out, config)
+    if (out / RECORD).is_file() and (out / MODEL_DIR).is_dir():
+        logger.info("testbed %s is complete; nothing to do", out)
+        record: dict[str, Any] = json.loads((out / RECORD).read_text())
+        return record
+    write_plan(config, out)
+    texts = [json.loads(line)["text"] for line in (out / CORPUS).open(encoding="utf-8")]
+    return _train(config, out, texts, callbacks, progress)
+
+
+def write_plan(config: TestbedConfig, out_dir: str | Path) -> dict[str, int]:
+    """Write the manifest and the corpora of ``config`` (no training); facts per split."""
+    out = Path(out_dir).expanduser()
+    _prepare(out, config)
+    docs = testbed_documents(config)
+    for name, key in ((MANIFEST, "manifest"), (CORPUS, "corpus"), (PASSAGES, "passages"),
+                      (COUNTERFACTUAL, "counterfactual"), (TWOHOP, "twohop")):
+        _jsonl(out / name, docs[key])
+    counts = {split: sum(1 for f in docs["manifest"] if f["split"] == split) for split in SPLITS}
+    logger.info("testbed %s: %d facts (%s), %d corpus documents, %d two-hop questions", out,
+                len(docs["manifest"]), counts, len(docs["corpus"]), len(docs["twohop"]))
+    return counts
+
+
+def _train(config: TestbedConfig, out: Path, texts: list[str], callbacks: Sequence[Any],
+           progress: bool) -> dict[str, Any]:
+    from rag_gates._optional import require
+
+    torch = require("torch", "hf")
+    transformers = require("transformers", "hf")
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    base = _base_model_dir(config.base_model)
+    tokenizer = transformers.AutoTokenizer.from_pretrained(base, local_files_only=True)
+    blocks = pack_blocks(texts, tokenizer, config.block_size)
+    tokens = sum(len(b) for b in blocks)
+    transformers.set_seed(config.seed)
+    model = transformers.AutoModelForCausalLM.from_pretrained(
+        base, local_files_only=True, dtype=torch.float32)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None \
+        else tokenizer.eos_token_id
+    steps_per_epoch = -(-len(blocks) // config.batch_size)
+    total_steps = max(1, round(steps_per_epoch * config.epochs))
+    args = transformers.TrainingArguments(
+        output_dir=str(out / CHECKPOINTS), per_device_train_batch_size=config.batch_size,
+        num_train_epochs=config.epochs, learning_rate=config.learning_rate,
+        lr_scheduler_type="cosine", warmup_steps=int(config.warmup_fraction * total_steps),
+        weight_decay=0.0, logging_steps=max(1, min(10, total_steps // 20)),
+        save_strategy="steps", save_steps=config.save_steps, save_total_limit=1,
+        seed=config.seed, data_seed=config.seed, use_cpu=True, report_to=[],
+        disable_tqdm=not progress, dataloader_num_workers=0, logging_first_step=True,
+        remove_unused_columns=False)
+    trainer = transformers.Trainer(model=model, args=args, train_dataset=_Blocks(blocks),
+                                   data_collator=_collator(pad), callbacks=list(callbacks))
+    if not progress:  # without the bar the Trainer prints every log line to stdout instead
+        trainer.remove_callback(transformers.PrinterCallback)
+    resume = _last_checkpoint(out / CHECKPOINTS)
+    if resume is not None:
+        logger.info("resuming the testbed training from %s", resume)
+    started = time.perf_counter()
+    result = trainer.train(resume_from_checkpoint=str(resume) if resume else None)
+    seconds = time.perf_counter() - started
+    done_steps = trainer.state.global_step - (int(resume.name.split("-")[-1]) if resume else 0)
+    target = out / MODEL_DIR
+    staging = out / f".{MODEL_DIR}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.config._name_or_path = f"testbed:{out.name}"
+    model.save_pretrained(staging)  # not trainer.save_model: it adds a pickled args file
+    tokenizer.save_pretrained(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    os.rename(staging, target)
+    trained_tokens = tokens * config.epochs
+    record = {
+        "config": config.model_dump(), "base_model_dir": str(base),
+        "documents": len(texts), "blocks": len(blocks), "tokens_per_epoch": tokens,
+        "steps": trainer.state.global_step, "steps_this_run": done_steps,
+        "resumed_from": resume.name if resume else None,
+        "train_loss": result.training_loss, "log_history": trainer.state.log_history,
+        "seconds_this_run": seconds, "threads": torch.get_num_threads(),
+        "tokens_per_second": (tokens * config.epochs * done_steps / max(1, total_steps))
+        / seconds if seconds > 0 else None,
+        "trained_tokens": trained_tokens,
+        "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+    }
+    write_text_atomic(out / RECORD, json.dumps(record, indent=2))
+    if not config.keep_checkpoints:
+        shutil.rmtree(out / CHECKPOINTS, ignore_errors=True)
+    logger.info("testbed model saved to %s (%d steps, %.0f s)", target,
+                trainer.state.global_step, seconds)
+    return record

@@ -1,0 +1,111 @@
+"""``rag-gates testbed ...``: build the knowledge-controlled testbed and tabulate it.
+
+Registered by the main CLI as ``app.add_typer(testbed_app, name="testbed")``::
+
+    rag-gates testbed build --out ~/.cache/rag-gates/testbeds/tb1 --threads 1
+    rag-gates bench --dataset testbed:DIR --model DIR/model --methods no-rag --n 1000 --out R1
+    rag-gates testbed table R1 [R0 ...] --out benchmarks/results/testbed/validation.json
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Annotated
+
+import typer
+from rich.console import Console
+from rich.table import Table
+
+__all__ = ["testbed_app"]
+
+testbed_app = typer.Typer(
+    help="The knowledge-controlled testbed: the embedded model taught PopQA facts at known "
+         "repetition counts (docs/testbed.md).",
+    no_args_is_help=True, add_completion=False)
+console = Console()
+err_console = Console(stderr=True)
+
+
+def _ints(text: str) -> list[int]:
+    try:
+        return [int(x) for x in text.split(",") if x.strip()]
+    except ValueError as exc:
+        raise typer.BadParameter(f"expected comma-separated integers, got {text!r}") from exc
+
+
+@testbed_app.command("build")
+def build_command(
+    out: Annotated[Path, typer.Option(help="Testbed directory (created; resumed if it "
+                                           "exists).")],
+    base_model: Annotated[str, typer.Option(help="'default' or an HF model directory.")] =
+        "default",
+    n_facts: Annotated[int, typer.Option(min=1, help="Facts over all rungs and splits.")] = 240,
+    ladder: Annotated[str, typer.Option(help="Repetition counts, comma-separated.")] =
+        "0,2,8,32",
+    splits: Annotated[str, typer.Option(help="Shares of probe, calibration, evaluation "
+                                             "facts.")] = "0.3,0.2,0.5",
+    general_paragraphs: Annotated[int, typer.Option(min=0, help="Wikipedia paragraphs "
+                                                                "mixed in.")] = 400,
+    epochs: Annotated[float, typer.Option(min=0.01)] = 2.0,
+    lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] = 5e-5,
+    batch_size: Annotated[int, typer.Option(min=1)] = 8,
+    block_size: Annotated[int, typer.Option(min=16, help="Tokens per packed sequence.")] = 128,
+    save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 25,
+    seed: Annotated[int, typer.Option()] = 0,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+    plan_only: Annotated[bool, typer.Option(help="Write the manifest and corpora, no "
+                                                 "training.")] = False,
+) -> None:
+    """Choose facts, write the corpus and manifest, and continue training the model on it."""
+    from rag_gates.eval.testbed.build import TestbedConfig, build_testbed, write_plan
+
+    try:
+        config = TestbedConfig(
+            base_model=base_model, n_facts=n_facts, ladder=_ints(ladder),
+            split_fractions=[float(x) for x in splits.split(",")],
+            general_paragraphs=general_paragraphs, epochs=epochs, learning_rate=lr,
+            batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
+            threads=threads)
+        if plan_only:
+            counts = write_plan(config, out)
+            console.print(f"planned {out}: {counts}")
+            return
+        record = build_testbed(config, out)
+    except (ValueError, FileNotFoundError, ImportError) as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    console.print(f"testbed model: {out / 'model'} ({record['steps']} steps, train loss "
+                  f"{record['train_loss']:.3f}, {record.get('tokens_per_second') or 0:.0f} "
+                  "tokens/s)")
+
+
+@testbed_app.command("table")
+def table_command(
+    runs: Annotated[list[Path], typer.Argument(help="Bench directories run on testbed "
+                                                    "datasets.")],
+    out: Annotated[Path | None, typer.Option(help="Write the table as JSON here.")] = None,
+) -> None:
+    """Accuracy by repetition count for each (run, method): the testbed's knowledge ladder."""
+    from rag_gates.eval.testbed.report import ladder_table
+
+    try:
+        rows = ladder_table(runs)
+    except (ValueError, FileNotFoundError) as exc:
+        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
+    rungs = sorted({r for row in rows for r in row["by_repetitions"]}, key=int)
+    table = Table(title="accuracy (%) by repetition count")
+    for column in ("run", "model", "method", *(f"r={r}" for r in rungs), "all"):
+        table.add_column(column)
+    for row in rows:
+        cells = [row["by_repetitions"].get(r) for r in rungs]
+        table.add_row(row["run"], row["model"], row["method"],
+                      *(f"{c['accuracy']:.1f} ({c['correct']}/{c['n']})" if c else "-"
+                        for c in cells),
+                      f"{row['all']['accuracy']:.1f} ({row['all']['n']})")
+    console.print(table)
+    if out is not None:
+        out.parent.mkdir(parents=True, exist_ok=True)
+        out.write_text(json.dumps(rows, indent=2) + "\n", encoding="utf-8")
+        console.print(f"wrote {out}")

@@ -1,0 +1,304 @@
+"""The knowledge-controlled testbed: fact planning and rendering on the shipped PopQA slice,
+and end-to-end builds on a tiny random-weight model (plumbing only: seconds, no quality)."""
+
+from __future__ import annotations
+
+import json
+from collections import Counter
+from pathlib import Path
+
+import pytest
+
+from rag_gates.eval.testbed.facts import (
+    FRAMES,
+    SPLITS,
+    TEMPLATES,
+    load_popqa_facts,
+    plan_facts,
+    render_fact,
+)
+
+LADDER = (0, 2, 8, 32)
+
+
+@pytest.fixture(scope="module")
+def pool():
+    return load_popqa_facts()
+
+
+def test_shipped_slice_has_every_templated_relation(pool):
+    relations = Counter(f.prop for f in pool)
+    assert set(relations) == set(TEMPLATES)
+    assert len(pool) > 1500
+    # One answer per (subject, relation): otherwise a question would be ambiguous.
+    assert len({(f.subj, f.prop) for f in pool}) == len(pool)
+
+
+def test_plan_balances_relations_rungs_and_splits(pool):
+    facts = plan_facts(pool, n_facts=300, ladder=LADDER, seed=0)
+    assert len(facts) == 300
+    assert len({f.id for f in facts}) == 300
+    per_relation = Counter(f.prop for f in facts)
+    available = Counter(f.prop for f in pool)
+    # Relations take turns: equal shares, except a relation that ran out gives all it has.
+    short = {p for p in per_relation if per_relation[p] == available[p]}
+    full = [n for p, n in per_relation.items() if p not in short]
+    assert short == {"mother"} and max(full) - min(full) <= 1
+    per_rung = Counter(f.repetitions for f in facts)
+    assert sorted(per_rung) == sorted(LADDER)
+    assert max(per_rung.values()) - min(per_rung.values()) <= 1
+    for rung in LADDER:
+        splits = Counter(f.split for f in facts if f.repetitions == rung)
+        assert set(splits) == set(SPLITS)
+        # 0.3 / 0.2 / 0.5 of each rung, up to rounding.
+        assert abs(splits["evaluation"] - 0.5 * per_rung[rung]) <= 1
+    # Popularity is balanced too: every rung has facts from every popularity bin.
+    assert all({f.popularity_bin for f in facts if f.repetitions == r} == {0, 1, 2}
+               for r in LADDER)
+
+
+def test_splits_never_share_a_fact_or_a_question(pool):
+    facts = plan_facts(pool, n_facts=400, ladder=LADDER, seed=3)
+    by_split = {s: [f for f in facts if f.split == s] for s in SPLITS}
+    for a in SPLITS:
+        for b in SPLITS:
+            if a < b:
+                assert not {f.id for f in by_split[a]} & {f.id for f in by_split[b]}
+                assert not ({(f.subj, f.prop) for f in by_split[a]}
+                            & {(f.subj, f.prop) for f in by_split[b]})
+                assert not ({f.question for f in by_split[a]}
+                            & {f.question for f in by_split[b]})
+
+
+def test_plan_is_deterministic_and_seed_dependent(pool):
+    a = plan_facts(pool, n_facts=120, ladder=LADDER, seed=7)
+    b = plan_facts(pool, n_facts=120, ladder=LADDER, seed=7)
+    c = plan_facts(pool, n_facts=120, ladder=LADDER, seed=8)
+    assert [f.model_dump() for f in a] == [f.model_dump() for f in b]
+    assert [f.id for f in a] != [f.id for f in c]
+
+
+def test_renderings_never_use_the_question_wording(pool):
+    for fact in pool:
+        question = fact.question.rstrip("?").strip().casefold()
+        for text in render_fact(fact, 12, seed=0):
+            assert question not in text.casefold(), (fact.question, text)
+            assert "?" not in text.replace("Did you know?", "") or fact.gold_paragraph
+
+
+def test_renderings_are_worded_differently_and_state_the_object(pool):
+    fact = next(f for f in pool if f.prop == "director")
+    budget = len(TEMPLATES["director"]) * len(FRAMES)
+    texts = render_fact(fact, budget, seed=0)
+    assert len(texts) == len(set(texts)) == budget
+    assert all(fact.subj in t and fact.obj in t for t in texts)
+    # The first statements use different templates, not only different frames.
+    firsts = render_fact(fact, len(TEMPLATES["director"]), seed=0)
+    assert len({t.split(": ")[-1].removeprefix("Note that ") for t in firsts}) == len(firsts)
+
+
+def test_gold_paragraph_is_one_rendering_when_it_names_the_answer(pool):
+    fact = next(f for f in pool if f.gold_paragraph
+                and f.obj.casefold() in f.gold_paragraph["text"].casefold())
+    first = render_fact(fact, 3, seed=0)[0]
+    assert first in fact.gold_paragraph["text"]
+    assert fact.obj.casefold() in first.casefold()
+
+
+def test_counterfactual_is_a_wrong_object_of_the_same_relation(pool):
+    facts = plan_facts(pool, n_facts=120, ladder=LADDER, seed=0)
+    objects = {p: {f.obj for f in pool if f.prop == p} for p in TEMPLATES}
+    for f in facts:
+        assert f.counterfactual.casefold() not in {a.casefold() for a in f.answers}
+        assert f.counterfactual in objects[f.prop]
+        text = render_fact(f, 1, seed=0, obj=f.counterfactual)[0]
+        assert f.counterfactual in text and f.subj in text
+
+
+def test_plan_rejects_bad_ladders(pool):
+    with pytest.raises(ValueError, match="distinct"):
+        plan_facts(pool, n_facts=10, ladder=(0, 4, 4), seed=0)
+    with pytest.raises(ValueError, match="templates"):
+        plan_facts(pool, n_facts=10, ladder=(0, 4), seed=0, relations=["nickname"])
+
+
+# ---------------------------------------------------------------- builds on a tiny model
+torch = pytest.importorskip("torch")
+transformers = pytest.importorskip("transformers")
+
+from rag_gates.eval.testbed.build import TestbedConfig, build_testbed  # noqa: E402
+
+
+@pytest.fixture(scope="module")
+def tiny_base(tmp_path_factory):
+    from rag_gates.testing import save_tiny_lm
+
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny-base"))
+
+
+def _config(base: Path, **overrides) -> TestbedConfig:
+    settings = {"base_model": str(base), "n_facts": 24, "ladder": [0, 1, 3],
+                "general_paragraphs": 6, "epochs": 1.0, "batch_size": 4, "block_size": 64,
+                "save_steps": 4, "threads": 1, **overrides}
+    return TestbedConfig(**settings)
+
+
+def _weights(directory: Path) -> dict[str, torch.Tensor]:
+    from safetensors.torch import load_file
+
+    return load_file(str(directory / "model" / "model.safetensors"))
+
+
+def _read(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.open(encoding="utf-8")]
+
+
+def test_tiny_build_end_to_end(tiny_base, tmp_path):
+    from rag_gates.lm import load_lm
+
+    out = tmp_path / "tb"
+    record = build_testbed(_config(tiny_base), out, progress=False)
+    manifest = _read(out / "manifest.jsonl")
+    corpus = _read(out / "corpus.jsonl")
+    assert len(manifest) == 24
+    # Every fact is stated exactly its repetition count of times in the training corpus.
+    stated = Counter(d["fact"] for d in corpus if d["kind"] == "fact")
+    assert {f["id"]: f["repetitions"] for f in manifest} == {
+        f["id"]: stated.get(f["id"], 0) for f in manifest}
+    assert sum(d["kind"] == "general" for d in corpus) == 6
+    # The retrieval corpus has one passage per fact plus the paragraphs.
+    assert len(_read(out / "passages.jsonl")) == 24 + 6
+    assert record["steps"] > 0 and record["tokens_per_epoch"] > 0
+    assert (out / "training.json").is_file() and not (out / "checkpoints").exists()
+    assert not (out / "model" / "training_args.bin").exists()  # no pickle in the output
+    lm = load_lm(out / "model")
+    assert lm.generate("The capital of", max_new_tokens=3).completion_tokens == 3
+    # The weights moved away from the base model's.
+    base = transformers.AutoModelForCausalLM.from_pretrained(tiny_base).state_dict()
+    trained = _weights(out)
+    assert any(not torch.equal(base[k], trained[k]) for k in trained if k in base)
+    # A second run finds the build complete and returns its record.
+    assert build_testbed(_config(tiny_base), out, progress=False)["steps"] == record["steps"]
+
+
+def test_build_is_deterministic(tiny_base, tmp_path):
+    a, b = tmp_path / "a", tmp_path / "b"
+    build_testbed(_config(tiny_base), a, progress=False)
+    build_testbed(_config(tiny_base), b, progress=False)
+    for name in ("manifest.jsonl", "corpus.jsonl", "passages.jsonl", "counterfactual.jsonl"):
+        assert (a / name).read_bytes() == (b / name).read_bytes()
+    wa, wb = _weights(a), _weights(b)
+    assert all(torch.equal(wa[k], wb[k]) for k in wa)
+
+
+class _Interrupt(transformers.TrainerCallback):
+    """Stops the process mid-training, after a checkpoint was written."""
+
+    def __init__(self, at_step: int) -> None:
+        self.at_step = at_step
+
+    def on_step_end(self, args, state, control, **kwargs):
+        if state.global_step == self.at_step:
+            raise KeyboardInterrupt
+
+
+def test_build_resumes_from_its_last_checkpoint(tiny_base, tmp_path):
+    config = _config(tiny_base)
+    whole, cut = tmp_path / "whole", tmp_path / "cut"
+    build_testbed(config, whole, progress=False)
+    with pytest.raises(KeyboardInterrupt):
+        build_testbed(config, cut, callbacks=[_Interrupt(6)], progress=False)
+    assert (cut / "checkpoints" / "checkpoint-4").is_dir()
+    assert not (cut / "model").exists()
+    record = build_testbed(config, cut, progress=False)
+    assert record["resumed_from"] == "checkpoint-4"
+    assert record["steps_this_run"] == record["steps"] - 4
+    wa, wb = _weights(whole), _weights(cut)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+
+
+def test_build_refuses_a_directory_of_another_configuration(tiny_base, tmp_path):
+    from rag_gates.eval.testbed.build import write_plan
+
+    write_plan(_config(tiny_base), tmp_path)
+    with pytest.raises(ValueError, match="another configuration"):
+        build_testbed(_config(tiny_base, seed=1), tmp_path, progress=False)
+
+
+@pytest.fixture(scope="module")
+def planned(tiny_base, tmp_path_factory):
+    """A planned testbed (manifest and corpora, no training): 200 facts."""
+    from rag_gates.eval.testbed.build import write_plan
+
+    out = tmp_path_factory.mktemp("planned")
+    write_plan(_config(tiny_base, n_facts=200, ladder=[0, 2, 8], general_paragraphs=20), out)
+    return out
+
+
+def test_testbed_datasets_hold_each_split(planned):
+    from rag_gates.eval.datasets import load_dataset
+
+    manifest = _read(planned / "manifest.jsonl")
+    data = load_dataset(f"testbed:{planned}")
+    evaluation = [f for f in manifest if f["split"] == "evaluation"]
+    assert [e.id for e in data.examples] == [f["id"] for f in evaluation]
+    first = data.examples[0]
+    fact = evaluation[0]
+    assert first.question == fact["question"] and first.answers == fact["answers"]
+    assert first.meta["repetitions"] == fact["repetitions"]
+    assert fact["subj"] in first.meta["counterfactual"]
+    assert fact["counterfactual"] in first.meta["counterfactual"]
+    assert len(load_dataset(f"testbed-all:{planned}").examples) == 200
+    assert len(load_dataset(f"testbed:{planned}", n=5, offset=2).examples) == 5
+    calibration = load_dataset(f"testbed-calibration:{planned}").examples
+    assert {e.meta["split"] for e in calibration} == {"calibration"}
+    with pytest.raises(FileNotFoundError, match="testbed build"):
+        load_dataset(f"testbed:{planned / 'missing'}")
+
+
+def test_twohop_questions_chain_two_facts(planned):
+    from rag_gates.eval.datasets import load_dataset
+
+    facts = {f["id"]: f for f in _read(planned / "manifest.jsonl")}
+    twohop = load_dataset(f"testbed-twohop:{planned}").examples
+    for q in twohop:
+        first, second = (facts[i] for i in q.meta["hops"])
+        assert first["obj"].casefold() == second["subj"].casefold()
+        assert q.answers == second["answers"]
+        assert q.meta["repetitions"] == [first["repetitions"], second["repetitions"]]
+        assert first["subj"] in q.question
+
+
+def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):
+    from rag_gates.eval.corpus import load_retriever
+    from rag_gates.eval.runner import BenchConfig, run_bench
+    from rag_gates.eval.testbed.report import ladder_table
+    from rag_gates.testing import tiny_lm
+
+    name = f"testbed:{planned}"
+    fact = next(f for f in _read(planned / "manifest.jsonl") if f["split"] == "evaluation")
+    hits = load_retriever(name, "bm25").retrieve(fact["question"], k=3)
+    assert fact["id"] in [p.id for p in hits]
+    assert (planned / "indexes").is_dir()  # the testbed keeps its own indexes
+    run = tmp_path / "run"
+    run_bench(BenchConfig(dataset=name, methods=["no-rag", "single"], n=6, max_new_tokens=4),
+              run, lm=tiny_lm(max_context=4096))
+    rows = ladder_table([run])
+    assert {r["method"] for r in rows} == {"no-rag", "single"}
+    assert all(r["all"]["n"] == 6 for r in rows)
+    assert all(sum(c["n"] for c in r["by_repetitions"].values()) == 6 for r in rows)
+
+
+def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
+    from rag_gates.eval.corpus import load_corpus_stats
+
+    stats = load_corpus_stats(testbed=planned, tokenizer=tiny_base, cache=False)
+    texts = [d["text"].casefold() for d in _read(planned / "corpus.jsonl")]
+    for fact in _read(planned / "manifest.jsonl")[:40]:
+        count = stats.count(fact["subj"]).value
+        stated = sum(fact["subj"].casefold() in t for t in texts)
+        # Statements name the subject as written; a gold paragraph may name it otherwise
+        # ("Alexandre Krieps" for "Alex Krieps").
+        assert (count >= 1) == (stated >= 1), fact
+        if not fact["gold_paragraph"]:  # every statement names the subject as written
+            assert count >= fact["repetitions"], fact

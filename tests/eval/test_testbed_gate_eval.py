@@ -1,0 +1,58 @@
+"""eval-gate on a testbed: its decisions resume after an interruption (tiny model, plumbing)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+pytest.importorskip("torch")
+
+from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
+from rag_gates.eval.runner import ConfigMismatchError
+from rag_gates.testing import save_tiny_lm, tiny_lm
+
+
+@pytest.fixture(scope="module")
+def testbed(tmp_path_factory):
+    from rag_gates.eval.testbed.build import TestbedConfig, write_plan
+
+    base = save_tiny_lm(tmp_path_factory.mktemp("base"))
+    out = tmp_path_factory.mktemp("testbed")
+    write_plan(TestbedConfig(base_model=str(base), n_facts=40, ladder=[0, 2],
+                             general_paragraphs=5), out)
+    return out
+
+
+class _Stop(Exception):
+    pass
+
+
+def test_gate_decisions_resume_after_an_interruption(testbed, tmp_path):
+    lm = tiny_lm(max_context=4096)
+    config = GateEvalConfig(gate="first-token-prob", dataset=f"testbed:{testbed}", n=8,
+                            max_new_tokens=4, k=1, labels_dir=str(tmp_path / "labels"),
+                            threads=1)
+    out = tmp_path / "eval"
+
+    def stop_at_three(stage: str, done: int, total: int) -> None:
+        if stage.startswith("gate") and done == 3:
+            raise _Stop
+
+    with pytest.raises(_Stop):
+        evaluate_gate(config, out, lm=lm, progress=stop_at_three)
+    first = (out / "decisions.jsonl").read_text().splitlines()
+    assert len(first) == 3
+    # A line cut short by the interruption is dropped and redone.
+    (out / "decisions.jsonl").write_text("\n".join(first) + "\n" + first[2][:20])
+    report = evaluate_gate(config, out, lm=lm)
+    lines = (out / "decisions.jsonl").read_text().splitlines()
+    assert len(lines) == 8 == report.questions
+    assert lines[:3] == first  # finished decisions are kept, not recomputed
+    assert [json.loads(line)["id"] for line in lines] == [
+        e for e in (json.loads(x)["id"] for x in lines)]
+    assert len({json.loads(line)["id"] for line in lines}) == 8
+    # Threads are not part of the identity; another gate or question set is refused.
+    evaluate_gate(config.model_copy(update={"threads": 2}), out, lm=lm)
+    with pytest.raises(ConfigMismatchError, match="another gate evaluation"):
+        evaluate_gate(config.model_copy(update={"n": 6}), out, lm=lm)
