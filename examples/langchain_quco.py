@@ -1,64 +1,76 @@
 """QuCo-RAG in a LangChain application, offline on the embedded defaults.
 
-An LCEL chain (``prompt | ChatRagGates``) gets QuCo's corpus-statistics gate through
-``route_by_gate``: questions about entities the corpus rarely mentions go through a
-retrieval chain, the others straight to the model. Then ``ClaimVerifierTool`` checks each
-answer's claims against corpus co-occurrence (what an agent would do before replying).
+Starting from a handful of your documents (here the paragraphs of the shipped HotpotQA sample,
+see ``my_documents.py``), the script builds what QuCo needs and wires it into LCEL:
+
+1. the application's retriever: LangChain's ``QdrantVectorStore`` (local mode) with
+   ``HuggingFaceEmbeddings`` (all-MiniLM-L6-v2 from a local directory);
+2. QuCo's corpus statistics: an infini-gram index of the same documents, built with the public
+   ``rag_gates.corpus.build_index`` (what ``rag-gates index build docs.jsonl --out
+   indexes/my-docs --lowercase`` does) and opened as ``LocalInfiniGram``;
+3. ``route_by_gate`` with a ``QuCoGate``: questions about entities the corpus rarely mentions
+   (in at most ``TAU_ENTITY`` documents) go through the retrieval chain, the others straight
+   to the model; then ``ClaimVerifierTool`` checks each answer's claims against corpus
+   co-occurrence (what an agent would do before replying).
 
     .venv/bin/python examples/langchain_quco.py
+
+To point it at your own store: return your documents from ``my_documents()`` (or load them
+here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or use
+the retriever your application already has; set ``EMBED_MODEL`` to your embedding model's
+name or path and ``llm`` to your chat model (any LangChain chat model works). Build the corpus
+index once with ``rag-gates index build`` and open it with ``LocalInfiniGram("indexes/my-docs",
+case="insensitive")``, or count in a pre-training corpus with
+``rag_gates.corpus.HostedInfiniGram``.
+
+``TAU_ENTITY`` is a document count in *your* corpus, so it scales with the corpus: 10 of
+these 491 documents. ``rag-gates eval-gate --gate quco --dataset popqa --n 500 --out
+runs/gate-quco`` calibrates it on labelled questions (best accuracy; the rarity threshold ``t``
+in ``runs/gate-quco/gate.json`` gives ``QuCoGate.from_threshold(stats, t)``, i.e.
+``tau_entity = 1 / t - 1``); that command counts in the benchmark's index of 13,169 HotpotQA
+and 2Wiki paragraphs, where it gave 82.
 """
 
 from __future__ import annotations
 
 import json
+import tempfile
 from pathlib import Path
 
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.vectorstores import InMemoryVectorStore
-from langchain_rag_gates import (
-    ChatRagGates,
-    ClaimVerifierTool,
-    passages_to_documents,
-    route_by_gate,
-)
+from langchain_huggingface import HuggingFaceEmbeddings
+from langchain_qdrant import QdrantVectorStore
+from langchain_rag_gates import ChatRagGates, ClaimVerifierTool, route_by_gate
+from my_documents import my_documents, write_jsonl
 
-from rag_gates.eval.corpus import corpus_passages, load_corpus_stats
-from rag_gates.lm import load_default_lm
-from rag_gates.lm.defaults import load_default_embedder
+from rag_gates.corpus import LocalInfiniGram, build_index
+from rag_gates.lm import load_default_embedder, load_default_lm
+from rag_gates.lm.defaults import default_embedder_dir
 from rag_gates.quco import ClaimVerifier, QuCoGate
-from rag_gates.quco.bench import BENCH_TAU_ENTITY
 
-DATA = Path(__file__).resolve().parent / "data" / "hotpotqa_dev_sample.jsonl"
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # rare entities: retrieve
     "What is the capital of the United States?",  # a common entity: answer directly
 ]
-
-
-class MiniLMEmbeddings(Embeddings):
-    """The embedded all-MiniLM-L6-v2 as LangChain embeddings."""
-
-    def __init__(self) -> None:
-        self.model = load_default_embedder()
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors = self.model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
+TAU_ENTITY = 10  # retrieve when the question's entities are in at most 10 documents (above)
+load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
+EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
 
 
 def format_docs(docs: list[Document]) -> str:
     return "\n\n".join(f"{d.metadata.get('title', '')}: {d.page_content}" for d in docs)
 
 
-# The application's pieces: a vector store over the HotpotQA sample's paragraphs, a chat
-# model (the embedded SmolLM2; any LangChain chat model works) and its chain.
-store = InMemoryVectorStore(MiniLMEmbeddings())
-store.add_documents(passages_to_documents(corpus_passages("hotpotqa", DATA)))
+# Your documents in the application's vector store (Qdrant, local mode), a chat model (the
+# embedded SmolLM2; any LangChain chat model works) and its chain.
+docs = my_documents()
+store = QdrantVectorStore.from_documents(
+    [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+     for d in docs],
+    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+                          encode_kwargs={"normalize_embeddings": True}),
+    location=":memory:", collection_name="my-docs")
 retriever = store.as_retriever(search_kwargs={"k": 3})
 llm = ChatRagGates(lm=load_default_lm(), max_tokens=48)
 direct_prompt = ChatPromptTemplate.from_template("Answer briefly.\nQuestion: {question}")
@@ -66,11 +78,15 @@ rag_prompt = ChatPromptTemplate.from_template(
     "Answer briefly from the context.\nContext:\n{context}\n\nQuestion: {question}")
 chain = direct_prompt | llm
 
-# QuCo's evidence: phrase counts in the HotpotQA + 2Wiki paragraphs (a local infini-gram
-# index, built on first use and cached under $RAG_GATES_HOME).
-stats = load_corpus_stats()
+# QuCo's evidence: phrase counts in the same documents (a lower-cased infini-gram index, so
+# case is ignored; about a second to build for these documents).
+workdir = tempfile.TemporaryDirectory(prefix="rag-gates-example-")
+corpus_dir = Path(workdir.name) / "corpus-index"
+build_index(write_jsonl(docs, Path(workdir.name) / "docs.jsonl"), corpus_dir, lowercase=True,
+            cpus=1)
+stats = LocalInfiniGram(corpus_dir, case="insensitive")
 gated_chain = route_by_gate(
-    QuCoGate(stats, tau_entity=BENCH_TAU_ENTITY),
+    QuCoGate(stats, tau_entity=TAU_ENTITY),
     retrieve={"context": (lambda x: x["question"]) | retriever | format_docs,
               "question": lambda x: x["question"]} | rag_prompt | llm,
     direct=chain,
@@ -93,3 +109,6 @@ for question in QUESTIONS:
 
 # The tool as an agent sees it.
 print(f"\ntool {verify.name!r}: {verify.description[:100]}...")
+
+stats.close()
+workdir.cleanup()

@@ -1,67 +1,63 @@
 """QuCo-RAG in a LlamaIndex application, offline on the embedded defaults.
 
-An existing VectorStoreIndex (MiniLM embeddings over the HotpotQA sample's paragraphs) gets
-QuCo's corpus-statistics gate: ``GatedQueryEngine`` retrieves only when the question's
-entities are rare in the corpus and otherwise lets the LLM answer directly;
-``QuCoQueryEngine`` runs the whole QuCo loop (gate, generation, claim verification,
-re-retrieval for flagged claims). Each decision is printed with its evidence.
+Starting from a handful of your documents (here the paragraphs of the shipped HotpotQA sample,
+see ``my_documents.py``), the script builds what QuCo needs and wires it into LlamaIndex:
+
+1. the application's index: a ``VectorStoreIndex`` in Qdrant (local mode) with LlamaIndex's
+   own ``HuggingFaceEmbedding`` (all-MiniLM-L6-v2 from a local directory);
+2. QuCo's corpus statistics: an infini-gram index of the same documents, built with the public
+   ``rag_gates.corpus.build_index`` (what ``rag-gates index build docs.jsonl --out
+   indexes/my-docs --lowercase`` does) and opened as ``LocalInfiniGram``;
+3. ``GatedQueryEngine``: retrieves only when the question's entities are rare in that corpus
+   (in at most ``TAU_ENTITY`` documents), otherwise the LLM answers directly; and
+   ``QuCoQueryEngine``: the whole QuCo loop (gate, generation, claim verification,
+   re-retrieval for flagged claims). Each decision is printed with its evidence.
 
     .venv/bin/python examples/llama_index_quco.py
 
-The index lives in Qdrant's local mode (``QdrantClient(location=":memory:")``; pass
-``url=...`` for a Qdrant server): any existing LlamaIndex vector store works the same way.
+To point it at your own store: return your documents from ``my_documents()`` (or load them
+here); replace ``QdrantClient(location=":memory:")`` by ``QdrantClient(url=...)`` or
+``QdrantClient(path=...)``, or use the LlamaIndex index your application already has; set
+``EMBED_MODEL`` to your embedding model's name or path and ``llm`` to your LLM (any LlamaIndex
+LLM works with both engines). Build the corpus index once with ``rag-gates index build`` and
+open it with ``LocalInfiniGram("indexes/my-docs", case="insensitive")``, or count in a
+pre-training corpus with ``rag_gates.corpus.HostedInfiniGram``.
+
+``TAU_ENTITY`` is a document count in *your* corpus, so it scales with the corpus: 10 of
+these 491 documents. ``rag-gates eval-gate --gate quco --dataset popqa --n 500 --out
+runs/gate-quco`` calibrates it on labelled questions (best accuracy; the rarity threshold ``t``
+in ``runs/gate-quco/gate.json`` gives ``QuCoGate.from_threshold(stats, t)``, i.e.
+``tau_entity = 1 / t - 1``); that command counts in the benchmark's index of 13,169 HotpotQA
+and 2Wiki paragraphs, where it gave 82.
 """
 
 from __future__ import annotations
 
 import json
-import uuid
+import tempfile
 from pathlib import Path
 from typing import Any
 
-from llama_index.core import StorageContext, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core import Document, StorageContext, VectorStoreIndex
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.llms.rag_gates import RagGatesLLM
 from llama_index.query_engine.rag_gates import GatedQueryEngine, QuCoQueryEngine
-from llama_index.retrievers.rag_gates import passages_to_nodes
 from llama_index.vector_stores.qdrant import QdrantVectorStore
-from pydantic import PrivateAttr
+from my_documents import my_documents, write_jsonl
 from qdrant_client import QdrantClient
 
-from rag_gates.eval.corpus import corpus_passages, load_corpus_stats
-from rag_gates.lm import load_default_lm
-from rag_gates.lm.defaults import load_default_embedder
+from rag_gates.corpus import LocalInfiniGram, build_index
+from rag_gates.lm import load_default_embedder, load_default_lm
+from rag_gates.lm.defaults import default_embedder_dir
 from rag_gates.quco import QuCoGate
-from rag_gates.quco.bench import BENCH_TAU_ENTITY
 
-DATA = Path(__file__).resolve().parent / "data" / "hotpotqa_dev_sample.jsonl"
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # rare entities: retrieve
     "What is the capital of the United States?",  # a common entity: answer directly
 ]
-
-
-class MiniLMEmbedding(BaseEmbedding):
-    """The embedded all-MiniLM-L6-v2 as a LlamaIndex embedding."""
-
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        self._model = load_default_embedder()
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_text_embeddings([text])[0]
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._get_text_embedding(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
+TAU_ENTITY = 10  # retrieve when the question's entities are in at most 10 documents (above)
+load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
+EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
 
 
 def show_decision(decision: dict[str, Any] | None) -> None:
@@ -74,22 +70,23 @@ def show_decision(decision: dict[str, Any] | None) -> None:
           f"counts={decision['evidence'].get('counts')}")
 
 
-# The application's existing index: the HotpotQA sample's paragraphs, MiniLM embeddings, in
-# a Qdrant collection.
-# Qdrant point ids must be UUIDs: derive one from each paragraph's id (kept in the metadata).
-nodes = [n.node.model_copy(update={
-            "id_": str(uuid.uuid5(uuid.NAMESPACE_URL, n.node.node_id)),
-            "metadata": {**n.node.metadata, "paragraph_id": n.node.node_id}})
-         for n in passages_to_nodes(corpus_passages("hotpotqa", DATA))]
-qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="hotpotqa")
-index = VectorStoreIndex(nodes, embed_model=MiniLMEmbedding(),
-                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
+# Your documents as LlamaIndex Documents, in the application's index (Qdrant, local mode).
+docs = my_documents()
+qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
+index = VectorStoreIndex.from_documents(
+    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]}) for d in docs],
+    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
+    storage_context=StorageContext.from_defaults(vector_store=qdrant))
 llm = RagGatesLLM(lm=load_default_lm(), max_new_tokens=48)  # the embedded SmolLM2
 
-# QuCo's evidence: phrase counts in the HotpotQA + 2Wiki paragraphs (a local infini-gram
-# index, built on first use and cached under $RAG_GATES_HOME).
-stats = load_corpus_stats()
-gate = QuCoGate(stats, tau_entity=BENCH_TAU_ENTITY)
+# QuCo's evidence: phrase counts in the same documents (a lower-cased infini-gram index, so
+# case is ignored; about a second to build for these documents).
+workdir = tempfile.TemporaryDirectory(prefix="rag-gates-example-")
+corpus_dir = Path(workdir.name) / "corpus-index"
+build_index(write_jsonl(docs, Path(workdir.name) / "docs.jsonl"), corpus_dir, lowercase=True,
+            cpus=1)
+stats = LocalInfiniGram(corpus_dir, case="insensitive")
+gate = QuCoGate(stats, tau_entity=TAU_ENTITY)
 
 print("== GatedQueryEngine: retrieve only when QuCo's gate says so")
 engine = GatedQueryEngine(index.as_query_engine(llm=llm, similarity_top_k=3), gate=gate,
@@ -103,7 +100,7 @@ for question in QUESTIONS:
 
 print("\n== QuCoQueryEngine: gate, generation, claim verification, re-retrieval")
 quco = QuCoQueryEngine(llm, index.as_retriever(similarity_top_k=3), stats,
-                       tau_entity=BENCH_TAU_ENTITY, k=3, chunk_tokens=48, max_new_tokens=48,
+                       tau_entity=TAU_ENTITY, k=3, chunk_tokens=48, max_new_tokens=48,
                        max_rounds=2)
 question = QUESTIONS[0]
 response = quco.query(question)
@@ -116,3 +113,6 @@ for i, summary in enumerate(meta.get("verifications", [])):
 print(f"  rounds: {meta.get('rounds')}  stop: {meta.get('stop_reason')}")
 print(f"  sources:  {[n.node.metadata.get('title') for n in response.source_nodes]}")
 print(f"  answer:   {str(response).strip()}")
+
+stats.close()
+workdir.cleanup()
