@@ -304,8 +304,11 @@ def eval_gate(
     )] = None,
     data: Annotated[Path | None, typer.Option()] = None,
     labels: Annotated[Path | None, typer.Option(
-        help="Bench directory with (or to hold) the no-rag and single runs of these questions."
+        help="Bench directory with (or to hold) the no-rag and single runs of these questions; "
+             "it must exist unless --create-labels is given."
     )] = None,
+    create_labels: Annotated[bool, typer.Option(
+        "--create-labels", help="Create the --labels directory if it does not exist.")] = False,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
                                                            "choice).")] = None,
 ) -> None:
@@ -322,7 +325,7 @@ def eval_gate(
                                 target_retrieval_rate=target_rate,
                                 data_path=str(data) if data else None,
                                 labels_dir=str(labels) if labels else None,
-                                threads=threads)
+                                create_labels=create_labels, threads=threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),

@@ -24,6 +24,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from rag_gates._text import check_encodable
 from rag_gates.types import Passage
 
 __all__ = [
@@ -202,7 +203,9 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
 
     ``path`` may be a file or a directory holding ``<stem>.jsonl``; by default the search
     path is ``$RAG_GATES_DATA``, ``../shared/data``, then the slices shipped in
-    ``examples/data``. Malformed lines are skipped, logged and listed in ``skipped``.
+    ``examples/data``. Malformed lines (and a question with a lone surrogate) are skipped,
+    logged and listed in ``skipped``, as is a row whose id an earlier row already has (the
+    first is kept; ``n`` counts distinct questions).
     ``testbed:DIR`` (and its variants) load a built testbed's questions
     (:mod:`rag_gates.eval.testbed.dataset`).
     """
@@ -216,6 +219,7 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
         raise ValueError(f"n must be >= 1, got {n}")
     examples: list[QAExample] = []
     skipped: list[tuple[int, str]] = []
+    first_line: dict[str, int] = {}  # question id -> line it was first read from
     valid = 0
     with file.open("rb") as handle:
         for number, raw in enumerate(handle, start=1):
@@ -228,12 +232,22 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
                 if not isinstance(row, dict):
                     raise ValueError("line is not a JSON object")
                 example = parse(row, number)
+                check_encodable(example.question, "question")
             except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 logger.warning("%s:%d: skipped malformed %s row (%s)", file, number, name,
                                reason)
                 skipped.append((number, reason[:300]))
                 continue
+            if example.id in first_line:
+                # A run keys answers by id: a second row with the same id would be answered
+                # once but counted twice.
+                reason = (f"duplicate id {example.id!r} (first on line {first_line[example.id]})"
+                          "; the first row is kept")
+                logger.warning("%s:%d: skipped %s", file, number, reason)
+                skipped.append((number, reason))
+                continue
+            first_line[example.id] = number
             valid += 1
             if valid > offset:
                 examples.append(example)

@@ -63,6 +63,10 @@ class GateEvalConfig(BaseModel):
         None, exclude=True,
         description="A bench directory holding (or to hold) the no-rag and single runs; its "
                     "configuration must match. Default: a cache under RAG_GATES_HOME.")
+    create_labels: bool = Field(
+        False, exclude=True,
+        description="Create labels_dir when it does not exist (otherwise refused, so a typo "
+                    "never starts a fresh, hours-long labelling run in a stray directory).")
     target_retrieval_rate: float | None = Field(
         None, ge=0.0, le=1.0,
         description="Calibrate for this retrieval rate; None = the best-accuracy threshold.")
@@ -127,11 +131,29 @@ def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
 
 
-def label_run_dir(config: GateEvalConfig) -> Path:
-    """Where the shared no-rag/single runs of this model and dataset are cached."""
-    name = (f"{config.dataset}-n{config.n}-o{config.offset}-{config.retriever}-k{config.k}-"
-            f"t{config.max_new_tokens}")
+def label_run_dir(config: GateEvalConfig, fingerprint: str) -> Path:
+    """Where the shared no-rag/single runs of this model and these questions are cached:
+    keyed by the loaded questions' ``fingerprint`` (:attr:`DatasetLoad.fingerprint`), so two
+    data files never share labels, and the same questions from another path do."""
+    name = (f"{config.dataset}-{fingerprint}-n{config.n}-o{config.offset}-{config.retriever}-"
+            f"k{config.k}-t{config.max_new_tokens}")
     return rag_gates_home() / "eval-cache" / _slug(config.model) / name
+
+
+def _adopt_unkeyed_labels(labels_dir: Path, fingerprint: str) -> None:
+    """Move a label cache written before the key held the fingerprint to its new name when
+    it holds these very questions (its config.json records their fingerprint)."""
+    old = labels_dir.with_name(labels_dir.name.replace(f"-{fingerprint}", "", 1))
+    if labels_dir.exists() or not (old / "config.json").is_file():
+        return
+    try:
+        recorded = json.loads((old / "config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return
+    if isinstance(recorded, dict) and recorded.get("data_fingerprint") == fingerprint:
+        old.rename(labels_dir)
+        logger.info("label cache %s renamed to %s (keyed by the data's fingerprint)", old,
+                    labels_dir)
 
 
 def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None,
@@ -139,6 +161,10 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                   progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
     ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
+        raise FileNotFoundError(
+            f"the labels directory {config.labels_dir} does not exist; pass an existing bench "
+            "directory, or add --create-labels (create_labels=True) to label into a new one")
     data = load_dataset(config.dataset, config.data_path, n=config.n, offset=config.offset)
     if len(data.examples) < 2:
         raise ValueError(f"need at least 2 questions, {data.path} gave {len(data.examples)}")
@@ -150,7 +176,11 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                         offset=config.offset, model=config.model, retriever=config.retriever,
                         k=config.k, max_new_tokens=config.max_new_tokens,
                         data_path=config.data_path, threads=config.threads)
-    labels_dir = Path(config.labels_dir) if config.labels_dir else label_run_dir(config)
+    if config.labels_dir:
+        labels_dir = Path(config.labels_dir)
+    else:
+        labels_dir = label_run_dir(config, data.fingerprint)
+        _adopt_unkeyed_labels(labels_dir, data.fingerprint)
 
     def bench_progress(done: int, total: int, _: Any) -> None:
         if progress is not None:

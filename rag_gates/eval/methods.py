@@ -209,12 +209,21 @@ def split_method_name(name: str) -> tuple[str, str | None]:
 
 def check_method_name(name: str, methods: dict[str, Callable[[MethodContext], Method]]) -> None:
     """Raise ValueError unless ``name`` is a registered method (with an option only where
-    the method declares ``accepts_option``); the message lists the valid names."""
+    the method declares ``accepts_option``); the message lists the valid names.
+
+    A factory may also carry ``validate_option``, a cheap, model-free callable given the
+    option (or None) that raises ValueError for a bad one (``cbdr@2``: beta outside [0, 1]),
+    so a run refuses it before any model is loaded or anything is written.
+    """
     base, option = split_method_name(name)
     if base not in methods:
         raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(methods))}")
-    if option is not None and not getattr(methods[base], "accepts_option", False):
+    factory = methods[base]
+    if option is not None and not getattr(factory, "accepts_option", False):
         raise ValueError(f"method {base!r} takes no @option; drop '@{option}'")
+    validate = getattr(factory, "validate_option", None)
+    if validate is not None:
+        validate(option)
 
 
 def make_method(name: str, ctx: MethodContext) -> Method:

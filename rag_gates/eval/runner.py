@@ -40,6 +40,7 @@ from rag_gates.eval.metrics import score_answer
 __all__ = [
     "BenchConfig",
     "ConfigMismatchError",
+    "RunDirectoryError",
     "RunRecord",
     "read_records",
     "run_bench",
@@ -55,6 +56,10 @@ CONFIG, RESULTS, SUMMARY_JSON, SUMMARY_MD = ("config.json", "results.jsonl", "su
 
 class ConfigMismatchError(ValueError):
     """The run directory was made by a different configuration."""
+
+
+class RunDirectoryError(ValueError):
+    """The run directory's ``config.json`` is damaged or not a rag-gates run's."""
 
 
 class BenchConfig(BaseModel):
@@ -131,13 +136,30 @@ def _identity(config: BenchConfig) -> dict[str, Any]:
     return config.model_dump(exclude={"methods"})
 
 
+def _read_run_config(path: Path) -> dict[str, Any]:
+    """The stored ``config.json`` of a run, or a RunDirectoryError naming the file."""
+    try:
+        existing = json.loads(path.read_bytes().decode("utf-8"))
+        if not isinstance(existing, dict) or not isinstance(existing.get("config"), dict):
+            raise ValueError("not an object with a 'config' object")
+        methods = existing["config"].get("methods", [])
+        if not isinstance(methods, list) or not all(isinstance(m, str) for m in methods):
+            raise ValueError("'config.methods' is not a list of names")
+    except (OSError, ValueError) as exc:  # UnicodeDecodeError and JSONDecodeError included
+        raise RunDirectoryError(
+            f"{path} is not a rag-gates run configuration ({type(exc).__name__}: {exc}); the "
+            "directory holds something else or a damaged run: use a new --out directory (the "
+            "file is left as it is)") from None
+    return existing
+
+
 def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str) -> None:
-    run_dir.mkdir(parents=True, exist_ok=True)
     path = run_dir / CONFIG
+    existing = _read_run_config(path) if path.is_file() else None
+    run_dir.mkdir(parents=True, exist_ok=True)
     methods = list(config.methods)
-    if path.is_file():
-        existing = json.loads(path.read_text())
-        before = {k: v for k, v in existing.get("config", {}).items() if k != "methods"}
+    if existing is not None:
+        before = {k: v for k, v in existing["config"].items() if k != "methods"}
         now = _identity(config)
         diff: dict[str, Any] = {k: (before.get(k), v) for k, v in now.items()
                                 if before.get(k) != v}
@@ -231,6 +253,11 @@ def run_bench(
     if data.skipped:
         logger.warning("%d malformed lines skipped in %s: %s", len(data.skipped), data.path,
                        data.skipped[:5])
+    if not data.examples:
+        after = f" after skipping {config.offset} valid ones (--offset)" if config.offset else ""
+        raise ValueError(
+            f"no valid question in {data.path}{after}: {len(data.skipped)} lines skipped as "
+            f"malformed (first: {data.skipped[:3]}); check that it is a {config.dataset} file")
     run_path = Path(run_dir)
     _prepare_dir(run_path, config, data.fingerprint)
     results = run_path / RESULTS

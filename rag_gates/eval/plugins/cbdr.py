@@ -70,6 +70,9 @@ def cbdr_ce_method(ctx: MethodContext) -> CBDRPipeline:
 
 cbdr_method.accepts_option = True  # type: ignore[attr-defined]
 cbdr_ce_method.accepts_option = True  # type: ignore[attr-defined]
+# Checked by the method registry before any model is loaded (see check_method_name).
+cbdr_method.validate_option = parse_beta  # type: ignore[attr-defined]
+cbdr_ce_method.validate_option = parse_beta  # type: ignore[attr-defined]
 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:

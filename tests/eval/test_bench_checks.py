@@ -1,0 +1,225 @@
+"""Checks of the benchmark CLI that must come before anything is loaded or written: method
+names and options, data files that hold no usable or duplicated questions, run directories
+with a damaged config.json, eval-gate's labels directory and its label cache key."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+from typer.testing import CliRunner
+
+from rag_gates.cli import app
+from rag_gates.eval.corpus import corpus_passages
+from rag_gates.eval.datasets import load_dataset
+from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate, label_run_dir
+from rag_gates.eval.methods import MethodContext, available_methods, check_method_name
+from rag_gates.eval.runner import BenchConfig, run_bench
+from rag_gates.retrieval.bm25 import BM25Retriever
+
+SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
+HOTPOT = SLICES / "hotpotqa_dev_sample.jsonl"
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    from rag_gates.testing import tiny_lm
+
+    return tiny_lm(seed=0, max_context=4096)
+
+
+@pytest.fixture()
+def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
+    """Records every attempt to load a model (and refuses it): these checks must come first."""
+    import rag_gates.lm.defaults as defaults
+
+    calls: list[str] = []
+
+    def refuse(model: str, **_: Any) -> Any:
+        calls.append(model)
+        raise AssertionError(f"a model was loaded ({model}) before the check")
+
+    monkeypatch.setattr(defaults, "load_lm", refuse)
+    return calls
+
+
+def _rows(n: int) -> list[str]:
+    return HOTPOT.read_text(encoding="utf-8").splitlines()[:n]
+
+
+# ---------------------------------------------------------------- method names and options
+@pytest.mark.parametrize("name", ["cbdr@2", "cbdr@-0.1", "cbdr@high", "cbdr-ce@1.5"])
+def test_a_bad_method_option_is_refused_by_the_registry_without_a_model(name: str) -> None:
+    with pytest.raises(ValueError, match="beta"):
+        check_method_name(name, available_methods())
+
+
+def test_the_option_hook_accepts_good_options() -> None:
+    methods = available_methods()
+    for name in ("cbdr", "cbdr@0", "cbdr@0.9", "cbdr@1"):
+        check_method_name(name, methods)
+    assert callable(methods["cbdr"].validate_option)  # type: ignore[attr-defined]
+
+
+def test_bench_refuses_a_bad_option_before_loading_or_writing(
+        tmp_path: Path, no_model_loads: list[str]) -> None:
+    run = tmp_path / "run"
+    config = BenchConfig(dataset="hotpotqa", methods=["no-rag", "cbdr@2"], n=2,
+                         data_path=str(SLICES))
+    with pytest.raises(ValueError, match=r"cbdr@2: beta must be in \[0, 1\]"):
+        run_bench(config, run)
+    assert no_model_loads == [] and not run.exists()
+
+
+def test_bench_cli_refuses_a_bad_option_with_exit_2(tmp_path: Path,
+                                                    no_model_loads: list[str]) -> None:
+    run = tmp_path / "run"
+    result = CliRunner().invoke(app, ["bench", "--dataset", "hotpotqa", "--out", str(run),
+                                      "--methods", "no-rag,cbdr@2", "--n", "2",
+                                      "--data", str(SLICES)])
+    assert result.exit_code == 2, result.output
+    assert "beta must be in [0, 1]" in result.output
+    assert no_model_loads == [] and not run.exists()
+
+
+# ---------------------------------------------------------------- data files
+def test_duplicate_question_ids_are_dropped_with_a_warning_and_the_true_count(
+        tmp_path: Path, tiny: Any, caplog: pytest.LogCaptureFixture) -> None:
+    first, second = _rows(2)
+    path = tmp_path / "hotpotqa_dev.jsonl"
+    path.write_text("\n".join([first, first, second, first]) + "\n", encoding="utf-8")
+    with caplog.at_level("WARNING", logger="rag_gates.eval.datasets"):
+        load = load_dataset("hotpotqa", path)
+    ids = [e.id for e in load.examples]
+    assert len(ids) == 2 and len(set(ids)) == 2
+    assert [number for number, _ in load.skipped] == [2, 4]
+    assert all("duplicate id" in reason and "line 1)" in reason for _, reason in load.skipped)
+    assert any("duplicate id" in r.getMessage() for r in caplog.records)
+    # n counts distinct questions: n=2 reaches past the duplicate to the second question.
+    assert [e.id for e in load_dataset("hotpotqa", path, n=2).examples] == ids
+    # The run answers and reports both questions, each once.
+    retriever = BM25Retriever.from_passages(corpus_passages("hotpotqa", SLICES))
+    config = BenchConfig(dataset="hotpotqa", methods=["no-rag"], n=4, max_new_tokens=2,
+                         data_path=str(path))
+    summary = run_bench(config, tmp_path / "run", lm=tiny, retriever=retriever)
+    assert summary["no-rag"]["questions"] == 2
+    assert "2 questions" in (tmp_path / "run" / "summary.md").read_text()
+
+
+def test_a_data_file_without_a_valid_question_is_an_error(tmp_path: Path,
+                                                          no_model_loads: list[str]) -> None:
+    path = tmp_path / "hotpotqa_dev.jsonl"
+    path.write_text('{not json\n{"question": "no answer"}\n[1, 2]\n', encoding="utf-8")
+    config = BenchConfig(dataset="hotpotqa", methods=["no-rag"], n=5, data_path=str(path))
+    with pytest.raises(ValueError, match=r"no valid question.*hotpotqa_dev\.jsonl.*3 lines"):
+        run_bench(config, tmp_path / "run")
+    assert not (tmp_path / "run").exists()
+    result = CliRunner().invoke(app, ["bench", "--dataset", "hotpotqa", "--out",
+                                      str(tmp_path / "run"), "--methods", "no-rag",
+                                      "--data", str(path)])
+    assert result.exit_code == 2 and "no valid question" in result.output
+    assert no_model_loads == []
+
+
+# ---------------------------------------------------------------- run directories
+@pytest.mark.parametrize("content", [b"{garbage", b"[1, 2, 3]", b'"a string"', b"\xff\xfe",
+                                     b'{"config": [1]}', b'{"config": {"methods": 3}}'])
+def test_a_damaged_config_json_is_refused_naming_the_file(
+        tmp_path: Path, content: bytes, no_model_loads: list[str]) -> None:
+    from rag_gates.eval.runner import RunDirectoryError
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / "config.json").write_bytes(content)
+    config = BenchConfig(dataset="hotpotqa", methods=["no-rag"], n=2, data_path=str(SLICES))
+    with pytest.raises(RunDirectoryError) as caught:
+        run_bench(config, run)
+    message = str(caught.value)
+    assert str(run / "config.json") in message and "new --out directory" in message
+    assert (run / "config.json").read_bytes() == content  # left for the user to inspect
+    assert no_model_loads == []
+
+
+# ---------------------------------------------------------------- eval-gate labels
+def test_eval_gate_refuses_a_labels_path_that_does_not_exist(
+        tmp_path: Path, no_model_loads: list[str]) -> None:
+    missing = tmp_path / "no" / "such" / "labels"
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=4,
+                            data_path=str(SLICES), labels_dir=str(missing))
+    with pytest.raises(FileNotFoundError, match=r"does not exist.*--create-labels"):
+        evaluate_gate(config, tmp_path / "gate")
+    assert not missing.exists() and not (tmp_path / "no").exists()
+    result = CliRunner().invoke(app, ["eval-gate", "--gate", "first-token-prob", "--dataset",
+                                      "popqa", "--out", str(tmp_path / "gate"), "--n", "4",
+                                      "--data", str(SLICES), "--labels", str(missing)])
+    assert result.exit_code == 2 and "--create-labels" in result.output
+    assert not (tmp_path / "no").exists() and no_model_loads == []
+
+
+def test_eval_gate_creates_the_labels_directory_when_asked(tmp_path: Path, tiny: Any,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    labels = tmp_path / "new-labels"
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=2,
+                            data_path=str(SLICES), labels_dir=str(labels), create_labels=True)
+    report = evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=retriever)
+    assert report.questions == 3 and (labels / "results.jsonl").is_file()
+
+
+def test_the_label_cache_is_keyed_by_the_data_not_its_name(tmp_path: Path, tiny: Any,
+                                                           monkeypatch: pytest.MonkeyPatch
+                                                           ) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    rows = (SLICES / "popqa_dev_sample.jsonl").read_text(encoding="utf-8").splitlines()
+    a, b = tmp_path / "a", tmp_path / "b"
+    for folder, chunk in ((a, rows[:3]), (b, rows[3:6])):
+        folder.mkdir()
+        (folder / "popqa_dev.jsonl").write_text("\n".join(chunk) + "\n", encoding="utf-8")
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    dirs = []
+    for folder in (a, b):
+        config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3,
+                                max_new_tokens=2, data_path=str(folder))
+        evaluate_gate(config, tmp_path / f"gate-{folder.name}", lm=tiny, retriever=retriever)
+        fingerprint = load_dataset("popqa", folder, n=3).fingerprint
+        directory = label_run_dir(config, fingerprint)
+        assert fingerprint in directory.name
+        ids = {json.loads(line)["id"] for line in
+               (directory / "results.jsonl").read_text().splitlines()}
+        assert ids == {e.id for e in load_dataset("popqa", folder, n=3).examples}
+        dirs.append(directory)
+    assert dirs[0] != dirs[1]
+    # The same questions from another path share their labels.
+    c = tmp_path / "c"
+    c.mkdir()
+    (c / "popqa_dev.jsonl").write_bytes((a / "popqa_dev.jsonl").read_bytes())
+    same = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=2,
+                          data_path=str(c))
+    assert label_run_dir(same, load_dataset("popqa", c, n=3).fingerprint) == dirs[0]
+
+
+def test_method_context_is_not_needed_to_validate() -> None:
+    # Validation is model-free: the registry's check needs names only, no MethodContext.
+    assert MethodContext.model_fields["option"].default is None
+
+
+def test_a_label_cache_from_before_the_fingerprint_key_is_adopted_only_when_it_matches(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_gates.eval.gate_eval import _adopt_unkeyed_labels
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, data_path=str(SLICES))
+    fingerprint = load_dataset("popqa", SLICES, n=3).fingerprint
+    new = label_run_dir(config, fingerprint)
+    old = new.with_name(new.name.replace(f"-{fingerprint}", ""))
+    old.mkdir(parents=True)
+    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": "other"}))
+    _adopt_unkeyed_labels(new, fingerprint)
+    assert old.is_dir() and not new.exists()  # other questions: left alone
+    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": fingerprint}))
+    _adopt_unkeyed_labels(new, fingerprint)
+    assert new.is_dir() and not old.exists()
