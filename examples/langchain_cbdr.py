@@ -1,63 +1,71 @@
 """CBDR in a LangChain application, offline on the embedded defaults.
 
-A BM25 retriever over the HotpotQA sample's paragraphs is wrapped in LangChain's
-``ContextualCompressionRetriever`` with CBDR's ``ConfidenceGainReranker`` as the compressor:
-the retrieved paragraphs are reordered by how much each one raises the model's probed
-confidence that it answers right, ``Inc = Conf(q + paragraph) - Conf(q)``, and the best three
-are kept. ``route_by_gate`` with a ``CBDRGate`` sends each question through that retrieval
-chain only when ``Conf(q)`` is at most ``beta``; otherwise the model answers directly.
+The application's retriever (LangChain's ``QdrantVectorStore`` in local mode with
+``HuggingFaceEmbeddings``, all-MiniLM-L6-v2 from a local directory, over a handful of your
+documents: here the paragraphs of the shipped HotpotQA sample, see ``my_documents.py``) is
+wrapped in LangChain's ``ContextualCompressionRetriever`` with CBDR's
+``ConfidenceGainReranker`` as the compressor: the retrieved paragraphs are reordered by how
+much each one raises the model's probed confidence that it answers right,
+``Inc = Conf(q + paragraph) - Conf(q)``, and the best three are kept. ``route_by_gate`` with a
+``CBDRGate`` sends each question through that retrieval chain only when ``Conf(q)`` is at most
+``BETA``; otherwise the model answers directly.
 
     .venv/bin/python examples/langchain_cbdr.py
 
+To point it at your own store: return your documents from ``my_documents()`` (or load them
+here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or
+pass the retriever your application already has as ``base_retriever``; set ``EMBED_MODEL`` to
+your embedding model's name or path. CBDR itself needs a white-box model (here the embedded
+SmolLM2, ``load_lm(PATH_OR_HUB_ID)`` for another) and a probe trained for that model.
+
 Needs ``langchain-classic`` (``ContextualCompressionRetriever`` lives there in LangChain
-1.x). The probe is the one shipped for the embedded SmolLM2 (``load_default_probe``; set
-``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates cbdr train-probe``).
-``beta`` belongs to a probe: calibrate it with ``rag-gates eval-gate --gate cbdr``.
+1.x), ``langchain-huggingface`` and ``langchain-qdrant``: ``pip install
+"langchain-rag-gates[examples]"``. The probe is the one shipped for the embedded SmolLM2
+(``load_default_probe``; set ``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates
+cbdr train-probe``). ``BETA`` belongs to a probe: 0.57 for the shipped one, calibrated with
+``rag-gates eval-gate --gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best
+accuracy; ``beta = 1 - threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same
+way for your probe.
 """
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
-from langchain_core.runnables import RunnableLambda, RunnablePassthrough
-from langchain_rag_gates import (
-    ChatRagGates,
-    ConfidenceGainReranker,
-    passages_to_documents,
-    route_by_gate,
-)
+from langchain_core.runnables import RunnablePassthrough
+from langchain_huggingface import HuggingFaceEmbeddings
+from langchain_qdrant import QdrantVectorStore
+from langchain_rag_gates import ChatRagGates, ConfidenceGainReranker, route_by_gate
+from my_documents import my_documents
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
-from rag_gates.cbdr.bench import BENCH_BETA
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.lm import load_default_lm
-from rag_gates.retrieval import BM25Retriever
+from rag_gates.lm import load_default_embedder, load_default_lm
+from rag_gates.lm.defaults import default_embedder_dir
 
-DATA = Path(__file__).resolve().parent / "data" / "hotpotqa_dev_sample.jsonl"
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = BENCH_BETA  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe
+BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
+load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
+EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
 
 
 def format_docs(docs: list[Document]) -> str:
     return "\n\n".join(f"{d.metadata.get('title', '')}: {d.page_content}" for d in docs)
 
 
-# The application's retriever: BM25 over the HotpotQA sample's paragraphs (rag-gates' BM25,
-# seen by LangChain as a runnable from a query to Documents; any LangChain retriever works).
-bm25 = BM25Retriever.from_passages(corpus_passages("hotpotqa", DATA))
-
-
-def bm25_search(query: str) -> list[Document]:
-    return passages_to_documents(bm25.retrieve(query, k=CANDIDATES))
-
+# Your documents in the application's vector store (Qdrant, local mode).
+store = QdrantVectorStore.from_documents(
+    [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+     for d in my_documents()],
+    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+                          encode_kwargs={"normalize_embeddings": True}),
+    location=":memory:", collection_name="my-docs")
 
 # CBDR reads the hidden states of a white-box model: the embedded SmolLM2, which also answers.
 lm = load_default_lm()
@@ -65,7 +73,7 @@ llm = ChatRagGates(lm=lm, max_tokens=48)
 probe = load_default_probe(lm)  # refused if it was trained on another model
 retriever = ContextualCompressionRetriever(
     base_compressor=ConfidenceGainReranker.from_probe(lm, probe, top_n=3),
-    base_retriever=RunnableLambda(bm25_search, name="bm25"),
+    base_retriever=store.as_retriever(search_kwargs={"k": CANDIDATES}),
 )
 
 direct_prompt = ChatPromptTemplate.from_template("Answer briefly.\nQuestion: {question}")
@@ -90,10 +98,11 @@ for question in QUESTIONS:
           f"confidence={decision['evidence']['confidence']:.3f}  ({decision['reason']})")
     if out["docs"]:
         candidates = out["docs"][0].metadata["rag_gates_rerank"]["candidates"]
-        print(f"  BM25's {candidates} paragraphs reranked by Inc = Conf(q + paragraph) - Conf(q):")
+        print(f"  the store's {candidates} paragraphs reranked by Inc = Conf(q + paragraph) - "
+              "Conf(q):")
         for doc in out["docs"]:
             info = doc.metadata["rag_gates_rerank"]
             print(f"    {info['rank']}. Inc={doc.metadata['relevance_score']:+.4f}  "
-                  f"(Conf with it {info['evidence']['confidence']:.3f}, BM25 "
-                  f"{doc.metadata['score']:.2f})  {doc.metadata.get('title')}")
+                  f"(Conf with it {info['evidence']['confidence']:.3f})  "
+                  f"{doc.metadata.get('title')}")
     print(f"  answer:   {str(out['answer'].content).strip()}")

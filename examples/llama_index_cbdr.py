@@ -1,7 +1,9 @@
 """CBDR in a LlamaIndex application, offline on the embedded defaults.
 
-An existing VectorStoreIndex (MiniLM embeddings over the HotpotQA sample's paragraphs) gets
-the two halves of CBDR, both reading one hidden state of the LLM through a small probe:
+An application's VectorStoreIndex over a handful of your documents (here the paragraphs of the
+shipped HotpotQA sample, see ``my_documents.py``; LlamaIndex's own ``HuggingFaceEmbedding``
+with all-MiniLM-L6-v2 from a local directory, in Qdrant's local mode) gets the two halves of
+CBDR, both reading one hidden state of the LLM through a small probe:
 
 * ``GatedRetriever`` with a ``CBDRGate``: retrieve only when the probe's confidence that the
   model answers right, ``Conf(q)``, is at most ``beta``;
@@ -14,76 +16,54 @@ vector store's score they arrived with), and the answer.
 
     .venv/bin/python examples/llama_index_cbdr.py
 
+To point it at your own store: return your documents from ``my_documents()`` (or load them
+here); replace ``QdrantClient(location=":memory:")`` by ``QdrantClient(url=...)`` or
+``QdrantClient(path=...)``, or use the LlamaIndex index your application already has; set
+``EMBED_MODEL`` to your embedding model's name or path. CBDR itself needs a white-box model
+(here the embedded SmolLM2, ``load_lm(PATH_OR_HUB_ID)`` for another) and a probe trained for
+that model (``rag-gates cbdr train-probe``).
+
 The probe is the one shipped for the embedded SmolLM2 (``load_default_probe``; set
 ``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates cbdr train-probe``).
-``beta`` belongs to a probe: calibrate it with ``rag-gates eval-gate --gate cbdr``.
+``BETA`` belongs to a probe: 0.57 for the shipped one, calibrated with ``rag-gates eval-gate
+--gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best accuracy; ``beta = 1 -
+threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same way for your probe.
 """
 
 from __future__ import annotations
 
-import uuid
-from pathlib import Path
-from typing import Any
-
-from llama_index.core import StorageContext, VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
+from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.llms.rag_gates import RagGatesLLM
 from llama_index.postprocessor.rag_gates import RERANK_KEY, ConfidenceGainReranker
-from llama_index.retrievers.rag_gates import GatedRetriever, passages_to_nodes
+from llama_index.retrievers.rag_gates import GatedRetriever
 from llama_index.vector_stores.qdrant import QdrantVectorStore
-from pydantic import PrivateAttr
+from my_documents import my_documents
 from qdrant_client import QdrantClient
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
-from rag_gates.cbdr.bench import BENCH_BETA
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.lm import load_default_lm
-from rag_gates.lm.defaults import load_default_embedder
+from rag_gates.lm import load_default_embedder, load_default_lm
+from rag_gates.lm.defaults import default_embedder_dir
 
-DATA = Path(__file__).resolve().parent / "data" / "hotpotqa_dev_sample.jsonl"
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = BENCH_BETA  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe
+BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 MAX_NEW_TOKENS = 48
+load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
+EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
 
 
-class MiniLMEmbedding(BaseEmbedding):
-    """The embedded all-MiniLM-L6-v2 as a LlamaIndex embedding."""
-
-    _model: Any = PrivateAttr()
-
-    def __init__(self, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        self._model = load_default_embedder()
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._get_text_embeddings([text])[0]
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._get_text_embedding(query)
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-
-# The application's existing index: the HotpotQA sample's paragraphs, MiniLM embeddings, in
-# a Qdrant collection (local mode; pass url=... for a Qdrant server).
-# Qdrant point ids must be UUIDs: derive one from each paragraph's id (kept in the metadata).
-nodes = [n.node.model_copy(update={
-            "id_": str(uuid.uuid5(uuid.NAMESPACE_URL, n.node.node_id)),
-            "metadata": {**n.node.metadata, "paragraph_id": n.node.node_id}})
-         for n in passages_to_nodes(corpus_passages("hotpotqa", DATA))]
-qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="hotpotqa")
-index = VectorStoreIndex(nodes, embed_model=MiniLMEmbedding(),
-                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
+# Your documents as LlamaIndex Documents, in the application's index (Qdrant, local mode).
+qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
+index = VectorStoreIndex.from_documents(
+    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+     for d in my_documents()],
+    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
+    storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
 # CBDR reads the hidden states of a white-box model: the embedded SmolLM2, which also answers.
 lm = load_default_lm()
