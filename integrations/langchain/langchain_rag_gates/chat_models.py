@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Literal, Self
@@ -21,7 +22,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from rag_gates.lm import TextLM, load_lm
-from rag_gates.lm.base import Prompt
+from rag_gates.lm.base import Prompt, validate_prompt
 from rag_gates.lm.defaults import DEFAULT_LM_ID
 from rag_gates.types import ChatMessage, Generation
 
@@ -70,6 +71,7 @@ class _CallOptions(BaseModel):
     stop: list[str] | None = None
     logprobs: bool = False
     top_logprobs: int | None = Field(None, ge=0, le=20)
+    truncation: Literal["error", "left"] = "error"
 
     @property
     def top_k(self) -> int | None:
@@ -268,6 +270,13 @@ class ChatRagGates(BaseChatModel):
     streaming: bool = Field(
         False, description="Generate through the streaming path in invoke() as well."
     )
+    truncation: Literal["error", "left"] = Field(
+        "error",
+        description=(
+            "A prompt longer than the context window (with max_tokens reserved): 'error' "
+            "raises ContextLengthError, 'left' drops the oldest prompt tokens (HFWhiteBoxLM)."
+        ),
+    )
 
     model_config = ConfigDict(extra="forbid")
 
@@ -368,6 +377,7 @@ class ChatRagGates(BaseChatModel):
             "stop": self.stop,
             "logprobs": self.logprobs,
             "top_logprobs": self.top_logprobs,
+            "truncation": self.truncation,
         }
         unknown = sorted(set(call) - set(values))
         if unknown:
@@ -392,8 +402,9 @@ class ChatRagGates(BaseChatModel):
             and converted[0].role == "user"
             and getattr(lm, "chat_template", True) is False
         ):
-            return converted[0].content
-        return converted
+            return validate_prompt(converted[0].content)
+        # Any TextLM, not only HFWhiteBoxLM: odd text is refused here, naming the message.
+        return validate_prompt(converted)
 
     def _check_logprobs(self, lm: TextLM, options: _CallOptions) -> None:
         if options.logprobs and not lm.supports_logprobs:
@@ -401,6 +412,27 @@ class ChatRagGates(BaseChatModel):
                 f"{type(lm).__name__} ({lm.model_id}) does not report logprobs; "
                 "set logprobs=False or use an HFWhiteBoxLM"
             )
+        if options.truncation == "left" and "truncation" not in inspect.signature(
+            lm.generate
+        ).parameters:
+            raise ValueError(
+                f"{type(lm).__name__} ({lm.model_id}) cannot truncate prompts; shorten the "
+                "prompt, or use an HFWhiteBoxLM with truncation='left'"
+            )
+
+    @staticmethod
+    def _gen_args(options: _CallOptions, *, logprobs: bool) -> dict[str, Any]:
+        """Keyword arguments of TextLM.generate/stream for these options."""
+        args: dict[str, Any] = {
+            "max_new_tokens": options.max_tokens,
+            "stop": options.stop,
+            "temperature": options.temperature,
+        }
+        if logprobs:
+            args["logprobs"] = options.top_k
+        if options.truncation == "left":  # only HFWhiteBoxLM takes it (checked above)
+            args["truncation"] = "left"
+        return args
 
     def _response_metadata(self) -> dict[str, Any]:
         return {"model_name": self.model_name, "model_provider": PROVIDER}
@@ -447,11 +479,7 @@ class ChatRagGates(BaseChatModel):
         lm = self.get_lm()
         self._check_logprobs(lm, options)
         generation = lm.generate(
-            self._prompt(messages, lm),
-            max_new_tokens=options.max_tokens,
-            stop=options.stop,
-            temperature=options.temperature,
-            logprobs=options.top_k,
+            self._prompt(messages, lm), **self._gen_args(options, logprobs=True)
         )
         return self._result(generation)
 
@@ -466,11 +494,7 @@ class ChatRagGates(BaseChatModel):
         lm = self.get_lm()
         self._check_logprobs(lm, options)
         generation = await lm.agenerate(
-            self._prompt(messages, lm),
-            max_new_tokens=options.max_tokens,
-            stop=options.stop,
-            temperature=options.temperature,
-            logprobs=options.top_k,
+            self._prompt(messages, lm), **self._gen_args(options, logprobs=True)
         )
         return self._result(generation)
 
@@ -489,11 +513,7 @@ class ChatRagGates(BaseChatModel):
             # TextLM.stream yields text only; generate whole to keep the logprobs.
             chunk = self._whole_chunk(
                 lm.generate(
-                    prompt,
-                    max_new_tokens=options.max_tokens,
-                    stop=options.stop,
-                    temperature=options.temperature,
-                    logprobs=options.top_k,
+                    prompt, **self._gen_args(options, logprobs=True)
                 )
             )
             if run_manager:
@@ -501,10 +521,7 @@ class ChatRagGates(BaseChatModel):
             yield chunk
             return
         for delta in lm.stream(
-            prompt,
-            max_new_tokens=options.max_tokens,
-            stop=options.stop,
-            temperature=options.temperature,
+            prompt, **self._gen_args(options, logprobs=False)
         ):
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager:
@@ -526,11 +543,7 @@ class ChatRagGates(BaseChatModel):
         if options.logprobs:
             chunk = self._whole_chunk(
                 await lm.agenerate(
-                    prompt,
-                    max_new_tokens=options.max_tokens,
-                    stop=options.stop,
-                    temperature=options.temperature,
-                    logprobs=options.top_k,
+                    prompt, **self._gen_args(options, logprobs=True)
                 )
             )
             if run_manager:
@@ -538,10 +551,7 @@ class ChatRagGates(BaseChatModel):
             yield chunk
             return
         async for delta in lm.astream(
-            prompt,
-            max_new_tokens=options.max_tokens,
-            stop=options.stop,
-            temperature=options.temperature,
+            prompt, **self._gen_args(options, logprobs=False)
         ):
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager:

@@ -17,7 +17,13 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
-from rag_gates.rerank import PassageReranker, RerankResult, check_result, check_top_n
+from rag_gates.rerank import (
+    PassageReranker,
+    RerankResult,
+    check_query,
+    check_result,
+    check_top_n,
+)
 
 __all__ = ["ConfidenceGainReranker"]
 
@@ -227,6 +233,7 @@ class ConfidenceGainReranker(BaseDocumentCompressor):
     ) -> Sequence[Document]:
         """The best ``top_n`` documents for ``query``, best first, as annotated copies."""
         documents = list(documents)
+        check_query(query)  # a bad query is the caller's bug, also with nothing to rerank
         if not documents:
             return []
         result = self.reranker.rerank(query, documents_to_passages(documents),
@@ -246,6 +253,7 @@ class ConfidenceGainReranker(BaseDocumentCompressor):
         """:meth:`compress_documents` through the reranker's ``arerank`` (a local model runs
         in a worker thread, so the event loop is never blocked)."""
         documents = list(documents)
+        check_query(query)  # a bad query is the caller's bug, also with nothing to rerank
         if not documents:
             return []
         result = await self.reranker.arerank(query, documents_to_passages(documents),

@@ -252,3 +252,14 @@ def test_bad_arguments_and_serialisation(lm: Any, core: CoreReranker,
         ConfidenceGainReranker(reranker=Broken()).compress_documents(docs, QUERY)
     # The model stays out of serialisation.
     assert ConfidenceGainReranker(reranker=core, top_n=2).model_dump() == {"top_n": 2}
+
+
+@pytest.mark.parametrize("query", ["", "  ", "Who wrote\ud800 Hamlet?"])
+async def test_bad_query_is_refused_even_with_no_documents(query: str) -> None:
+    counting = Counting()
+    compressor = ConfidenceGainReranker(reranker=counting)
+    with pytest.raises(ValueError, match=r"^query"):
+        compressor.compress_documents([], query)
+    with pytest.raises(ValueError, match=r"^query"):
+        await compressor.acompress_documents([], query)
+    assert counting.calls == 0

@@ -17,9 +17,10 @@ from langchain_core.messages import (
 from langchain_core.messages import ChatMessage as LCChatMessage
 from langchain_rag_gates import ChatRagGates
 
+from rag_gates.lm.base import BaseTextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
 from rag_gates.testing import tiny_model_and_tokenizer
-from rag_gates.types import ChatMessage
+from rag_gates.types import ChatMessage, Generation
 
 QUESTION = "What is the capital of France?"
 SYSTEM = "Answer in one word."
@@ -298,3 +299,43 @@ def test_ls_params_and_identifying_params(tiny: HFWhiteBoxLM) -> None:
     assert per_call["ls_stop"] == ["x"]
     assert chat._identifying_params["model"] == "tiny-llama-seed0"
     assert chat._llm_type == "rag-gates-chat"
+
+
+# ---------------------------------------------------------------- odd text, long prompts
+def test_lone_surrogate_is_a_value_error_naming_the_position(chat: ChatRagGates) -> None:
+    with pytest.raises(ValueError, match=r"message 1 content .* position 9 \(U\+D800"):
+        chat.invoke([SystemMessage(SYSTEM), HumanMessage("Who wrote\ud800 Hamlet?")])
+    with pytest.raises(ValueError, match=r"position 9 \(U\+D800"):
+        list(chat.stream("Who wrote\ud800 Hamlet?"))
+
+
+def test_truncation_left_is_accepted_as_field_and_per_call(
+    chat: ChatRagGates, tiny: HFWhiteBoxLM
+) -> None:
+    from rag_gates.errors import ContextLengthError
+
+    long = "word " * 400  # beyond the tiny model's 256-token context
+    # The error's advice must work here: pass truncation='left'.
+    with pytest.raises(ContextLengthError, match="truncation='left'"):
+        chat.invoke(long)
+    expected = tiny.generate([ChatMessage(role="user", content=long)], max_new_tokens=12,
+                             truncation="left")
+    per_call = chat.invoke(long, truncation="left")
+    assert per_call.content == expected.text
+    assert per_call.usage_metadata is not None
+    assert per_call.usage_metadata["input_tokens"] == expected.prompt_tokens
+    field = ChatRagGates(lm=tiny, max_tokens=12, truncation="left")
+    assert field.invoke(long).content == expected.text
+    assert joined(list(field.stream(long))) == expected.text
+    with pytest.raises(ValueError, match="truncation"):
+        ChatRagGates(lm=tiny, truncation="right")
+
+    class Api(BaseTextLM):  # a text-only model with no way to truncate
+        model_id = "api"
+
+        def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+            return Generation(text="ok", finish_reason="stop")
+
+    with pytest.raises(ValueError, match="cannot truncate prompts"):
+        ChatRagGates(lm=Api()).invoke(long, truncation="left")
+    assert ChatRagGates(lm=Api()).invoke(long).content == "ok"

@@ -372,3 +372,15 @@ def test_import_does_not_load_torch(tmp_path: Path) -> None:
     result = subprocess.run([sys.executable, "-c", code], cwd=tmp_path, capture_output=True,
                             text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+@pytest.mark.parametrize("query", ["", "  ", "Who wrote\ud800 Hamlet?"])
+async def test_bad_query_is_refused_even_with_no_nodes(query: str,
+                                                       collector: Collector) -> None:
+    counting = Counting()
+    reranker = ConfidenceGainReranker(reranker=counting)
+    with pytest.raises(ValueError, match=r"^query"):
+        reranker.postprocess_nodes([], query_str=query)
+    with pytest.raises(ValueError, match=r"^query"):
+        await reranker.apostprocess_nodes([], query_str=query)
+    assert counting.calls == 0 and collector.of(ReRankStartEvent) == []

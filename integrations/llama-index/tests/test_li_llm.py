@@ -257,3 +257,36 @@ def test_copies_share_the_loaded_model(llm: RagGatesLLM) -> None:
     changed = llm.model_copy(update={"max_new_tokens": 3})
     assert changed.complete(PROMPT).additional_kwargs["completion_tokens"] <= 3
     assert llm.to_dict()["model"] == llm.lm.model_id  # serialisable: the model is private
+
+
+# ---------------------------------------------------------------- odd text, long prompts
+def test_lone_surrogate_is_a_value_error_naming_the_position(llm: RagGatesLLM) -> None:
+    bad = "Who wrote\ud800 Hamlet?"
+    with pytest.raises(ValueError, match=r"^prompt .* position 9 \(U\+D800"):
+        llm.complete(bad)
+    with pytest.raises(ValueError, match=r"^message 1 content .* position 9 \(U\+D800"):
+        llm.chat([ChatMessage(role="system", content="Be brief."),
+                  ChatMessage(role="user", content=bad)])
+    with pytest.raises(ValueError, match=r"position 9 \(U\+D800"):
+        list(llm.stream_complete(bad))
+
+
+def test_truncation_left_is_accepted_as_field_and_per_call(
+    llm: RagGatesLLM, tiny_li: HFWhiteBoxLM
+) -> None:
+    from rag_gates.errors import ContextLengthError
+
+    long = "word " * 400  # beyond the tiny model's 256-token context
+    # The error's advice must work here: pass truncation='left'.
+    with pytest.raises(ContextLengthError, match="truncation='left'"):
+        llm.complete(long)
+    expected = tiny_li.generate(long, max_new_tokens=N, truncation="left")
+    per_call = llm.complete(long, truncation="left")
+    assert per_call.text == expected.text
+    assert per_call.additional_kwargs["prompt_tokens"] == expected.prompt_tokens
+    field = RagGatesLLM(lm=tiny_li, max_new_tokens=N, truncation="left")
+    assert field.complete(long).text == expected.text
+    assert field.chat([ChatMessage(role="user", content=long)]).message.content == expected.text
+    assert "".join(r.delta or "" for r in field.stream_complete(long)) == expected.text
+    with pytest.raises(ValueError, match="truncation"):
+        llm.complete(long, truncation="right")

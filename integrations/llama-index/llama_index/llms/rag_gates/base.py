@@ -57,7 +57,8 @@ LOGPROBS_LAYOUT = "chosen_then_top"
 _LOAD_LOCK = threading.Lock()
 
 # Per-call keyword arguments complete()/chat() accept; anything else is a caller's mistake.
-_CALL_KWARGS = frozenset({"max_new_tokens", "temperature", "top_logprobs", "stop", "seed", "top_p"})
+_CALL_KWARGS = frozenset({"max_new_tokens", "temperature", "top_logprobs", "stop", "seed", "top_p",
+                          "truncation"})
 
 _Role = Literal["system", "user", "assistant"]
 _ROLES: dict[str, _Role] = {
@@ -141,7 +142,8 @@ class RagGatesLLM(CustomLLM):
     Streaming responses carry no log-probabilities.
 
     Per-call keyword arguments: ``max_new_tokens``, ``temperature``, ``top_logprobs``,
-    ``stop`` (strings, excluded from the text), ``seed`` and ``top_p`` (sampling).
+    ``stop`` (strings, excluded from the text), ``seed`` and ``top_p`` (sampling), and
+    ``truncation`` (``"left"`` drops the oldest prompt tokens when the prompt does not fit).
 
     Setup:
         ``pip install llama-index-rag-gates``
@@ -188,6 +190,13 @@ class RagGatesLLM(CustomLLM):
         description=(
             "Return per-token log-probabilities with this many top alternatives (0..20; 0 = "
             "the generated token only). None returns no log-probabilities."
+        ),
+    )
+    truncation: Literal["error", "left"] = Field(
+        default="error",
+        description=(
+            "A prompt longer than the context window (with max_new_tokens reserved): 'error' "
+            "raises ContextLengthError, 'left' drops the oldest prompt tokens."
         ),
     )
     context_window: int | None = Field(
@@ -274,7 +283,12 @@ class RagGatesLLM(CustomLLM):
         out: dict[str, Any] = {
             "max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens),
             "temperature": kwargs.get("temperature", self.temperature),
+            "truncation": kwargs.get("truncation", self.truncation),
         }
+        if out["truncation"] not in ("error", "left"):
+            raise ValueError(
+                f"truncation must be 'error' or 'left', got {out['truncation']!r}"
+            )
         for key in ("stop", "seed", "top_p"):
             if kwargs.get(key) is not None:
                 out[key] = kwargs[key]

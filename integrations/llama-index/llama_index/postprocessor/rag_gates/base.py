@@ -15,7 +15,13 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import annotate_node, nodes_to_passages
 from pydantic import Field, PrivateAttr, field_validator
 
-from rag_gates.rerank import PassageReranker, RerankResult, check_result, check_top_n
+from rag_gates.rerank import (
+    PassageReranker,
+    RerankResult,
+    check_query,
+    check_result,
+    check_top_n,
+)
 
 __all__ = ["RERANK_KEY", "RETRIEVAL_SCORE_KEY", "ConfidenceGainReranker"]
 
@@ -207,7 +213,8 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
                 "query_str=...) or postprocess_nodes(nodes, query_bundle=QueryBundle(...)); "
                 "query engines pass it themselves"
             )
-        return query_bundle.query_str
+        # Checked before the empty-nodes shortcut: a bad query is the caller's bug either way.
+        return check_query(query_bundle.query_str)
 
     def _start(self, nodes: list[NodeWithScore], query_bundle: QueryBundle) -> dict[str, Any]:
         top_n = len(nodes) if self.top_n is None else self.top_n
