@@ -253,7 +253,8 @@ def _decide_resumably(gate: Any, config: GateEvalConfig, examples: list[Any], ou
     if path.is_file():
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
-            done[row.pop("id")] = GateDecision.model_validate(row)
+            key = row.pop("id")
+            done[key] = GateDecision.model_validate(row)
     with path.open("a", encoding="utf-8") as handle:
         for i, example in enumerate(examples, start=1):
             if example.id not in done:
