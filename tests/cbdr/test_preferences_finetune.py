@@ -21,7 +21,6 @@ from rag_gates.cbdr import (
     ProbeConfig,
     ProbePrompts,
 )
-from rag_gates.cbdr.cli import cbdr_app
 from rag_gates.cbdr.preferences import (
     PreferenceRecord,
     build_preferences,
@@ -29,6 +28,7 @@ from rag_gates.cbdr.preferences import (
     read_preferences,
     state_path,
 )
+from rag_gates.commands.cbdr import cbdr_app
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.types import Passage
 
