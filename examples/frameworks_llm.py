@@ -1,6 +1,9 @@
 """The embedded model as a LlamaIndex LLM and a LangChain chat model, with logprobs.
 
     .venv/bin/python examples/frameworks_llm.py
+
+For your own model, replace ``load_default_lm()`` by ``load_lm("PATH_OR_HUB_ID")`` (any local
+transformers checkpoint or a Hugging Face hub id).
 """
 
 from __future__ import annotations

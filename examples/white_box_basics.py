@@ -1,6 +1,9 @@
 """What HFWhiteBoxLM exposes, on the embedded SmolLM2 (offline, CPU).
 
     .venv/bin/python examples/white_box_basics.py
+
+For your own model, replace ``load_default_lm()`` by ``load_lm("PATH_OR_HUB_ID")`` (any local
+transformers checkpoint or a Hugging Face hub id).
 """
 
 from __future__ import annotations
