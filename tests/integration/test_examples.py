@@ -43,3 +43,29 @@ def test_cbdr_example_runs(script: str) -> None:
     assert out.stdout.count("answer:") == 2
     if "decision: retrieve=True" in out.stdout:
         assert "Inc=" in out.stdout
+
+
+@pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
+def test_examples_use_public_imports_only(script: str) -> None:
+    """The examples are a user's path: no benchmark harness (rag_gates.eval), no private
+    module (a name starting with '_'), and only what the imported module exports."""
+    import ast
+    import importlib
+
+    tree = ast.parse((EXAMPLES / script).read_text(encoding="utf-8"))
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module:
+            modules = [(node.module, [a.name for a in node.names])]
+        elif isinstance(node, ast.Import):
+            modules = [(a.name, []) for a in node.names]
+        else:
+            continue
+        for module, names in modules:
+            if not module.startswith(("rag_gates", "langchain_rag_gates", "llama_index")):
+                continue
+            assert not module.startswith("rag_gates.eval"), (script, module)
+            assert not any(part.startswith("_") for part in module.split(".")), (script, module)
+            public = getattr(importlib.import_module(module), "__all__", None)
+            if module.startswith(("rag_gates", "langchain_rag_gates")) or ".rag_gates" in module:
+                assert public is not None, f"{script}: {module} declares no __all__"
+                assert set(names) <= set(public), (script, module, set(names) - set(public))
