@@ -23,12 +23,8 @@ index once with ``rag-gates index build`` and open it with ``LocalInfiniGram("in
 case="insensitive")``, or count in a pre-training corpus with
 ``rag_gates.corpus.HostedInfiniGram``.
 
-``TAU_ENTITY`` is a document count in *your* corpus, so it scales with the corpus: 10 of
-these 491 documents. ``rag-gates eval-gate --gate quco --dataset popqa --n 500 --out
-runs/gate-quco`` calibrates it on labelled questions (best accuracy; the rarity threshold ``t``
-in ``runs/gate-quco/gate.json`` gives ``QuCoGate.from_threshold(stats, t)``, i.e.
-``tau_entity = 1 / t - 1``); that command counts in the benchmark's index of 13,169 HotpotQA
-and 2Wiki paragraphs, where it gave 82.
+``TAU_ENTITY`` is a document count in *your* corpus (10 of these 491 documents); how to
+calibrate it with ``rag-gates eval-gate --gate quco``: see ``llama_index_quco.py``.
 """
 
 from __future__ import annotations
