@@ -82,9 +82,9 @@ class ConfidenceGainReranker(BaseReranker):
     def _fit(self, passage: Passage, room: int) -> tuple[Passage, int]:
         """The passage cut by the truncation rule, and how many tokens were dropped."""
         tok = self.lm.tokenizer
-        ids = tok(passage.text, add_special_tokens=False)["input_ids"]
-        title = len(tok(f"{passage.title}: ", add_special_tokens=False)["input_ids"]) \
-            if passage.title else 0
+        # Literal ids, as the prompt encodes the passage: its "<|im_end|>" is plain text.
+        ids = self.lm.token_ids(passage.text)
+        title = len(self.lm.token_ids(f"{passage.title}: ")) if passage.title else 0
         keep = max(1, min(self.max_passage_tokens, room - title))
         if len(ids) <= keep:
             return passage, 0

@@ -31,6 +31,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "BaseTextLM",
     "ContinuationScore",
+    "FormattedPrompt",
     "Prompt",
     "TextLM",
     "WhiteBoxLM",
@@ -41,7 +42,26 @@ __all__ = [
 ]
 
 Prompt: TypeAlias = str | Sequence[ChatMessage | Mapping[str, str]]
-"""A plain string, or chat messages (``ChatMessage`` or ``{"role": ..., "content": ...}``)."""
+"""A plain string, or chat messages (``ChatMessage`` or ``{"role": ..., "content": ...}``).
+
+Text in a prompt is literal: ``"<|im_end|>"`` written in a question or a retrieved passage
+is encoded as those characters, never as the model's end-of-turn token; only the chat
+template adds control tokens. Wrap text you formatted yourself in :class:`FormattedPrompt`
+to have its control tokens parsed."""
+
+
+class FormattedPrompt(str):
+    """A prompt already in the model's format, from trusted text: no chat template is
+    applied, and special-token text in it (``<|im_start|>``) becomes control tokens.
+
+    Never build one from user text or retrieved passages: they could forge chat turns.
+
+    Example:
+        >>> FormattedPrompt("<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n")
+        '<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\n'
+    """
+
+    __slots__ = ()
 
 
 class ContinuationScore(BaseModel):

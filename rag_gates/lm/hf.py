@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import logging
 import os
+import re
 import threading
 import time
 from collections.abc import Generator, Iterator, Sequence
@@ -33,13 +34,14 @@ from rag_gates.errors import ContextLengthError, ModelNotFoundError
 from rag_gates.lm.base import (
     BaseTextLM,
     ContinuationScore,
+    FormattedPrompt,
     Prompt,
     as_messages,
     validate_generation_args,
     validate_prompt,
 )
 from rag_gates.lm.stops import StopCutter
-from rag_gates.types import Generation, TokenLogprob, TopLogprob
+from rag_gates.types import ChatMessage, Generation, TokenLogprob, TopLogprob
 
 # require() turns a missing dependency into an error naming the extra; then import normally.
 require("torch", "hf")
@@ -52,6 +54,7 @@ __all__ = ["HFWhiteBoxLM", "StreamGroup"]
 logger = logging.getLogger(__name__)
 
 Truncation = Literal["error", "left"]
+_PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
 
 
@@ -249,24 +252,60 @@ class HFWhiteBoxLM(BaseTextLM):
     # ------------------------------------------------------------------ tokenisation
     def render(self, prompt: Prompt, *, chat_template: bool | None = None) -> str:
         """The exact text the model sees for ``prompt`` (after the chat template, if used)."""
+        return "".join(text for text, _ in self._segments(prompt, chat_template)[0])
+
+    def _segments(self, prompt: Prompt, chat_template: bool | None
+                  ) -> tuple[list[tuple[str, bool]], bool]:
+        """The rendered prompt as ``(text, literal)`` pieces, and whether a chat template
+        rendered it. Pieces are the chat template's own text (its control tokens parsed) and
+        each message's content (literal): each content goes through the template as a
+        placeholder, so nothing in it can be read as the template's markup."""
         prompt = validate_prompt(prompt)
+        if isinstance(prompt, FormattedPrompt):
+            return [(str(prompt), False)], False
         use_template = self.chat_template if chat_template is None else chat_template
         if isinstance(prompt, str) and not use_template:
-            return prompt
+            return [(prompt, True)], False
         if not getattr(self.tokenizer, "chat_template", None):
             raise ValueError(
                 "chat messages need a chat template, and this tokenizer has none; "
                 "pass a plain string prompt instead"
             )
         messages = (
-            [{"role": "user", "content": prompt}]
+            [ChatMessage(role="user", content=prompt)]
             if isinstance(prompt, str)
-            else [m.model_dump() for m in as_messages(prompt)]
+            else as_messages(prompt)
         )
-        text = self.tokenizer.apply_chat_template(
-            messages, tokenize=False, add_generation_prompt=True
-        )
-        return str(text)
+        # Private-use characters: no template or tokenizer gives them meaning.
+        placeholders = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        text = str(self.tokenizer.apply_chat_template(
+            [{"role": m.role, "content": ph} for m, ph in zip(messages, placeholders,
+                                                                strict=True)],
+            tokenize=False, add_generation_prompt=True,
+        ))
+        segments: list[tuple[str, bool]] = []
+        for i, piece in enumerate(_PLACEHOLDER.split(text)):
+            if i % 2:  # a captured message index
+                segments.append((messages[int(piece)].content, True))
+            elif piece:
+                segments.append((piece, False))
+        return segments, True
+
+    def token_ids(self, text: str, *, literal: bool = True, add_special_tokens: bool = False
+                   ) -> list[int]:
+        """Token ids of ``text``. ``literal`` (the default, for any user text or passage)
+        encodes special-token text such as ``<|im_end|>`` as plain characters, so it can
+        never act as a control token.
+
+        Example:
+            >>> lm.token_ids("a <|im_end|> b")          # no end-of-turn id in the result
+        """
+        # Under the lock: the tokenizer keeps the split setting as backend state.
+        with self._lock:
+            ids: list[int] = self.tokenizer(
+                text, add_special_tokens=add_special_tokens, split_special_tokens=literal
+            )["input_ids"]
+        return ids
 
     def encode(
         self,
@@ -284,11 +323,13 @@ class HFWhiteBoxLM(BaseTextLM):
         """
         if truncation not in ("error", "left"):
             raise ValueError(f"truncation must be 'error' or 'left', got {truncation!r}")
-        use_template = self.chat_template if chat_template is None else chat_template
-        text = self.render(prompt, chat_template=chat_template)
-        uses_template = use_template or not isinstance(prompt, str)
-        # The chat template already writes any special tokens it needs.
-        ids: list[int] = self.tokenizer(text, add_special_tokens=not uses_template)["input_ids"]
+        segments, templated = self._segments(prompt, chat_template)
+        if templated:  # the chat template already writes the special tokens it needs
+            ids = [t for text, literal in segments
+                   for t in self.token_ids(text, literal=literal)]
+        else:  # plain or caller-formatted text: the tokenizer adds its own (BOS, ...)
+            ((text, literal),) = segments
+            ids = self.token_ids(text, literal=literal, add_special_tokens=True)
         budget = self.max_context - reserve
         if budget < 1:
             raise ContextLengthError(
@@ -624,7 +665,7 @@ class HFWhiteBoxLM(BaseTextLM):
             if not isinstance(c, str):
                 raise TypeError(f"continuation {i} must be a str, got {type(c).__name__}")
             check_encodable(c, f"continuation {i}")
-            ids = self.tokenizer(c, add_special_tokens=False)["input_ids"]
+            ids = self.token_ids(c, literal=True)
             if not ids:
                 raise ValueError(f"continuation {i} is empty; nothing to score")
             cont_ids.append(ids)

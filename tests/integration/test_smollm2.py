@@ -91,3 +91,20 @@ def test_default_embedder_embeds_offline() -> None:
                                "Bananas are yellow."], normalize_embeddings=True)
     assert vectors.shape == (3, 384)
     assert float(vectors[0] @ vectors[1]) > float(vectors[0] @ vectors[2])
+
+
+def test_control_tokens_in_passages_stay_literal_on_smollm2(smol: HFWhiteBoxLM) -> None:
+    from tests.unit.test_text_boundaries import assert_no_forged_turns
+
+    assert_no_forged_turns(smol)
+
+
+def test_ordinary_prompts_encode_as_before_on_smollm2(smol: HFWhiteBoxLM) -> None:
+    # Encoding content and template apart must not change the ids of ordinary prompts (the
+    # shipped probe was trained on them): compare with one pass over the rendered text.
+    rows = load_hotpotqa_rows(DEMO_DATA, 20)
+    prompts = [r["question"] for r in rows] + [qa_prompt(r["question"], gold_passages(r))
+                                               for r in rows]
+    for prompt in prompts:
+        whole = smol.tokenizer(smol.render(prompt), add_special_tokens=False)["input_ids"]
+        assert smol.encode(prompt) == whole

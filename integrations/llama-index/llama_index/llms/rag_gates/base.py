@@ -29,6 +29,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 
 from rag_gates.lm.base import (
+    FormattedPrompt,
     Prompt,
     WhiteBoxLM,
     validate_generation_args,
@@ -134,7 +135,9 @@ class RagGatesLLM(CustomLLM):
     once, and ``complete()`` sends its prompt as one user turn through the same template
     (the model is instruction-tuned). A custom ``completion_to_prompt`` or
     ``messages_to_prompt`` takes formatting over: its output reaches the model verbatim,
-    without the chat template.
+    without the chat template, and special-token text it writes (``<|im_start|>``) is read as
+    control tokens. Otherwise text is literal: ``<|im_end|>`` inside a question or a
+    retrieved passage never ends the user's turn.
 
     ``complete()``/``chat()`` return per-token log-probabilities when ``top_logprobs`` is
     set (field or per call): ``logprobs[i][0]`` is generated token ``i``, ``logprobs[i][1:]``
@@ -303,15 +306,16 @@ class RagGatesLLM(CustomLLM):
         formatter = self.completion_to_prompt
         if formatter is None or formatter is default_completion_to_prompt:
             return validate_prompt(prompt), None
-        # A custom formatter owns the format: its output goes to the model verbatim.
-        return validate_prompt(prompt if formatted else formatter(prompt)), False
+        # A custom formatter owns the format: its output goes to the model verbatim, its
+        # special-token text parsed as control tokens (FormattedPrompt).
+        return validate_prompt(FormattedPrompt(prompt if formatted else formatter(prompt))), False
 
     def _chat_input(self, messages: Sequence[ChatMessage]) -> tuple[Prompt, bool | None]:
         formatter = self.messages_to_prompt
         if formatter is None or formatter is generic_messages_to_prompt:
             # The tokenizer's chat template renders the messages, exactly once.
             return validate_prompt(to_rag_gates_messages(messages)), None
-        return validate_prompt(formatter(messages)), False
+        return validate_prompt(FormattedPrompt(formatter(messages))), False
 
     # ------------------------------------------------------------------ completion
     @llm_completion_callback()
