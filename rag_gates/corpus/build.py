@@ -11,7 +11,11 @@ the ``infini-gram`` wheel, and verified in full.
 
 The build happens in a hidden temporary directory beside the target and is renamed into place
 at the end: an interrupted build leaves no half index. An existing target is replaced only with
-``force=True``, and only if it is a rag-gates index (or empty).
+``force=True``, and only if it is a rag-gates index (or empty). A build killed outright
+(SIGKILL, power loss) cannot clean up: its directory records the building process (pid, start
+time, host), and the next build of the same target removes the directories whose process is
+gone. On Linux the indexer processes get the parent-death signal, so they never outlive the
+build.
 
 Pitfalls handled: infini-gram's own indexer fetches tokenizers from the hub (not used here);
 with several parallel parts a small corpus gets a silently wrong suffix array (parts are only
@@ -27,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import contextlib
+import ctypes
 import gzip
 import json
 import logging
@@ -35,7 +40,10 @@ import os
 import re
 import resource
 import shutil
+import signal
+import socket
 import subprocess
+import sys
 import tempfile
 import time
 import unicodedata
@@ -70,6 +78,11 @@ MIN_PART_BYTES = 4 * 1024 * 1024  # below this per part, one part (see the pitfa
 JSONL_SUFFIXES = (".jsonl", ".ndjson", ".jsonl.gz", ".ndjson.gz")
 TEXT_SUFFIXES = (".txt", ".txt.gz")
 MAX_EXAMPLES = 20
+OWNER_NAME = ".rag_gates_build_owner.json"  # inside a build directory, never published
+# A build directory without an owner record (a build of an older version, or one killed in
+# the instant between creating it and writing the record) is stale after this long.
+UNOWNED_STALE_SECONDS = 3600.0
+_PR_SET_PDEATHSIG = 1  # from <sys/prctl.h>
 
 
 class BuildOptions(BaseModel):
@@ -272,8 +285,28 @@ def _rust_indexing() -> Path:
     return binary
 
 
-def _limit_files(limit: int | None) -> Callable[[], None]:
+def _prctl() -> Any:
+    """libc's prctl on Linux (resolved in the parent: the child between fork and exec should
+    do as little as possible), else None."""
+    if not sys.platform.startswith("linux"):
+        return None
+    try:
+        return ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+
+
+def _child_setup(limit: int | None) -> Callable[[], None]:
+    """Runs in each indexer child before exec: dies with the build (a SIGKILLed build would
+    otherwise leave it running for minutes), and raises its open-file limit."""
+    prctl = _prctl()
+    parent = os.getpid()
+
     def apply() -> None:
+        if prctl is not None:
+            prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+            if os.getppid() != parent:  # the build died before prctl took effect
+                os._exit(1)
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
         want = limit if limit is not None else 65536
         if hard != resource.RLIM_INFINITY:
@@ -291,7 +324,7 @@ def _run_all(commands: list[list[str]], log: Path, limit: int | None, step: str)
         try:
             for cmd in commands:
                 procs.append(subprocess.Popen(cmd, stdout=sink, stderr=subprocess.STDOUT,
-                                              preexec_fn=_limit_files(limit)))
+                                              preexec_fn=_child_setup(limit)))
             codes = [p.wait() for p in procs]
         finally:
             for p in procs:
@@ -411,6 +444,58 @@ def _dense_ids(ids: Any, lookup: Any, dense: list[int]) -> Any:
     return lookup[ids]
 
 
+def _process_start(pid: int) -> int | None:
+    """Start time of a process in clock ticks since boot (Linux), to tell a recycled pid
+    from the original process; None where /proc is unavailable."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        return int(stat[stat.rindex(")") + 2:].split()[19])
+    except (OSError, ValueError, IndexError):
+        return None
+
+
+def _owner_record(pid: int) -> dict[str, Any]:
+    return {"pid": pid, "host": socket.gethostname(), "started": _process_start(pid)}
+
+
+def _owner_gone(record: dict[str, Any]) -> bool:
+    """True when the process that owned a build directory no longer runs on this host."""
+    pid = record.get("pid")
+    if record.get("host") != socket.gethostname() or not isinstance(pid, int) or pid <= 0:
+        return False  # another machine's build (shared disk), or unknown: leave it
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        pass  # alive, another user's
+    with contextlib.suppress(OSError, ValueError, IndexError):
+        stat = Path(f"/proc/{pid}/stat").read_text()
+        if stat[stat.rindex(")") + 2] in "ZX":  # dead, not yet reaped by its parent
+            return True
+    started = record.get("started")
+    now = _process_start(pid)
+    return started is not None and now is not None and started != now  # pid recycled
+
+
+def _clean_stale_builds(target: Path) -> None:
+    """Remove build directories of ``target`` left by builds that were killed outright."""
+    prefix = f".{target.name}.building-"
+    for d in target.parent.iterdir():
+        if not d.name.startswith(prefix) or d.is_symlink() or not d.is_dir():
+            continue
+        stale = False
+        try:
+            record = json.loads((d / OWNER_NAME).read_text(encoding="utf-8"))
+            stale = isinstance(record, dict) and _owner_gone(record)
+        except (OSError, ValueError):
+            with contextlib.suppress(OSError):
+                stale = time.time() - d.stat().st_mtime > UNOWNED_STALE_SECONDS
+        if stale:
+            logger.info("removing %s, left by a build that was killed", d)
+            shutil.rmtree(d, ignore_errors=True)
+
+
 def _replaceable(out: Path) -> bool:
     return out.is_dir() and ((out / MANIFEST_NAME).is_file() or not any(out.iterdir()))
 
@@ -456,7 +541,9 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
     index_id = uuid.uuid4().hex
     name = opts.name or target.name
     target.parent.mkdir(parents=True, exist_ok=True)
+    _clean_stale_builds(target)
     tmp = Path(tempfile.mkdtemp(prefix=f".{target.name}.building-", dir=target.parent))
+    (tmp / OWNER_NAME).write_text(json.dumps(_owner_record(os.getpid())), encoding="utf-8")
     progress = _Progress(opts.progress, sum(f.stat().st_size for f, _ in files))
     skips = _Skips()
     try:
@@ -548,7 +635,8 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
         tok.save(tmp / TOKENIZER_NAME)
         if remap:
             np.asarray(dense, dtype="<u4").tofile(tmp / VOCAB_MAP_NAME)
-        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir()) if p.is_file()}
+        sizes = {p.name: p.stat().st_size for p in sorted(tmp.iterdir())
+                 if p.is_file() and p.name != OWNER_NAME}
         progress.stage("computing digests")
         t3 = time.perf_counter()
         digests = {name: file_digest(tmp / name) for name in sizes}
@@ -574,6 +662,7 @@ def build_index(corpus: str | os.PathLike[str] | Sequence[str | os.PathLike[str]
             skipped=report.skipped, sources=report.sources)
         (tmp / MANIFEST_NAME).write_text(manifest.model_dump_json(indent=2), encoding="utf-8")
         progress.stage("publishing")
+        (tmp / OWNER_NAME).unlink()
         _publish(tmp, target)
         logger.info("built %s: %d documents, %d tokens in %.1f s", target, n_docs, n_tokens,
                     seconds)

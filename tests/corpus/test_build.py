@@ -253,3 +253,107 @@ def test_large_vocabulary_is_remapped_to_16_bit_ids(tmp_path: Path) -> None:
         other = LocalInfiniGram(tmp_path / "idx", strategy=strategy)
         assert other.cooccurrence("w69999", "w5 w69999").value == 1
         assert other.cooccurrence("w5", "w3 w7").value == 0
+
+
+# ------------------------------------------------------------------ hard kills
+def _children(pid: int) -> list[tuple[int, str]]:
+    """(pid, command line) of the live (not zombie) processes whose parent is ``pid``."""
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+            cmd = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode()
+        except OSError:
+            continue
+        fields = stat[stat.rindex(")") + 2:].split()
+        if int(fields[1]) == pid and fields[0] != "Z":
+            out.append((int(entry.name), cmd))
+    return out
+
+
+def _alive(pid: int) -> bool:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rindex(")") + 2] != "Z"
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="uses /proc and prctl")
+def test_a_sigkilled_build_leaves_no_indexer_and_its_directory_is_cleaned_next_time(
+        tmp_path: Path, tokenizer_path: Path) -> None:
+    rows = [{"text": f"Paragraph {i} about Paris and the river number {i * 7}. " * 20}
+            for i in range(20_000)]
+    src = write_jsonl(tmp_path / "big.jsonl", rows)
+    out = tmp_path / "idx"
+    code = ("import sys; from rag_gates.corpus import build_index; "
+            "build_index(sys.argv[1], sys.argv[2], tokenizer=sys.argv[3], cpus=1)")
+    proc = subprocess.Popen([sys.executable, "-c", code, str(src), str(out),
+                             str(tokenizer_path)])
+    deadline = time.monotonic() + 120
+    indexers: list[tuple[int, str]] = []
+    while time.monotonic() < deadline and proc.poll() is None:
+        indexers = [c for c in _children(proc.pid) if "rust_indexing" in c[1]]
+        if indexers:
+            break
+        time.sleep(0.01)
+    if not indexers:
+        proc.kill()
+        pytest.fail("the build never started its indexer")
+    child = indexers[0][0]
+    # Stopped, the indexer cannot finish on its own before the check below; SIGKILL (the
+    # parent-death signal) still ends a stopped process.
+    os.kill(child, signal.SIGSTOP)
+    proc.send_signal(signal.SIGKILL)
+    proc.wait(timeout=30)
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.05)
+    orphaned = _alive(child)
+    if orphaned:
+        os.kill(child, signal.SIGKILL)
+    assert not orphaned, "the indexer outlived the SIGKILLed build"
+    stale = [p for p in tmp_path.iterdir() if p.name.startswith(".idx.building-")]
+    assert len(stale) == 1  # SIGKILL runs no cleanup: the next build must do it
+    small = write_jsonl(tmp_path / "small.jsonl", [{"text": "Paris is in France."}])
+    build_index(small, out, tokenizer=tokenizer_path, cpus=1)
+    assert not [p for p in tmp_path.iterdir() if ".building-" in p.name]
+    assert LocalInfiniGram(out).count("Paris").value == 1
+
+
+def test_only_build_directories_of_gone_processes_are_removed(tmp_path: Path,
+                                                              tokenizer_path: Path) -> None:
+    from rag_gates.corpus.build import OWNER_NAME
+
+    gone = subprocess.Popen([sys.executable, "-c", "pass"])
+    gone.wait()
+
+    def leftover(name: str, pid: int | None, age_s: float = 0.0) -> Path:
+        d = tmp_path / name
+        d.mkdir()
+        (d / "tokenized.0").write_bytes(b"\xff\xff" * 100)
+        if pid is not None:
+            (d / OWNER_NAME).write_text(json.dumps(build_module._owner_record(pid)))
+        if age_s:
+            old = time.time() - age_s
+            os.utime(d, (old, old))
+        return d
+
+    dead = leftover(".idx.building-dead", gone.pid)
+    live = leftover(".idx.building-live", os.getpid())  # a build still running here
+    other_target = leftover(".other.building-dead", gone.pid)
+    unowned_new = leftover(".idx.building-new", None)  # just made, owner not yet written
+    unowned_old = leftover(".idx.building-old", None, age_s=2 * 3600)  # from before owners
+    src = write_jsonl(tmp_path / "c.jsonl", [{"text": "Paris"}])
+    build_index(src, tmp_path / "idx", tokenizer=tokenizer_path, cpus=1)
+    assert not dead.exists() and not unowned_old.exists()
+    assert live.is_dir() and other_target.is_dir() and unowned_new.is_dir()
+    # A recycled pid (same number, another process) does not keep a directory alive.
+    reused = leftover(".idx.building-reused", None)
+    record = build_module._owner_record(os.getpid())
+    record["started"] = -1
+    (reused / OWNER_NAME).write_text(json.dumps(record))
+    build_index(src, tmp_path / "idx", tokenizer=tokenizer_path, cpus=1, force=True)
+    assert not reused.exists() and live.is_dir()
