@@ -245,7 +245,7 @@ def plan_facts(pool: Sequence[PopQAFact], *, n_facts: int, ladder: Sequence[int]
         for f, split in zip(members, deal, strict=True):
             split_of[f.row] = split
     return [Fact(**f.model_dump(), id=f"tb-{f.row}", repetitions=rung_of[f.row],
-                 split=split_of[f.row], popularity_bin=bins[f.row],  # type: ignore[arg-type]
+                 split=split_of[f.row], popularity_bin=bins[f.row],
                  counterfactual=counterfactual_object(f, pool, seed))
             for f in sorted(chosen, key=lambda f: f.row)]
 
