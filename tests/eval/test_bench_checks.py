@@ -15,7 +15,7 @@ from rag_gates.cli import app
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate, label_run_dir
-from rag_gates.eval.methods import MethodContext, available_methods, check_method_name
+from rag_gates.eval.methods import available_methods, check_method_name
 from rag_gates.eval.runner import BenchConfig, run_bench
 from rag_gates.retrieval.bm25 import BM25Retriever
 
@@ -200,11 +200,6 @@ def test_the_label_cache_is_keyed_by_the_data_not_its_name(tmp_path: Path, tiny:
     same = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=2,
                           data_path=str(c))
     assert label_run_dir(same, load_dataset("popqa", c, n=3).fingerprint) == dirs[0]
-
-
-def test_method_context_is_not_needed_to_validate() -> None:
-    # Validation is model-free: the registry's check needs names only, no MethodContext.
-    assert MethodContext.model_fields["option"].default is None
 
 
 def test_a_label_cache_from_before_the_fingerprint_key_is_adopted_only_when_it_matches(
