@@ -231,8 +231,9 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
                 row = json.loads(raw.decode("utf-8"))
                 if not isinstance(row, dict):
                     raise ValueError("line is not a JSON object")
+                if isinstance(row.get("question"), str):  # named by position, before parsing
+                    check_encodable(row["question"], "question")
                 example = parse(row, number)
-                check_encodable(example.question, "question")
             except (ValueError, KeyError, TypeError, UnicodeDecodeError) as exc:
                 reason = f"{type(exc).__name__}: {exc}"
                 logger.warning("%s:%d: skipped malformed %s row (%s)", file, number, name,

@@ -108,6 +108,18 @@ def test_duplicate_question_ids_are_dropped_with_a_warning_and_the_true_count(
     assert "2 questions" in (tmp_path / "run" / "summary.md").read_text()
 
 
+def test_a_question_with_a_lone_surrogate_is_skipped_naming_its_position(
+        tmp_path: Path) -> None:
+    first, second = _rows(2)
+    row = json.loads(second)
+    bad = json.dumps({**row, "question": "Who \ud800 wrote it?"})  # escaped as "\\ud800"
+    path = tmp_path / "hotpotqa_dev.jsonl"
+    path.write_text("\n".join([first, bad]) + "\n", encoding="utf-8")
+    load = load_dataset("hotpotqa", path)
+    assert len(load.examples) == 1
+    assert load.skipped[0][0] == 2 and "position 4" in load.skipped[0][1]
+
+
 def test_a_data_file_without_a_valid_question_is_an_error(tmp_path: Path,
                                                           no_model_loads: list[str]) -> None:
     path = tmp_path / "hotpotqa_dev.jsonl"
