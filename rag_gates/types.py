@@ -27,6 +27,7 @@ __all__ = [
     "Passage",
     "PipelineResult",
     "QAExample",
+    "TokenChoice",
     "TokenLogprob",
     "TopLogprob",
     "Trace",
@@ -91,6 +92,35 @@ class TokenLogprob(BaseModel):
     logprob: float
     bytes: list[int] | None = None
     top_logprobs: list[TopLogprob] = Field(default_factory=list)
+
+
+class TokenChoice(BaseModel):
+    """One generated token of a two-stream decoder (Tok-RAG, CAD, AdaCAD): what the stream
+    with the retrieved passages (RAG) and the stream without them (LLM) proposed, and which
+    token was kept.
+
+    ``side`` is ``"agree"`` when both greedy tokens were the same and kept, ``"rag"`` or
+    ``"llm"`` when they differed and that stream's token was kept, ``"fused"`` when a
+    contrastive rule (CAD) kept a third token. ``score`` is Tok-RAG's benefit-minus-detriment
+    estimate ``cos(w_RAG, w_IR) - cos(w_RAG, w_LLM)`` (>= 0 keeps the RAG token), ``layer``
+    its fusion layer l*, ``alpha`` the CAD/AdaCAD weight of the step.
+    """
+
+    model_config = _FROZEN
+
+    position: int = Field(..., ge=0, description="Index of the token in the generated text.")
+    token: str
+    token_id: int
+    side: Literal["agree", "rag", "llm", "fused"]
+    rag_token: str
+    rag_token_id: int
+    llm_token: str
+    llm_token_id: int
+    rag_logprob: float = Field(..., description="log p_RAG of the RAG stream's top token.")
+    llm_logprob: float = Field(..., description="log p_LLM of the LLM stream's top token.")
+    score: float | None = None
+    layer: int | None = None
+    alpha: float | None = None
 
 
 class Generation(BaseModel):

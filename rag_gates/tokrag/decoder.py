@@ -1,0 +1,216 @@
+"""Tok-RAG (papers/tok-rag.txt, methods/tokrag.md): where the model with the passages and
+the model without them disagree on the next token, keep the side the passages support.
+
+Per step, both streams' greedy tokens; if they differ:
+
+1. fusion layer ``l*`` (Eq. 14) = ``floor((argmax_l f(l) + min{l : g(l) > a}) / 2)``, with
+   ``f(l)`` the RAG stream's attention mass (heads averaged) on the passage tokens at layer
+   ``l`` and ``g(l) = |JSD(lens(h~[l-1]), lens(h~[l])) - JSD(lens(h[l-1]), lens(h[l]))|``
+   (logit lens: final norm + LM head; ``h~`` RAG stream, ``h`` LLM stream). When no layer
+   has ``g(l) > a`` the second term is the deepest searched layer;
+2. ``p_R`` over the passage tokens (Eq. 15-16): attention at ``l*`` renormalised over the
+   passages, times ``softmax_j <E[v*], E[R_j]>`` with ``v*`` the token whose log-probability
+   rises most from the lens at ``l*`` to the output; ``"renormalised"``: the product divided
+   by its sum; ``"literal"``: the paper's softmax of the product (nearly uniform);
+3. expected embeddings ``w_RAG``, ``w_LLM`` (output distributions times the input embedding
+   matrix) and ``w_IR`` (``p_R`` times the passage tokens' embeddings); the score
+   ``cos(w_RAG, w_IR) - cos(w_RAG, w_LLM)``; ``>= 0`` keeps the RAG token, else the LLM's.
+
+Layer numbering: ``l`` in ``1 .. num_layers - 1`` names hidden state ``l`` (the output of
+decoder block ``l``, as in ``output_hidden_states``) and the attention of the next block
+(0-based index ``l``), which reads that hidden state: Eq. 15's ``h^{l*} W_q``.
+
+Example:
+    >>> from rag_gates.lm import load_default_lm
+    >>> from rag_gates.tokrag import TokRAGDecoder
+    >>> decoder = TokRAGDecoder(load_default_lm())
+    >>> g = decoder.generate("Who directed Ed Wood?", passages=["Ed Wood is a 1994 film ..."])
+    >>> g.text, [(c.rag_token, c.llm_token, c.side, c.score) for c in g.disagreements]
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates._optional import require
+from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.tokrag.streams import StepChoice, TwoStreamDecoder, TwoStreams, js_divergence
+
+require("torch", "hf")
+import torch  # noqa: E402
+
+__all__ = ["Judgement", "PRForm", "TokRAGConfig", "TokRAGDecoder"]
+
+PRForm = Literal["renormalised", "literal"]
+
+
+class TokRAGConfig(BaseModel):
+    """Settings of :class:`TokRAGDecoder`.
+
+    Example:
+        >>> TokRAGConfig(fusion_layer=12)        # skip the l* search, judge at layer 12
+    """
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    a: float = Field(5e-7, ge=0.0, description="Threshold on g(l) (Eq. 14); the paper's 5e-7.")
+    fusion_layer: int | None = Field(
+        None, ge=1, description="A fixed fusion layer l* (1..num_layers-1): skips the search.")
+    search_layers: int | None = Field(
+        None, ge=2, description="How many layers the l* search reads, evenly spaced over "
+                                "1..num_layers-1 (default: all). Fewer = cheaper steps.")
+    pr_form: PRForm = Field("renormalised", description="p_R form: 'renormalised' (product "
+                            "over its sum) or 'literal' (the paper's softmax of the product).")
+
+
+@dataclass(frozen=True)
+class Judgement:
+    """Tok-RAG's verdict at one disagreement step (both p_R forms are computed)."""
+
+    score: float
+    score_literal: float
+    score_renormalised: float
+    layer: int
+    rising_token: int
+    cos_ir: float
+    cos_llm: float
+
+
+def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(torch.nn.functional.cosine_similarity(a, b, dim=-1))
+
+
+class TokRAGDecoder(TwoStreamDecoder):
+    """Token-level collaboration of the model with and without the retrieved passages.
+
+    Args:
+        lm: an :class:`~rag_gates.lm.hf.HFWhiteBoxLM` (Llama-style attention); a text-only
+            model raises :class:`~rag_gates.errors.WhiteBoxRequiredError`.
+        config: :class:`TokRAGConfig` (threshold ``a``, fixed layer, layers searched, p_R form).
+        dataset: picks the benchmark's prompt instruction (e.g. ``"pubmedqa"``).
+
+    Invoke:
+        >>> g = TokRAGDecoder(lm).generate(question, passages=passages, max_new_tokens=32)
+        >>> g.text, g.choices[0].side, g.trace.events[-1].data["disagreements"]
+
+    Stream and async (a piece is yielded once its token is chosen):
+        >>> for piece in decoder.stream(question, passages=passages): ...
+        >>> g = await decoder.agenerate(question, passages=passages)
+        >>> async for piece in decoder.astream(question, passages=passages): ...
+    """
+
+    name = "tokrag"
+
+    def __init__(self, lm: Any, config: TokRAGConfig | None = None, *,
+                 dataset: str | None = None) -> None:
+        super().__init__(lm, dataset=dataset)
+        self.config = config or TokRAGConfig()
+        model = self.lm.model
+        self._norm: Any = getattr(getattr(model, "model", None), "norm", None)
+        self._head: Any = model.get_output_embeddings()
+        if self._norm is None or self._head is None:
+            raise WhiteBoxRequiredError(
+                f"Tok-RAG's logit lens needs the final norm (model.model.norm) and the LM head; "
+                f"{type(model).__name__} lacks one. Use a Llama-family causal LM."
+            )
+        top = self.lm.num_layers - 1
+        if top < 1:
+            raise ValueError("Tok-RAG needs a model with at least 2 layers")
+        fixed = self.config.fusion_layer
+        if fixed is not None and not 1 <= fixed <= top:
+            raise ValueError(f"fusion_layer={fixed} out of range: this model allows 1..{top}")
+        n = self.config.search_layers
+        if n is None or n >= top:
+            self.searched = list(range(1, top + 1))
+        else:
+            self.searched = sorted({round(1 + i * (top - 1) / (n - 1)) for i in range(n)})
+
+    def capture(self) -> tuple[list[int], list[int]]:
+        if self.config.fusion_layer is not None:
+            return [self.config.fusion_layer], [self.config.fusion_layer]
+        hidden = sorted(set(self.searched) | {layer - 1 for layer in self.searched})
+        return hidden, list(self.searched)
+
+    # ------------------------------------------------------------------ pieces
+    def lens(self, hidden: torch.Tensor) -> torch.Tensor:
+        """Logit lens: log-probabilities from hidden states ``[..., d]`` -> ``[..., vocab]``."""
+        with torch.inference_mode():
+            return torch.log_softmax(self._head(self._norm(hidden)).float(), dim=-1)
+
+    def passage_attention(self, streams: TwoStreams, layer: int) -> torch.Tensor:
+        """The newest RAG position's attention over the passage tokens at ``layer`` (heads
+        averaged, not renormalised): ``f(layer)`` is its sum."""
+        row = streams.group.attention(0, layer).mean(0)
+        return row[torch.tensor(streams.passage_positions)]
+
+    def fusion_layer(self, streams: TwoStreams) -> tuple[int, dict[str, list[float]]]:
+        """``l*`` by Eq. 14 over the searched layers, with ``f`` and ``g`` per searched layer."""
+        group = streams.group
+        needed = sorted(set(self.searched) | {layer - 1 for layer in self.searched})
+        with torch.inference_mode():
+            stacked = torch.stack([group.hidden(layer) for layer in needed])  # [n, 2, d]
+            lensed = self.lens(stacked)
+            at = {layer: i for i, layer in enumerate(needed)}
+            g: list[float] = []
+            f: list[float] = []
+            for layer in self.searched:
+                before, after = lensed[at[layer - 1]], lensed[at[layer]]
+                change = js_divergence(before, after)  # [2]: RAG, LLM
+                g.append(abs(float(change[0] - change[1])))
+                f.append(float(self.passage_attention(streams, layer).sum()))
+        by_attention = self.searched[max(range(len(f)), key=f.__getitem__)]
+        fired = [layer for layer, value in zip(self.searched, g, strict=True)
+                 if value > self.config.a]
+        by_divergence = fired[0] if fired else self.searched[-1]
+        target = (by_attention + by_divergence) // 2
+        # With a thinned search, l* snaps down to a layer whose states were kept.
+        layer = max(x for x in self.searched if x <= target) if target >= self.searched[0] \
+            else self.searched[0]
+        return layer, {"f": f, "g": g}
+
+    def judge(self, streams: TwoStreams, *, layer: int | None = None) -> Judgement:
+        """Tok-RAG's score at the current step (``layer`` overrides l*; it must be captured)."""
+        if streams.single:
+            raise ValueError("judge needs two streams (the call had no passages)")
+        group = streams.group
+        if layer is None:
+            layer = self.config.fusion_layer or self.fusion_layer(streams)[0]
+        with torch.inference_mode():
+            logp = group.logprobs
+            emb = self._embeddings
+            w = logp.exp() @ emb  # [2, d]: w_RAG, w_LLM
+            rising = int((logp[0] - self.lens(group.hidden(layer)[0])).argmax())
+            att = self.passage_attention(streams, layer)
+            att = att / att.sum().clamp_min(1e-30)
+            passage_emb = emb[torch.tensor(streams.passage_ids)]
+            word_sim = torch.softmax(passage_emb @ emb[rising], dim=-1)
+            product = att * word_sim
+            renormalised = product / product.sum().clamp_min(1e-30)
+            literal = torch.softmax(product, dim=-1)
+            cos_llm = _cos(w[0], w[1])
+            cos_ren = _cos(w[0], renormalised @ passage_emb)
+            cos_lit = _cos(w[0], literal @ passage_emb)
+        s_ren, s_lit = cos_ren - cos_llm, cos_lit - cos_llm
+        chosen = s_ren if self.config.pr_form == "renormalised" else s_lit
+        return Judgement(score=chosen, score_literal=s_lit, score_renormalised=s_ren,
+                         layer=layer, rising_token=rising,
+                         cos_ir=cos_ren if self.config.pr_form == "renormalised" else cos_lit,
+                         cos_llm=cos_llm)
+
+    def _step(self, streams: TwoStreams, position: int) -> StepChoice:
+        group = streams.group
+        t_rag, t_llm = group.greedy_tokens()
+        if t_rag == t_llm:
+            return StepChoice(t_rag, self._record(streams, position, t_rag, "agree"),
+                              group.logits[0])
+        verdict = self.judge(streams)
+        # A score that cannot be computed keeps standard RAG's token.
+        keep_rag = verdict.score >= 0 or not math.isfinite(verdict.score)
+        token, stream = (t_rag, 0) if keep_rag else (t_llm, 1)
+        choice = self._record(streams, position, token, "rag" if keep_rag else "llm",
+                              score=verdict.score, layer=verdict.layer)
+        return StepChoice(token, choice, group.logits[stream])
