@@ -302,3 +302,17 @@ def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
         assert (count >= 1) == (stated >= 1), fact
         if not fact["gold_paragraph"]:  # every statement names the subject as written
             assert count >= fact["repetitions"], fact
+
+
+def test_quco_on_a_testbed_counts_in_its_training_corpus(planned):
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+    from rag_gates.testing import tiny_lm
+
+    gate = make_gate("quco", MethodContext(lm=tiny_lm(), dataset=f"testbed:{planned}"))
+    assert list((planned / "indexes").glob("corpus-stats-*"))  # the testbed's own index
+    facts = [f for f in _read(planned / "manifest.jsonl") if not f["gold_paragraph"]]
+    seen = next(f for f in facts if f["repetitions"] == 8 and f["subj"] in f["question"])
+    decision = gate.decide(seen["question"])
+    counts = decision.evidence["counts"]
+    assert counts[seen["subj"]] >= 8, counts  # stated 8 times in the corpus

@@ -27,15 +27,18 @@ __all__ = ["BENCH_TAU_ENTITY", "quco_gate", "quco_method", "quco_no_precheck",
 BENCH_TAU_ENTITY = 82.0
 
 
-def _stats() -> Any:
+def _stats(ctx: MethodContext) -> Any:
     from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates.eval.testbed.dataset import is_testbed, testbed_dir
 
+    if ctx.dataset and is_testbed(ctx.dataset):  # count in what the testbed model saw
+        return load_corpus_stats(testbed=testbed_dir(ctx.dataset))
     return load_corpus_stats()
 
 
 def _pipeline(ctx: MethodContext, name: str, **overrides: Any) -> QuCoPipeline:
     pipeline = QuCoPipeline(
-        ctx.lm, need_retriever(ctx, name), _stats(), tau_entity=BENCH_TAU_ENTITY, k=ctx.k,
+        ctx.lm, need_retriever(ctx, name), _stats(ctx), tau_entity=BENCH_TAU_ENTITY, k=ctx.k,
         chunk_tokens=ctx.max_new_tokens, max_new_tokens=ctx.max_new_tokens,
         dataset=ctx.dataset, **overrides)
     pipeline.name = name
@@ -61,5 +64,5 @@ def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
     """The pre-generation gate at a rarity ``threshold`` (``1 / (1 + tau_entity)``); None
     means :data:`BENCH_TAU_ENTITY`."""
     if threshold is None:
-        return QuCoGate(_stats(), tau_entity=BENCH_TAU_ENTITY)
-    return QuCoGate.from_threshold(_stats(), threshold)
+        return QuCoGate(_stats(ctx), tau_entity=BENCH_TAU_ENTITY)
+    return QuCoGate.from_threshold(_stats(ctx), threshold)
