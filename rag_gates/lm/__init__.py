@@ -7,6 +7,7 @@ from typing import TYPE_CHECKING, Any
 from rag_gates.lm.base import (
     BaseTextLM,
     ContinuationScore,
+    FormattedPrompt,
     Prompt,
     TextLM,
     WhiteBoxLM,
@@ -26,6 +27,7 @@ if TYPE_CHECKING:  # pragma: no cover
 __all__ = [
     "BaseTextLM",
     "ContinuationScore",
+    "FormattedPrompt",
     "HFWhiteBoxLM",
     "Prompt",
     "StreamGroup",
