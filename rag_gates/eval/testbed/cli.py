@@ -17,6 +17,8 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rag_gates.commands.cbdr import clean_errors
+
 __all__ = ["testbed_app"]
 
 testbed_app = typer.Typer(
@@ -24,7 +26,6 @@ testbed_app = typer.Typer(
          "repetition counts (docs/testbed.md).",
     no_args_is_help=True, add_completion=False)
 console = Console()
-err_console = Console(stderr=True)
 
 
 def _ints(text: str) -> list[int]:
@@ -60,7 +61,7 @@ def build_command(
     """Choose facts, write the corpus and manifest, and continue training the model on it."""
     from rag_gates.eval.testbed.build import TestbedConfig, build_testbed, write_plan
 
-    try:
+    with clean_errors():
         config = TestbedConfig(
             base_model=base_model, n_facts=n_facts, ladder=_ints(ladder),
             split_fractions=[float(x) for x in splits.split(",")],
@@ -72,9 +73,6 @@ def build_command(
             console.print(f"planned {out}: {counts}")
             return
         record = build_testbed(config, out)
-    except (ValueError, FileNotFoundError, ImportError) as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
     console.print(f"testbed model: {out / 'model'} ({record['steps']} steps, train loss "
                   f"{record['train_loss']:.3f}, {record.get('tokens_per_second') or 0:.0f} "
                   "tokens/s)")
@@ -89,11 +87,8 @@ def table_command(
     """Accuracy by repetition count for each (run, method): the testbed's knowledge ladder."""
     from rag_gates.eval.testbed.report import ladder_table
 
-    try:
+    with clean_errors():
         rows = ladder_table(runs)
-    except (ValueError, FileNotFoundError) as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
     rungs = sorted({r for row in rows for r in row["by_repetitions"]}, key=int)
     table = Table(title="accuracy (%) by repetition count")
     for column in ("run", "model", "method", *(f"r={r}" for r in rungs), "all"):
