@@ -1,0 +1,109 @@
+"""Tok-RAG, CAD and AdaCAD in ``rag-gates bench`` (entry points).
+
+Methods (each retrieves like ``single``: the question, top-k, the same prompt, then decodes
+with and without the passages in lockstep):
+
+- ``tokrag``: Tok-RAG with the l* search (:class:`~rag_gates.tokrag.TokRAGConfig` defaults);
+- ``tokrag@LAYER``: Tok-RAG at a fixed fusion layer (1 .. num_layers - 1);
+- ``cad`` / ``cad@ALPHA``: context-aware decoding at ``alpha`` (default
+  :data:`~rag_gates.tokrag.cad.DEFAULT_CAD_ALPHA`);
+- ``adacad``: CAD with the per-token JSD weight.
+
+Options are checked before any model loads (``validate_option``); a layer beyond the model's
+depth is refused when the method is built.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
+from rag_gates.retrieval.recorded import retrieve_recorded
+from rag_gates.types import TraceRecorder
+
+__all__ = ["TwoStreamMethod", "adacad_method", "cad_method", "parse_alpha", "parse_layer",
+           "tokrag_method"]
+
+
+def parse_layer(option: str | None) -> int | None:
+    """The fixed fusion layer of ``tokrag@LAYER`` (None: search l*)."""
+    if option is None:
+        return None
+    try:
+        layer = int(option)
+    except ValueError:
+        raise ValueError(f"tokrag@{option}: the option is a fusion layer, an integer >= 1"
+                         ) from None
+    if layer < 1:
+        raise ValueError(f"tokrag@{option}: the fusion layer must be >= 1")
+    return layer
+
+
+def parse_alpha(option: str | None) -> float:
+    """The weight of ``cad@ALPHA`` (default: the CAD paper's 0.5)."""
+    from rag_gates.tokrag.cad import DEFAULT_CAD_ALPHA, check_alpha
+
+    if option is None:
+        return DEFAULT_CAD_ALPHA
+    try:
+        value = float(option)
+    except ValueError:
+        raise ValueError(f"cad@{option}: the option is alpha, a number >= 0") from None
+    try:
+        return check_alpha(value)
+    except ValueError as exc:
+        raise ValueError(f"cad@{option}: {exc}") from None
+
+
+class TwoStreamMethod:
+    """Retrieve once (as ``single``), then answer with a two-stream decoder."""
+
+    def __init__(self, ctx: MethodContext, name: str, decoder: Any) -> None:
+        self.ctx = ctx
+        self.name = name
+        self.retriever = need_retriever(ctx, name)
+        self.decoder = decoder
+
+    def answer(self, question: str) -> MethodResult:
+        rec = TraceRecorder()
+        passages = retrieve_recorded(rec, self.retriever, question, self.ctx.k)
+        g = self.decoder.generate(question, passages=passages,
+                                  max_new_tokens=self.ctx.max_new_tokens)
+        for event in g.trace.events:
+            rec.add(event)
+        return MethodResult(answer=g.text, trace=rec.trace(), passages=passages)
+
+
+def _name(base: str, ctx: MethodContext) -> str:
+    return base if ctx.option is None else f"{base}@{ctx.option}"
+
+
+def tokrag_method(ctx: MethodContext) -> TwoStreamMethod:
+    """Tok-RAG; ``tokrag@LAYER`` fixes the fusion layer."""
+    from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
+
+    config = TokRAGConfig(fusion_layer=parse_layer(ctx.option))
+    return TwoStreamMethod(ctx, _name("tokrag", ctx),
+                           TokRAGDecoder(ctx.lm, config, dataset=ctx.dataset))
+
+
+def cad_method(ctx: MethodContext) -> TwoStreamMethod:
+    """Context-aware decoding; ``cad@ALPHA`` sets the weight."""
+    from rag_gates.tokrag.cad import CADDecoder
+
+    return TwoStreamMethod(ctx, _name("cad", ctx),
+                           CADDecoder(ctx.lm, parse_alpha(ctx.option), dataset=ctx.dataset))
+
+
+def adacad_method(ctx: MethodContext) -> TwoStreamMethod:
+    """AdaCAD: CAD with the per-token JSD weight."""
+    from rag_gates.tokrag.cad import AdaCADDecoder
+
+    return TwoStreamMethod(ctx, "adacad", AdaCADDecoder(ctx.lm, dataset=ctx.dataset))
+
+
+tokrag_method.accepts_option = True  # type: ignore[attr-defined]
+cad_method.accepts_option = True  # type: ignore[attr-defined]
+# Checked by the method registry before any model is loaded (see check_method_name).
+tokrag_method.validate_option = parse_layer  # type: ignore[attr-defined]
+cad_method.validate_option = parse_alpha  # type: ignore[attr-defined]
