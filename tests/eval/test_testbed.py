@@ -287,6 +287,12 @@ def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):
     assert {r["method"] for r in rows} == {"no-rag", "single"}
     assert all(r["all"]["n"] == 6 for r in rows)
     assert all(sum(c["n"] for c in r["by_repetitions"].values()) == 6 for r in rows)
+    # A run on another dataset (the HotpotQA language check) gets its overall cell only.
+    other = tmp_path / "hotpot"
+    run_bench(BenchConfig(dataset="hotpotqa", methods=["no-rag"], n=2, max_new_tokens=4),
+              other, lm=tiny_lm(max_context=4096))
+    (row,) = ladder_table([other])
+    assert row["by_repetitions"] == {} and row["all"]["n"] == 2
 
 
 def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
