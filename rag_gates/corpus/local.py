@@ -146,7 +146,9 @@ class LocalInfiniGram(CorpusStats):
     Raises:
         IndexNotFoundError: no directory at ``index_dir``.
         CorruptIndexError: files missing, truncated or inconsistent (checked before the C++
-            engine opens them, since it would crash on them).
+            engine opens them, since it would crash on them), or a file whose content differs
+            from the SHA-256 recorded at build time (checked on the first open on this
+            machine; ``digest_check`` says what was hashed and what was trusted).
     """
 
     backend_name = "local-infini-gram"
