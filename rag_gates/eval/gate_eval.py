@@ -135,8 +135,8 @@ def label_run_dir(config: GateEvalConfig, fingerprint: str) -> Path:
     """Where the shared no-rag/single runs of this model and these questions are cached:
     keyed by the loaded questions' ``fingerprint`` (:attr:`DatasetLoad.fingerprint`), so two
     data files never share labels, and the same questions from another path do."""
-    name = (f"{config.dataset}-{fingerprint}-n{config.n}-o{config.offset}-{config.retriever}-"
-            f"k{config.k}-t{config.max_new_tokens}")
+    name = (f"{_slug(config.dataset)}-{fingerprint}-n{config.n}-o{config.offset}-"
+            f"{config.retriever}-k{config.k}-t{config.max_new_tokens}")
     return rag_gates_home() / "eval-cache" / _slug(config.model) / name
 
 

@@ -55,3 +55,12 @@ def test_gate_decisions_resume_after_an_interruption(testbed, tmp_path):
     evaluate_gate(config.model_copy(update={"threads": 2}), out, lm=lm)
     with pytest.raises(ConfigMismatchError, match="another gate evaluation"):
         evaluate_gate(config.model_copy(update={"gate": "answer-logprob"}), out, lm=lm)
+
+
+def test_label_cache_of_a_testbed_is_one_directory(testbed, tmp_path, monkeypatch):
+    from rag_gates.eval.gate_eval import label_run_dir
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
+    config = GateEvalConfig(gate="first-token-prob", dataset=f"testbed:{testbed}")
+    # The dataset name holds a path: it must not nest directories inside the cache.
+    assert label_run_dir(config, "abc").parent == tmp_path / "eval-cache" / "default"
