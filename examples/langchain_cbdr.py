@@ -42,8 +42,7 @@ from langchain_rag_gates import ChatRagGates, ConfidenceGainReranker, route_by_g
 from my_documents import my_documents
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
-from rag_gates.lm import load_default_embedder, load_default_lm
-from rag_gates.lm.defaults import default_embedder_dir
+from rag_gates.lm import default_embedder_path, load_default_lm
 
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
@@ -51,8 +50,8 @@ QUESTIONS = [
 ]
 BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
-load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
-EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
+# The embedded all-MiniLM-L6-v2, extracted once; or your model: "sentence-transformers/...", a path
+EMBED_MODEL = str(default_embedder_path())
 
 
 def format_docs(docs: list[Document]) -> str:

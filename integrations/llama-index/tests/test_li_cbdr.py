@@ -342,10 +342,9 @@ def test_cross_encoder_from_the_embedded_minilm(nodes: list[NodeWithScore],
     both in memory and from a saved directory."""
     from sentence_transformers import CrossEncoder
 
-    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+    from rag_gates.lm.defaults import default_embedder_path
 
-    load_default_embedder()  # extracts the embedded model on first use
-    model = CrossEncoder(str(default_embedder_dir()), num_labels=1, local_files_only=True)
+    model = CrossEncoder(str(default_embedder_path()), num_labels=1, local_files_only=True)
     expected = CrossEncoderReranker(model).rerank(QUERY, nodes_to_passages(nodes), top_n=3)
 
     reranker = ConfidenceGainReranker.from_cross_encoder(model, top_n=3)

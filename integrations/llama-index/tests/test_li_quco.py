@@ -128,14 +128,13 @@ def corpus_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
 def index() -> VectorStoreIndex:
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 
-    from rag_gates.lm.defaults import default_embedder_dir, load_default_embedder
+    from rag_gates.lm.defaults import default_embedder_path
 
-    load_default_embedder()  # extracts the embedded all-MiniLM-L6-v2 once
 
     # The first four questions' paragraphs: Scott Derrickson, Ed Wood and their distractors.
     nodes = [n.node for n in passages_to_nodes(corpus_passages("hotpotqa", SLICES)[:40])]
     return VectorStoreIndex(nodes, embed_model=HuggingFaceEmbedding(
-        model_name=str(default_embedder_dir()), device="cpu"))
+        model_name=str(default_embedder_path()), device="cpu"))
 
 
 @pytest.fixture(scope="module")
