@@ -9,9 +9,9 @@ from typing import Any
 import pytest
 from typer.testing import CliRunner
 
-from rag_gates.commands.cbdr import cbdr_app
 from rag_gates.cbdr.data import collect_probe_data
 from rag_gates.cbdr.prompts import ProbePrompts
+from rag_gates.commands.cbdr import cbdr_app
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.testing import save_tiny_lm
 
