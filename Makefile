@@ -43,7 +43,7 @@ typecheck: $(VENV)/.installed-dev
 	$(BIN)/mypy rag_gates integrations/langchain/langchain_rag_gates
 	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates -p llama_index.retrievers.rag_gates \
 		-p llama_index.query_engine.rag_gates -p llama_index.tools.rag_gates \
-		-p llama_index.postprocessor.rag_gates
+		-p llama_index.postprocessor.rag_gates -p llama_index.response_synthesizers.rag_gates
 
 pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q

@@ -20,14 +20,16 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
+import contextlib
 import logging
 import time
 from abc import abstractmethod
-from collections.abc import Generator, Sequence
+from collections.abc import AsyncIterator, Generator, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from pydantic import Field
+from pydantic import Field, JsonValue
 
 from rag_gates._optional import require
 from rag_gates._text import check_text
@@ -74,6 +76,20 @@ class TwoStreamGeneration(Generation):
     def disagreements(self) -> list[TokenChoice]:
         """The steps where the two streams proposed different tokens (or CAD fused)."""
         return [c for c in self.choices if c.side != "agree"]
+
+    def summary(self) -> dict[str, JsonValue]:
+        """JSON-ready record for framework metadata: every token's choice, the counts, the
+        truncation, warnings and the trace."""
+        return {
+            "choices": [c.model_dump(mode="json") for c in self.choices],
+            "disagreements": len(self.disagreements),
+            "rag_chosen": sum(c.side == "rag" for c in self.choices),
+            "llm_chosen": sum(c.side == "llm" for c in self.choices),
+            "finish_reason": self.finish_reason,
+            "truncated_tokens": self.truncated_tokens,
+            "warnings": list(self.warnings),
+            "trace": self.trace.model_dump(mode="json"),
+        }
 
 
 @dataclass
@@ -361,6 +377,34 @@ class TwoStreamDecoder(BaseTextLM):
         :class:`TwoStreamGeneration` (``result = yield from decoder.stream(...)``)."""
         return (yield from self._start(prompt, passages, max_new_tokens, stop, temperature,
                                        None))
+
+    def stream_events(self, prompt: str, *, passages: Sequence[Passage | str] | None = None,
+                      max_new_tokens: int = 128, stop: Sequence[str] | None = None,
+                      ) -> Generator[str | TwoStreamGeneration, None, None]:
+        """Text pieces as tokens are chosen, then the finished :class:`TwoStreamGeneration`
+        as the last item (for adapters that stream and also report the choices)."""
+        result = yield from self.stream(prompt, passages=passages,
+                                        max_new_tokens=max_new_tokens, stop=stop)
+        yield result
+
+    async def astream_events(self, prompt: str, *,
+                             passages: Sequence[Passage | str] | None = None,
+                             max_new_tokens: int = 128, stop: Sequence[str] | None = None,
+                             ) -> AsyncIterator[str | TwoStreamGeneration]:
+        """:meth:`stream_events` with each step in a worker thread (the event loop is never
+        blocked); closing the iterator stops decoding after the current token."""
+        events = self.stream_events(prompt, passages=passages, max_new_tokens=max_new_tokens,
+                                    stop=stop)
+        done = object()
+        try:
+            while True:
+                item = await asyncio.to_thread(next, events, done)
+                if item is done:
+                    return
+                yield item  # type: ignore[misc]
+        finally:
+            with contextlib.suppress(ValueError):  # still running in its thread: it ends there
+                events.close()
 
 
 def js_divergence(logp: torch.Tensor, logq: torch.Tensor, *, base2: bool = False) -> torch.Tensor:
