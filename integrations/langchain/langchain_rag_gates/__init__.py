@@ -8,6 +8,8 @@
   straight to the model, by the gate's decision.
 - :class:`QuCoRunnable`: QuCo-RAG's loop (gate, generation, claim verification,
   re-retrieval) on any LangChain model and retriever.
+- :class:`TokRAGRunnable`: Tok-RAG (or CAD / AdaCAD) decoding over ``{"question",
+  "documents"}``, per-token choices in the message metadata.
 - :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
 - :class:`ConfidenceGainReranker`: CBDR's confidence-gain reranker (or a cross-encoder
   fine-tuned on it, or any rag-gates reranker) as a document compressor.
@@ -35,6 +37,7 @@ from langchain_rag_gates.language_models import LangChainTextLM, as_text_lm
 from langchain_rag_gates.quco import QuCoRunnable
 from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
 from langchain_rag_gates.runnables import GateRouter, route_by_gate
+from langchain_rag_gates.tokrag import TokRAGRunnable
 from langchain_rag_gates.tools import ClaimVerifierInput, ClaimVerifierTool
 
 try:
@@ -52,6 +55,7 @@ __all__ = [
     "LangChainRetrieverAdapter",
     "LangChainTextLM",
     "QuCoRunnable",
+    "TokRAGRunnable",
     "__version__",
     "annotate_document",
     "as_text_lm",

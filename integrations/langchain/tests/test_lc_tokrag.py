@@ -1,0 +1,84 @@
+"""TokRAGRunnable on the tiny random-weight model: the core decoder's text and choices, in an
+LCEL chain after a retriever, streamed and async, documents untouched."""
+
+from __future__ import annotations
+
+import asyncio
+import copy
+from typing import Any
+
+import pytest
+from langchain_core.documents import Document
+from langchain_core.messages import AIMessage
+from langchain_core.output_parsers import StrOutputParser
+from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+from langchain_rag_gates import TokRAGRunnable, documents_to_passages
+from langchain_rag_gates.tokrag import CHOICES_KEY
+
+from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.lm.base import BaseTextLM
+from rag_gates.tokrag import CADDecoder, TokRAGDecoder
+from rag_gates.types import Generation
+
+Q = "What is the capital of France?"
+DOCS = [Document(page_content="The capital of France is Paris.", id="d1",
+                 metadata={"title": "France"}),
+        Document(page_content="William Shakespeare wrote Hamlet in London.", id="d2")]
+
+
+class TextOnly(BaseTextLM):
+    model_id = "text-only"
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+        return Generation(text="x", finish_reason="eos")
+
+
+def test_invoke_matches_the_core_decoder(tiny: Any) -> None:
+    runnable = TokRAGRunnable(lm=tiny, max_new_tokens=8, top_logprobs=1)
+    before = copy.deepcopy(DOCS)
+    msg = runnable.invoke({"question": Q, "documents": DOCS})
+    core = TokRAGDecoder(tiny).generate(Q, passages=documents_to_passages(DOCS),
+                                        max_new_tokens=8)
+    assert isinstance(msg, AIMessage) and msg.content == core.text
+    record = msg.response_metadata[CHOICES_KEY]
+    assert record["choices"] == [c.model_dump(mode="json") for c in core.choices]
+    assert len(msg.response_metadata["logprobs"]["content"]) == core.completion_tokens
+    assert msg.usage_metadata is not None
+    assert msg.usage_metadata["output_tokens"] == core.completion_tokens
+    assert before == DOCS
+
+
+def test_lcel_chain_after_a_retriever_streams_and_runs_async(tiny: Any) -> None:
+    retriever = RunnableLambda(lambda q: list(DOCS))  # any retriever: str -> documents
+    tokrag = TokRAGRunnable(lm=tiny, max_new_tokens=8)
+    chain = {"question": RunnablePassthrough(), "documents": retriever} | tokrag
+    msg = chain.invoke(Q)
+    assert (chain | StrOutputParser()).invoke(Q) == msg.content
+    chunks = list(chain.stream(Q))
+    assert "".join(str(c.content) for c in chunks) == msg.content
+    assert chunks[-1].response_metadata[CHOICES_KEY]["choices"] == \
+        msg.response_metadata[CHOICES_KEY]["choices"]
+    assert asyncio.run(chain.ainvoke(Q)).content == msg.content
+
+    async def collect() -> str:
+        return "".join([str(c.content) async for c in chain.astream(Q)])
+
+    assert asyncio.run(collect()) == msg.content
+
+
+def test_cad_and_bad_input(tiny: Any) -> None:
+    cad = TokRAGRunnable(lm=tiny, method="cad", cad_alpha=0.0, max_new_tokens=6)
+    assert cad.invoke({"question": Q, "documents": [(DOCS[0], 0.9), "a plain string"]}).content \
+        == CADDecoder(tiny, 0.0).generate(
+            Q, passages=[*documents_to_passages([DOCS[0]]), "a plain string"],
+            max_new_tokens=6).text
+    none = cad.invoke({"question": Q, "documents": []})
+    assert none.response_metadata[CHOICES_KEY]["warnings"]
+    with pytest.raises(WhiteBoxRequiredError):
+        TokRAGRunnable(lm=TextOnly())
+    with pytest.raises(TypeError, match="takes a dict"):
+        cad.invoke(Q)
+    with pytest.raises(KeyError, match="question"):
+        cad.invoke({"documents": DOCS})
+    with pytest.raises(ValueError, match="question is empty"):
+        cad.invoke({"question": "  ", "documents": DOCS})
