@@ -148,28 +148,32 @@ class TokRAGDecoder(TwoStreamDecoder):
         return row[torch.tensor(streams.passage_positions)]
 
     def fusion_layer(self, streams: TwoStreams) -> tuple[int, dict[str, list[float]]]:
-        """``l*`` by Eq. 14 over the searched layers, with ``f`` and ``g`` per searched layer."""
+        """``l*`` by Eq. 14 over the searched layers, with ``f`` per searched layer and ``g``
+        up to the first layer where it exceeds ``a`` (the lens runs layer by layer and
+        stops there: on real activations that is usually the first searched layer, so a
+        disagreement step costs a few lens projections, not one per layer)."""
         group = streams.group
-        needed = sorted(set(self.searched) | {layer - 1 for layer in self.searched})
+        g: list[float] = []
         with torch.inference_mode():
-            stacked = torch.stack([group.hidden(layer) for layer in needed])  # [n, 2, d]
-            lensed = self.lens(stacked)
-            at = {layer: i for i, layer in enumerate(needed)}
-            g: list[float] = []
-            f: list[float] = []
+            f = [float(self.passage_attention(streams, layer).sum()) for layer in self.searched]
+            lensed: dict[int, torch.Tensor] = {}
+
+            def lens_at(layer: int) -> torch.Tensor:
+                if layer not in lensed:
+                    lensed[layer] = self.lens(group.hidden(layer))  # [2, vocab]
+                return lensed[layer]
+
+            by_divergence = self.searched[-1]
             for layer in self.searched:
-                before, after = lensed[at[layer - 1]], lensed[at[layer]]
-                change = js_divergence(before, after)  # [2]: RAG, LLM
+                change = js_divergence(lens_at(layer - 1), lens_at(layer))  # [2]: RAG, LLM
                 g.append(abs(float(change[0] - change[1])))
-                f.append(float(self.passage_attention(streams, layer).sum()))
+                if g[-1] > self.config.a:
+                    by_divergence = layer
+                    break
         by_attention = self.searched[max(range(len(f)), key=f.__getitem__)]
-        fired = [layer for layer, value in zip(self.searched, g, strict=True)
-                 if value > self.config.a]
-        by_divergence = fired[0] if fired else self.searched[-1]
         target = (by_attention + by_divergence) // 2
         # With a thinned search, l* snaps down to a layer whose states were kept.
-        layer = max(x for x in self.searched if x <= target) if target >= self.searched[0] \
-            else self.searched[0]
+        layer = max((x for x in self.searched if x <= target), default=self.searched[0])
         return layer, {"f": f, "g": g}
 
     def judge(self, streams: TwoStreams, *, layer: int | None = None) -> Judgement:

@@ -106,7 +106,9 @@ def test_fixed_layer_and_both_pr_forms(tiny: Any) -> None:
     assert literal.judge(literal.open(Q, PASSAGES, max_new_tokens=8),
                          layer=verdict.layer).score == pytest.approx(verdict.score_literal)
     _, curves = decoder.fusion_layer(streams)
-    assert len(curves["f"]) == len(curves["g"]) == tiny.num_layers - 1
+    assert len(curves["f"]) == tiny.num_layers - 1
+    assert 1 <= len(curves["g"]) <= tiny.num_layers - 1
+    assert all(g <= decoder.config.a for g in curves["g"][:-1])  # stops at the first above a
     assert all(0.0 <= f <= 1.0 + 1e-6 for f in curves["f"])
     with pytest.raises(ValueError, match="fusion_layer=9 out of range"):
         TokRAGDecoder(tiny, TokRAGConfig(fusion_layer=9))
