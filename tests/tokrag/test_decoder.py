@@ -98,10 +98,11 @@ def test_fixed_layer_and_both_pr_forms(tiny: Any) -> None:
     assert fixed.capture() == ([2], [2])
     g = fixed.generate(Q, passages=PASSAGES, max_new_tokens=8)
     assert {c.layer for c in g.disagreements} <= {2}
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, TokRAGConfig(pr_form="renormalised"))
     streams = decoder.open(Q, PASSAGES, max_new_tokens=8)
     verdict = decoder.judge(streams)
     assert verdict.score == verdict.score_renormalised
+    assert TokRAGConfig().pr_form == "literal"  # the default chosen by measured AUC
     literal = TokRAGDecoder(tiny, TokRAGConfig(pr_form="literal"))
     assert literal.judge(literal.open(Q, PASSAGES, max_new_tokens=8),
                          layer=verdict.layer).score == pytest.approx(verdict.score_literal)

@@ -1,0 +1,177 @@
+"""Token-level benefit/detriment classification (Tok-RAG paper, Table 3 protocol) on HotpotQA.
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_auc.py --min-tokens 300 \\
+        --out benchmarks/results/tokrag_auc.json
+
+For HotpotQA distractor rows (in file order), two conditions: the passages are the row's two
+gold (supporting) paragraphs, or two of its distractor paragraphs. Both streams (RAG: the
+``single`` prompt with those passages; LLM: the ``no-rag`` prompt) are fed a gold text token by
+token, two targets per row: the gold answer, and the first sentence of the first supporting
+paragraph (at most 24 tokens; the paper's "cut a sentence at token i"). At each position
+where the streams' greedy tokens differ and exactly
+one equals the gold token, the label is 1 when the RAG stream is right, 0 when the LLM stream
+is. Scores (higher = trust the RAG stream):
+
+* Tok-RAG ``cos(w_RAG, w_IR) - cos(w_RAG, w_LLM)`` with l* searched (Eq. 14), p_R renormalised
+  and literal; and at every fixed layer 1..L-1 (both forms);
+* top-1 log-probability difference ``log p_RAG(t_rag) - log p_LLM(t_llm)``;
+* entropy difference ``H(p_LLM) - H(p_RAG)``.
+
+AUC (scikit-learn) and F1 at each score's natural threshold 0 (predict 1 when >= 0). Labelled
+tokens are appended to ``--cache`` (JSONL), so an interrupted run resumes where it stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import itertools
+import json
+import platform
+import time
+from pathlib import Path
+from typing import Any
+
+import torch
+from sklearn.metrics import f1_score, roc_auc_score
+
+from rag_gates.eval.datasets import load_dataset
+from rag_gates.lm import load_default_lm
+from rag_gates.tokrag import TokRAGDecoder
+from rag_gates.types import QAExample
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def conditions(example: QAExample) -> dict[str, list[Any]]:
+    gold = [p for p in example.context if p.title in example.supporting_titles]
+    other = [p for p in example.context if p.title not in example.supporting_titles]
+    return {"gold": gold[:2], "distractor": other[:2]}
+
+
+def targets(example: QAExample) -> dict[str, str]:
+    first = next(p for p in example.context if p.title in example.supporting_titles)
+    sentence = first.text.split(". ")[0].strip()
+    return {"answer": example.answers[0], "sentence": sentence}
+
+
+def label_row(decoder: TokRAGDecoder, example: QAExample, layers: list[int]
+              ) -> list[dict[str, Any]]:
+    lm = decoder.lm
+    out: list[dict[str, Any]] = []
+    for (condition, passages), (target, text) in itertools.product(
+            conditions(example).items(), targets(example).items()):
+        gold_ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:24]
+        if not passages or not gold_ids:
+            continue
+        streams = decoder.open(example.question, passages, max_new_tokens=len(gold_ids) + 1)
+        group = streams.group
+        for position, gold in enumerate(gold_ids):
+            t_rag, t_llm = group.greedy_tokens()
+            if t_rag != t_llm and (t_rag == gold) != (t_llm == gold):
+                logp = group.logprobs
+                entropy = -(logp.exp() * logp).sum(-1)
+                dynamic = decoder.judge(streams)
+                fixed = {layer: decoder.judge(streams, layer=layer) for layer in layers}
+                out.append({
+                    "id": example.id, "condition": condition, "target": target,
+                    "position": position,
+                    "label": int(t_rag == gold),
+                    "tokrag_renormalised": dynamic.score_renormalised,
+                    "tokrag_literal": dynamic.score_literal, "layer": dynamic.layer,
+                    "fixed_renormalised": {str(k): v.score_renormalised for k, v in fixed.items()},
+                    "fixed_literal": {str(k): v.score_literal for k, v in fixed.items()},
+                    "logprob_diff": float(logp[0, t_rag] - logp[1, t_llm]),
+                    "entropy_diff": float(entropy[1] - entropy[0]),
+                })
+            group.advance(gold)
+    return out
+
+
+def metrics(labels: list[int], scores: list[float]) -> dict[str, float]:
+    return {"auc": round(100 * float(roc_auc_score(labels, scores)), 2),
+            "f1": round(100 * float(f1_score(labels, [int(s >= 0) for s in scores])), 2)}
+
+
+def summarise(records: list[dict[str, Any]], layers: list[int]) -> dict[str, Any]:
+    labels = [r["label"] for r in records]
+    table = {name: metrics(labels, [r[name] for r in records])
+             for name in ("tokrag_renormalised", "tokrag_literal", "logprob_diff",
+                          "entropy_diff")}
+    by_layer = {form: {str(layer): metrics(labels, [r[f"fixed_{form}"][str(layer)]
+                                                    for r in records])
+                       for layer in layers}
+                for form in ("renormalised", "literal")}
+    best = {form: max(rows, key=lambda k: rows[k]["auc"]) for form, rows in by_layer.items()}
+    layer_counts: dict[str, int] = {}
+    for r in records:
+        layer_counts[str(r["layer"])] = layer_counts.get(str(r["layer"]), 0) + 1
+    distractor = [r for r in records if r["condition"] == "distractor"]
+    d_labels = [r["label"] for r in distractor]
+    by_distractor = ({name: metrics(d_labels, [r[name] for r in distractor])
+                      for name in ("tokrag_renormalised", "tokrag_literal", "logprob_diff",
+                                   "entropy_diff")}
+                     if 0 < sum(d_labels) < len(d_labels) else {})
+    return {"tokens": len(records), "positives": sum(labels),
+            "scores_distractor_only": by_distractor,
+            "by_condition": {c: sum(r["condition"] == c for r in records)
+                             for c in ("gold", "distractor")},
+            "by_target": {t: sum(r["target"] == t for r in records)
+                          for t in ("answer", "sentence")},
+            "scores": table, "fixed_layers": by_layer, "best_fixed_layer": best,
+            "searched_layer_counts": layer_counts}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--min-tokens", type=int, default=300)
+    parser.add_argument("--min-negatives", type=int, default=50,
+                        help="also run until this many label-0 tokens (LLM right, RAG wrong)")
+    parser.add_argument("--max-rows", type=int, default=1154)
+    parser.add_argument("--cache", type=Path,
+                        default=ROOT / "benchmarks/results/tokrag_auc_tokens.jsonl")
+    parser.add_argument("--out", type=Path,
+                        default=ROOT / "benchmarks/results/tokrag_auc.json")
+    args = parser.parse_args()
+    torch.set_num_threads(1)
+    lm = load_default_lm()
+    decoder = TokRAGDecoder(lm)
+    layers = list(range(1, lm.num_layers))
+    done: set[str] = set()
+    records: list[dict[str, Any]] = []
+    if args.cache.exists():
+        for line in args.cache.read_text().splitlines():
+            row = json.loads(line)
+            done.add(row["id"])
+            records.extend(row["tokens"])
+    examples = load_dataset("hotpotqa", n=args.max_rows).examples
+    start = time.perf_counter()
+    with args.cache.open("a") as cache:
+        for example in examples:
+            negatives = sum(1 - r["label"] for r in records)
+            if len(records) >= args.min_tokens and negatives >= args.min_negatives:
+                break
+            if example.id in done:
+                continue
+            tokens = label_row(decoder, example, layers)
+            records.extend(tokens)
+            cache.write(json.dumps({"id": example.id, "tokens": tokens}) + "\n")
+            cache.flush()
+            done.add(example.id)
+            print(f"{len(done)} rows, {len(records)} tokens, "
+                  f"{time.perf_counter() - start:.0f}s", flush=True)
+    payload = {
+        "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_auc.py "
+                   f"--min-tokens {args.min_tokens} --min-negatives {args.min_negatives}",
+        "date": dt.date.today().isoformat(), "machine": platform.platform(),
+        "model": lm.model_id, "rows": len(done), "dataset": "hotpotqa (dev, file order)",
+        **summarise(records, layers),
+    }
+    tmp = args.out.with_suffix(".tmp")
+    tmp.write_text(json.dumps(payload, indent=2) + "\n")
+    tmp.replace(args.out)
+    print(json.dumps({k: payload[k] for k in ("tokens", "scores", "best_fixed_layer")}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
