@@ -175,6 +175,7 @@ def demo(
         console.print(table)
     _demo_quco([row["question"] for row in rows], closed_book)
     _demo_cbdr(lm, rows)
+    _demo_tokrag(lm, rows, max_new_tokens)
 
 
 def _demo_quco(questions: list[str], answers: list[str]) -> None:
@@ -238,6 +239,43 @@ def _demo_cbdr(lm: Any, rows: list[dict[str, Any]]) -> None:
     ranking.caption = (f"Conf(q) = {result.evidence['question_confidence']:.3f}; "
                        f"{result.latency_ms / 1000:.1f} s for {result.candidates} paragraphs")
     console.print(ranking)
+
+
+def _demo_tokrag(lm: Any, rows: list[dict[str, Any]], max_new_tokens: int) -> None:
+    """Tok-RAG on the first question (gold paragraphs plus two distractors) whose two streams
+    disagree, the answer's tokens coloured by the side kept."""
+    from rag_gates.tokrag import TokRAGDecoder
+
+    decoder = TokRAGDecoder(lm)
+    console.print("\n[bold]Tok-RAG[/]: the answer written with and without the passages in "
+                  "lockstep; where they disagree, the side the passages support is kept")
+    console.print("token colours: agreed, [blue]kept from the stream with passages[/], "
+                  "[magenta]kept from the stream without them[/]")
+    for row in rows:
+        gold = {title for title, _ in row["supporting_facts"]}
+        distractors = [Passage(title=t, text="".join(s)) for t, s in row["context"]
+                       if t not in gold][:2]
+        with console.status("decoding two streams"):
+            g = decoder.generate(row["question"], passages=gold_passages(row) + distractors,
+                                 max_new_tokens=max_new_tokens)
+        if not g.disagreements:
+            continue
+        styles = {"agree": "", "rag": "bold blue", "llm": "bold magenta", "fused": "yellow"}
+        text = Text()
+        for choice in g.choices[: g.completion_tokens]:
+            text.append(choice.token, style=styles[choice.side])
+        table = Table(title=row["question"], title_justify="left", show_lines=True)
+        for column in ("#", "with passages", "without", "kept", "score", "l*"):
+            table.add_column(column)
+        for c in g.disagreements:
+            table.add_row(str(c.position), repr(c.rag_token), repr(c.llm_token), c.side,
+                          f"{c.score:+.3f}" if c.score is not None else "", str(c.layer))
+        console.print(text)
+        table.caption = (f"gold answer: {row['answer']}; {len(g.disagreements)} of "
+                         f"{len(g.choices)} steps disagreed; {g.latency_ms / 1000:.1f} s")
+        console.print(table)
+        return
+    console.print("the two streams agreed on every token of these answers")
 
 
 @app.command()

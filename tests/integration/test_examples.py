@@ -45,6 +45,17 @@ def test_cbdr_example_runs(script: str) -> None:
         assert "Inc=" in out.stdout
 
 
+@pytest.mark.parametrize("script", ["llama_index_tokrag.py", "langchain_tokrag.py"])
+def test_tokrag_example_runs(script: str) -> None:
+    """Tok-RAG answers through the framework's own retriever, with a record per token."""
+    out = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,
+                         text=True, timeout=900)
+    assert out.returncode == 0, out.stderr[-2000:]
+    assert "answer:" in out.stdout and "tokens: " in out.stdout
+    assert "disagreements: " in out.stdout or "steps not taken as agreed: " in out.stdout
+    assert "streaming" in out.stdout or "streamed:" in out.stdout
+
+
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_examples_use_public_imports_only(script: str) -> None:
     """The examples are a user's path: no benchmark harness (rag_gates.eval), no private
