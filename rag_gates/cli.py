@@ -181,8 +181,8 @@ def demo(
 def _demo_quco(questions: list[str], answers: list[str]) -> None:
     """QuCo-RAG's gate on each question and its claim check on the closed-book answer."""
     from rag_gates.eval.corpus import load_corpus_stats
-    from rag_gates.quco import ClaimVerifier, QuCoGate
     from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+    from rag_gates.quco import ClaimVerifier, QuCoGate
 
     with console.status("opening the corpus-statistics index (the first run builds it)"):
         stats = load_corpus_stats()
