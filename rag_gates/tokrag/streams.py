@@ -61,8 +61,10 @@ NO_PASSAGES_WARNING = "no passages given: plain generation without retrieval (on
 class TwoStreamGeneration(Generation):
     """A :class:`~rag_gates.types.Generation` plus what the two streams did.
 
-    ``choices`` has one :class:`~rag_gates.types.TokenChoice` per generated token (empty when
-    no passages were given); ``trace`` records the call, truncation and warnings.
+    ``choices`` has one :class:`~rag_gates.types.TokenChoice` per decoding step: every
+    generated token, plus the end-of-sequence step when generation ended there (that token is
+    not in the text); empty when no passages were given. ``trace`` records the call,
+    truncation and warnings.
     """
 
     choices: list[TokenChoice] = Field(default_factory=list)
