@@ -66,7 +66,7 @@ class TestbedConfig(BaseModel):
 
     base_model: str = Field("default", description="'default' (the embedded SmolLM2) or an "
                                                    "HF directory to continue training.")
-    n_facts: int = Field(160, ge=1, description="Facts chosen, over all rungs and splits.")
+    n_facts: int = Field(96, ge=1, description="Facts chosen, over all rungs and splits.")
     ladder: list[int] = Field([0, 2, 8, 32], min_length=1,
                               description="Repetition counts; facts cycle through them.")
     split_fractions: list[float] = Field(
@@ -74,10 +74,10 @@ class TestbedConfig(BaseModel):
         description="Shares of probe-training, calibration and evaluation facts.")
     relations: list[str] | None = Field(None, description="Relations to use (default: all "
                                                           "with templates).")
-    general_paragraphs: int = Field(80, ge=0, description="Wikipedia paragraphs mixed in.")
+    general_paragraphs: int = Field(72, ge=0, description="Wikipedia paragraphs mixed in.")
     seed: int = 0
-    epochs: float = Field(1.0, gt=0)
-    learning_rate: float = Field(8e-5, gt=0, le=1e-2)
+    epochs: float = Field(2.0, gt=0)
+    learning_rate: float = Field(1.5e-4, gt=0, le=1e-2)
     batch_size: int = Field(4, ge=1)
     block_size: int = Field(128, ge=16, le=4096,
                             description="Tokens per packed training sequence.")

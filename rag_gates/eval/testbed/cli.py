@@ -41,15 +41,15 @@ def build_command(
                                            "exists).")],
     base_model: Annotated[str, typer.Option(help="'default' or an HF model directory.")] =
         "default",
-    n_facts: Annotated[int, typer.Option(min=1, help="Facts over all rungs and splits.")] = 160,
+    n_facts: Annotated[int, typer.Option(min=1, help="Facts over all rungs and splits.")] = 96,
     ladder: Annotated[str, typer.Option(help="Repetition counts, comma-separated.")] =
         "0,2,8,32",
     splits: Annotated[str, typer.Option(help="Shares of probe, calibration, evaluation "
                                              "facts.")] = "0.25,0.15,0.6",
     general_paragraphs: Annotated[int, typer.Option(min=0, help="Wikipedia paragraphs "
-                                                                "mixed in.")] = 80,
-    epochs: Annotated[float, typer.Option(min=0.01)] = 1.0,
-    lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] = 8e-5,
+                                                                "mixed in.")] = 72,
+    epochs: Annotated[float, typer.Option(min=0.01)] = 2.0,
+    lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] = 1.5e-4,
     batch_size: Annotated[int, typer.Option(min=1)] = 4,
     block_size: Annotated[int, typer.Option(min=16, help="Tokens per packed sequence.")] = 128,
     save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
