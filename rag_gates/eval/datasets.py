@@ -22,10 +22,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._text import check_encodable
-from rag_gates.types import Passage
+from rag_gates.types import Passage, QAExample
 
 __all__ = [
     "DATASETS",
@@ -40,20 +40,6 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 _PROJECT_ROOT = Path(__file__).resolve().parents[2]
-
-
-class QAExample(BaseModel):
-    """One question with its gold answers."""
-
-    model_config = ConfigDict(frozen=True)
-
-    id: str = Field(..., description="Dataset id, or '<dataset>-<line>' when it has none.")
-    dataset: str
-    question: str = Field(..., min_length=1)
-    answers: list[str] = Field(..., min_length=1, description="Gold answer and aliases.")
-    context: list[Passage] = Field(default_factory=list, description="The row's paragraphs.")
-    supporting_titles: list[str] = Field(default_factory=list)
-    meta: dict[str, JsonValue] = Field(default_factory=dict)
 
 
 class DatasetLoad(BaseModel):
