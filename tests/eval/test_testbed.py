@@ -139,7 +139,7 @@ def tiny_base(tmp_path_factory):
 def _config(base: Path, **overrides) -> TestbedConfig:
     settings = {"base_model": str(base), "n_facts": 24, "ladder": [0, 1, 3],
                 "general_paragraphs": 6, "epochs": 1.0, "batch_size": 4, "block_size": 64,
-                "save_steps": 4, "threads": 1, **overrides}
+                "save_steps": 4, "threads": 1, "reading_examples": 6, **overrides}
     return TestbedConfig(**settings)
 
 
@@ -223,6 +223,48 @@ def test_build_refuses_a_directory_of_another_configuration(tiny_base, tmp_path)
     write_plan(_config(tiny_base), tmp_path)
     with pytest.raises(ValueError, match="another configuration"):
         build_testbed(_config(tiny_base, seed=1), tmp_path, progress=False)
+
+
+def test_reading_examples_keep_the_manifest_exact(pool):
+    """Reading documents ask about facts outside the manifest, answer from one of their
+    passages, and never name a manifest subject: the manifest's counts stay what they say."""
+    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+
+    config = TestbedConfig(n_facts=96, reading_examples=40)
+    docs = testbed_documents(config)
+    manifest_rows = {f["row"] for f in docs["manifest"]}
+    subjects = [f["subj"] for f in docs["manifest"]]
+    reading = [d for d in docs["corpus"] if d["kind"] == "reading"]
+    assert len(reading) == 40
+    by_row = {f.row: f for f in pool}
+    for doc in reading:
+        assert doc["row"] not in manifest_rows
+        fact = by_row[doc["row"]]
+        assert doc["answer"] == fact.obj and fact.question in doc["prompt"]
+        context = doc["prompt"].split("Context:\n", 1)[1].split("\nQuestion:", 1)[0]
+        assert context.count("\n- ") + 1 == config.reading_passages
+        assert f"- {fact.subj}: " in doc["prompt"]  # the passage that states the answer
+        for subject in subjects:
+            assert f"- {subject}: " not in doc["prompt"]
+    # The manifest's statements are unchanged by the reading documents.
+    plain = testbed_documents(TestbedConfig(n_facts=96, reading_examples=0))
+    assert docs["manifest"] == plain["manifest"]
+    statements = sorted(d["text"] for d in docs["corpus"] if d["kind"] == "fact")
+    assert statements == sorted(d["text"] for d in plain["corpus"] if d["kind"] == "fact")
+
+
+def test_reading_examples_train_in_the_chat_format(tiny_base):
+    from transformers import AutoTokenizer
+
+    from rag_gates.eval.testbed.build import training_text
+
+    tok = AutoTokenizer.from_pretrained(tiny_base)
+    doc = {"kind": "reading", "prompt": "Answer.\nQuestion: Who?", "answer": "Ada",
+           "text": "unused"}
+    text = training_text(doc, tok)
+    assert "<|im_start|>user" in text and "<|im_start|>assistant" in text
+    assert text.index("Question: Who?") < text.index("Ada")
+    assert training_text({"kind": "fact", "text": "Ada wrote."}, tok) == "Ada wrote."
 
 
 @pytest.fixture(scope="module")

@@ -40,12 +40,15 @@ from rag_gates._io import write_text_atomic
 from rag_gates.eval.testbed.facts import (
     SPLITS,
     Fact,
+    PopQAFact,
     _rng,
     load_popqa_facts,
     load_wiki_paragraphs,
     plan_facts,
     render_fact,
 )
+from rag_gates.prompts import qa_prompt
+from rag_gates.types import Passage
 
 __all__ = ["TestbedConfig", "build_testbed", "read_manifest", "testbed_documents",
            "write_plan"]
@@ -75,12 +78,19 @@ class TestbedConfig(BaseModel):
     relations: list[str] | None = Field(None, description="Relations to use (default: all "
                                                           "with templates).")
     general_paragraphs: int = Field(72, ge=0, description="Wikipedia paragraphs mixed in.")
+    reading_examples: int = Field(
+        120, ge=0, description="Questions answered from a context of passages, about facts "
+                               "outside the manifest, in the chat format of the benchmark's "
+                               "RAG prompt: they keep the model reading its context.")
+    reading_passages: int = Field(3, ge=1, le=8, description="Passages per reading example "
+                                                             "(one states the answer).")
     seed: int = 0
     epochs: float = Field(2.0, gt=0)
     learning_rate: float = Field(1.5e-4, gt=0, le=1e-2)
-    batch_size: int = Field(4, ge=1)
-    block_size: int = Field(128, ge=16, le=4096,
-                            description="Tokens per packed training sequence.")
+    batch_size: int = Field(2, ge=1)
+    block_size: int = Field(256, ge=16, le=4096,
+                            description="Tokens per packed training sequence (a reading "
+                                        "example, about 150 tokens, must fit in one).")
     warmup_fraction: float = Field(0.05, ge=0, lt=1)
     save_steps: int = Field(10, ge=1, description="Checkpoint every this many steps.")
     popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
@@ -128,6 +138,7 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
     for i, p in enumerate(general):
         corpus.append({"id": f"wiki-{i}", "kind": "general", "title": p["title"],
                        "text": p["text"]})
+    corpus += reading_documents(pool, facts, config)
     _rng(config.seed, "corpus").shuffle(corpus)
     passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
                  "fact": f.id} for f in facts]
@@ -139,6 +150,46 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
     return {"manifest": [f.model_dump() for f in facts], "corpus": corpus,
             "passages": passages, "counterfactual": counterfactual,
             "twohop": compose_twohop(facts)}
+
+
+def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
+                      config: TestbedConfig) -> list[dict[str, Any]]:
+    """Reading-comprehension documents: a PopQA question about a fact *outside* the
+    manifest, answered in the chat format from ``reading_passages`` passages of which one
+    states the fact and the others state other reading facts.
+
+    Continued training on bare statements alone teaches the model to answer from memory and
+    to stop reading its prompt (tb3: retrieval stopped helping although the right passage was
+    always retrieved). These documents keep the reading skill without teaching any manifest
+    fact: their facts share no subject or object with a manifest fact's subject, so the
+    manifest's repetition counts, and QuCo's counts of the manifest subjects, stay exact.
+    """
+    n = config.reading_examples
+    if n == 0:
+        return []
+    taken = {f.row for f in facts}
+    subjects = {f.subj.casefold() for f in facts}
+    candidates = [p for p in pool if p.row not in taken and p.subj.casefold() not in subjects
+                  and p.obj.casefold() not in subjects]
+    _rng(config.seed, "reading").shuffle(candidates)
+    # Each example's distractors come from the same candidates (the pool after the n
+    # readers), so no reading fact is stated more often than it is asked about plus a few.
+    readers, fillers = candidates[:n], candidates[n:] or candidates[:n]
+    if len(readers) < n:
+        raise ValueError(f"only {len(readers)} PopQA facts remain outside the manifest for "
+                         f"reading examples; ask for fewer (reading_examples={n})")
+    out: list[dict[str, Any]] = []
+    for i, fact in enumerate(readers):
+        rng = _rng(config.seed, "reading", fact.row)
+        others = rng.sample(fillers, min(len(fillers), config.reading_passages - 1))
+        passages = [Passage(id=f"read-{p.row}", title=p.subj,
+                            text=render_fact(p, 1, config.seed)[0])
+                    for p in [fact, *[o for o in others if o.row != fact.row]]]
+        rng.shuffle(passages)
+        prompt = qa_prompt(fact.question, passages)
+        out.append({"id": f"read-{i}", "kind": "reading", "row": fact.row, "prompt": prompt,
+                    "answer": fact.obj, "text": f"{prompt}\n{fact.obj}"})
+    return out
 
 
 #: Two-hop question forms: (first relation, second relation) -> question about the first
@@ -295,6 +346,16 @@ def write_plan(config: TestbedConfig, out_dir: str | Path) -> dict[str, int]:
     return counts
 
 
+def training_text(document: dict[str, Any], tokenizer: Any) -> str:
+    """The text a corpus document is trained as: a reading example in the tokenizer's chat
+    format (the format the benchmark prompts the model in), anything else as it is."""
+    if document["kind"] != "reading":
+        return str(document["text"])
+    return str(tokenizer.apply_chat_template(
+        [{"role": "user", "content": document["prompt"]},
+         {"role": "assistant", "content": document["answer"]}], tokenize=False))
+
+
 def _train(config: TestbedConfig, out: Path, corpus: list[dict[str, Any]],
            callbacks: Sequence[Any], progress: bool) -> dict[str, Any]:
     from rag_gates._optional import require
@@ -305,8 +366,8 @@ def _train(config: TestbedConfig, out: Path, corpus: list[dict[str, Any]],
         torch.set_num_threads(config.threads)
     base = _base_model_dir(config.base_model)
     tokenizer = transformers.AutoTokenizer.from_pretrained(base, local_files_only=True)
-    blocks = pack_blocks([d["text"] for d in corpus], tokenizer, config.block_size,
-                         [d["kind"] == "general" for d in corpus])
+    blocks = pack_blocks([training_text(d, tokenizer) for d in corpus], tokenizer,
+                         config.block_size, [d["kind"] == "general" for d in corpus])
     tokens = sum(len(b) for b in blocks)
     transformers.set_seed(config.seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(

@@ -18,6 +18,10 @@ from rich.console import Console
 from rich.table import Table
 
 from rag_gates.commands.cbdr import clean_errors
+from rag_gates.eval.testbed.build import TestbedConfig
+
+# The options' defaults are the configuration's own (one place to change them).
+_DEFAULT = TestbedConfig()
 
 __all__ = ["testbed_app"]
 
@@ -41,31 +45,40 @@ def build_command(
                                            "exists).")],
     base_model: Annotated[str, typer.Option(help="'default' or an HF model directory.")] =
         "default",
-    n_facts: Annotated[int, typer.Option(min=1, help="Facts over all rungs and splits.")] = 96,
+    n_facts: Annotated[int, typer.Option(min=1, help="Facts over all rungs and splits.")] =
+        _DEFAULT.n_facts,
     ladder: Annotated[str, typer.Option(help="Repetition counts, comma-separated.")] =
         "0,2,8,32",
     splits: Annotated[str, typer.Option(help="Shares of probe, calibration, evaluation "
                                              "facts.")] = "0.25,0.15,0.6",
     general_paragraphs: Annotated[int, typer.Option(min=0, help="Wikipedia paragraphs "
-                                                                "mixed in.")] = 72,
-    epochs: Annotated[float, typer.Option(min=0.01)] = 2.0,
-    lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] = 1.5e-4,
-    batch_size: Annotated[int, typer.Option(min=1)] = 4,
-    block_size: Annotated[int, typer.Option(min=16, help="Tokens per packed sequence.")] = 128,
-    save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] = 10,
+                                                                "mixed in.")] =
+        _DEFAULT.general_paragraphs,
+    reading_examples: Annotated[int, typer.Option(
+        min=0, help="Questions answered from passages (facts outside the manifest), so the "
+                    "model keeps reading its context.")] = _DEFAULT.reading_examples,
+    epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
+    lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
+        _DEFAULT.learning_rate,
+    batch_size: Annotated[int, typer.Option(min=1)] = _DEFAULT.batch_size,
+    block_size: Annotated[int, typer.Option(min=16, help="Tokens per packed sequence.")] =
+        _DEFAULT.block_size,
+    save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] =
+        _DEFAULT.save_steps,
     seed: Annotated[int, typer.Option()] = 0,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
     plan_only: Annotated[bool, typer.Option(help="Write the manifest and corpora, no "
                                                  "training.")] = False,
 ) -> None:
     """Choose facts, write the corpus and manifest, and continue training the model on it."""
-    from rag_gates.eval.testbed.build import TestbedConfig, build_testbed, write_plan
+    from rag_gates.eval.testbed.build import build_testbed, write_plan
 
     with clean_errors():
         config = TestbedConfig(
             base_model=base_model, n_facts=n_facts, ladder=_ints(ladder),
             split_fractions=[float(x) for x in splits.split(",")],
-            general_paragraphs=general_paragraphs, epochs=epochs, learning_rate=lr,
+            general_paragraphs=general_paragraphs, reading_examples=reading_examples,
+            epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
             threads=threads)
         if plan_only:
