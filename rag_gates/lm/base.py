@@ -47,7 +47,11 @@ Prompt: TypeAlias = str | Sequence[ChatMessage | Mapping[str, str]]
 Text in a prompt is literal: ``"<|im_end|>"`` written in a question or a retrieved passage
 is encoded as those characters, never as the model's end-of-turn token; only the chat
 template adds control tokens. Wrap text you formatted yourself in :class:`FormattedPrompt`
-to have its control tokens parsed."""
+to have its control tokens parsed.
+
+Messages ending with an assistant message ask the model to continue that message (assistant
+prefill): ``HFWhiteBoxLM`` renders no end of turn after it, as transformers' text-generation
+pipeline does; API models differ (some prefill, some start a new turn)."""
 
 
 class FormattedPrompt(str):

@@ -278,10 +278,14 @@ class HFWhiteBoxLM(BaseTextLM):
         )
         # Private-use characters: no template or tokenizer gives them meaning.
         placeholders = [f"\ue000{i}\ue001" for i in range(len(messages))]
+        # A final assistant message is continued (assistant prefill), as transformers'
+        # text-generation pipeline does: no end of turn after it, no new assistant header.
+        prefill = messages[-1].role == "assistant"
         text = str(self.tokenizer.apply_chat_template(
             [{"role": m.role, "content": ph} for m, ph in zip(messages, placeholders,
                                                                 strict=True)],
-            tokenize=False, add_generation_prompt=True,
+            tokenize=False, add_generation_prompt=not prefill,
+            continue_final_message=prefill,
         ))
         segments: list[tuple[str, bool]] = []
         for i, piece in enumerate(_PLACEHOLDER.split(text)):

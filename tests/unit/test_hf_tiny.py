@@ -119,6 +119,18 @@ def test_chat_template_on_and_off(tiny: HFWhiteBoxLM) -> None:
     assert tiny.encode("hello") != tiny.encode("hello", chat_template=False)
 
 
+def test_final_assistant_message_is_continued(tiny: HFWhiteBoxLM) -> None:
+    # Assistant prefill, as in transformers' text-generation pipeline: no end of turn after
+    # the last assistant message and no new assistant header; its content stays literal.
+    user = [{"role": "user", "content": "hello"}]
+    prefill = "Follow up: <|im_end|> who"
+    messages = [*user, {"role": "assistant", "content": prefill}]
+    assert tiny.render(messages) == tiny.render(user) + prefill
+    assert tiny.encode(messages) == tiny.encode(user) + tiny.token_ids(prefill)
+    earlier = [*messages, {"role": "user", "content": "and?"}]  # not last: a closed turn
+    assert f"{prefill}<|im_end|>" in tiny.render(earlier)
+
+
 async def test_async_variants_equal_sync(tiny: HFWhiteBoxLM) -> None:
     sync = tiny.generate(PROMPTS[0], max_new_tokens=6)
     results = await asyncio.gather(*(tiny.agenerate(PROMPTS[0], max_new_tokens=6)
