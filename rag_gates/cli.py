@@ -296,12 +296,12 @@ def bench(
     """Run methods over a dataset: one JSON line per answer, resumable, summary at the end."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    from rag_gates.eval.methods import split_method_list
     from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
 
     _quiet_transformers()
     try:
-        config = BenchConfig(dataset=dataset, methods=[m.strip() for m in methods.split(",")
-                                                       if m.strip()],
+        config = BenchConfig(dataset=dataset, methods=split_method_list(methods),
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
                              max_new_tokens=max_new_tokens,
                              data_path=str(data) if data else None, threads=threads)

@@ -24,10 +24,11 @@ from __future__ import annotations
 
 import asyncio
 import math
+import re
 import sys
 import time
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import JsonValue
@@ -35,7 +36,9 @@ from pydantic import JsonValue
 from rag_gates._text import check_text
 from rag_gates.types import GateDecision
 
-__all__ = ["UNDECIDED_SCORE", "BaseGate", "Gate", "json_safe"]
+__all__ = ["GATE_GRAMMAR", "UNDECIDED_SCORE", "AllOf", "AnyOf", "BaseGate", "Cascade", "Gate",
+           "Weighted", "decision_margin", "is_gate_expression", "json_safe",
+           "parse_gate_expression"]
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
@@ -148,3 +151,506 @@ def json_safe(evidence: dict[str, JsonValue]) -> dict[str, JsonValue]:
         return value
 
     return {k: fix(v) for k, v in evidence.items()}
+
+
+# --- Composition ------------------------------------------------------------------------
+#
+# Gates on different scales (a corpus count, a probe's probability, a log-probability) are
+# combined through their *margins*, ``score - threshold``: each sub-gate keeps its own
+# calibrated threshold, and the sign of a margin is that gate's decision.
+
+
+def _undecided(decision: GateDecision) -> bool:
+    return "undecided" in decision.evidence or not math.isfinite(decision.score) \
+        or decision.score >= UNDECIDED_SCORE
+
+
+def decision_margin(decision: GateDecision) -> float:
+    """``score - threshold`` of a decision, with its sign forced to agree with
+    ``retrieve`` (a gate that retrieves on ``score > threshold`` can have margin 0 and not
+    retrieve): non-negative when it retrieves, negative when it does not."""
+    margin = decision.score - decision.threshold
+    if decision.retrieve:
+        return max(margin, 0.0)
+    return min(margin, math.nextafter(0.0, -1.0))
+
+
+def _dump(decision: GateDecision | None) -> JsonValue:
+    return None if decision is None else decision.model_dump(mode="json")
+
+
+def _check_gates(kind: str, gates: Sequence[Any], at_least: int) -> tuple[Gate, ...]:
+    if len(gates) < at_least:
+        raise ValueError(f"{kind} needs at least {at_least} gates, got {len(gates)}")
+    for i, g in enumerate(gates):
+        if not isinstance(g, Gate):
+            raise TypeError(f"{kind}: argument {i} is a {type(g).__name__}, not a gate "
+                            "(an object with name, threshold, decide, adecide, decide_batch)")
+    return tuple(gates)
+
+
+class _Composite(BaseGate):
+    """A gate made of gates: its decisions carry the sub-decisions in their evidence and
+    retrieve when any consulted sub-gate could not decide (the fail-closed rule)."""
+
+    gates: tuple[Gate, ...]
+
+    def decide(self, query: str, **signals: Any) -> GateDecision:
+        check_text(query, "query")
+        start = time.perf_counter()
+        decisions = self._consult_one(query, signals)
+        value, evidence = self._combine(decisions)
+        return self.decision(value, evidence, latency_ms=(time.perf_counter() - start) * 1e3)
+
+    async def adecide(self, query: str, **signals: Any) -> GateDecision:
+        check_text(query, "query")
+        start = time.perf_counter()
+        decisions = await self._aconsult_one(query, signals)
+        value, evidence = self._combine(decisions)
+        return self.decision(value, evidence, latency_ms=(time.perf_counter() - start) * 1e3)
+
+    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+        """Each sub-gate decides its whole batch at once, over the queries still open."""
+        for q in queries:
+            check_text(q, "query")
+        start = time.perf_counter()
+        per_query = self._consult_batch(list(queries), signals)
+        share = (time.perf_counter() - start) * 1e3 / max(1, len(queries))
+        return [self.decision(*self._combine(d), latency_ms=share) for d in per_query]
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return self._combine(self._consult_one(query, signals))
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        return f"sub-gate {evidence.get('undecided_gate')!s} could not decide"
+
+    # Subclasses: which sub-gates to consult, and how their decisions combine.
+    @abstractmethod
+    def _consult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]: ...
+
+    @abstractmethod
+    async def _aconsult_one(self, query: str, signals: dict[str, Any]
+                            ) -> list[GateDecision]: ...
+
+    @abstractmethod
+    def _consult_batch(self, queries: list[str], signals: dict[str, Any]
+                       ) -> list[list[GateDecision]]: ...
+
+    @abstractmethod
+    def _combine(self, decisions: list[GateDecision]) -> tuple[float, dict[str, JsonValue]]:
+        ...
+
+    def _fault(self, decisions: list[GateDecision], evidence: dict[str, JsonValue]
+               ) -> tuple[float, dict[str, JsonValue]] | None:
+        bad = next((d for d in decisions if _undecided(d)), None)
+        if bad is None:
+            return None
+        return float("nan"), {**evidence, "undecided_gate": bad.gate}
+
+
+class _Vote(_Composite):
+    """AllOf / AnyOf: consult in order, stop at the first decision that settles it."""
+
+    _settles: bool  # the sub-decision that settles the vote: AnyOf True, AllOf False
+    _joiner: str
+
+    def __init__(self, *gates: Gate, short_circuit: bool = True, name: str | None = None
+                 ) -> None:
+        super().__init__(threshold=0.0)
+        self.gates = _check_gates(type(self).__name__, gates, 2)
+        self.short_circuit = short_circuit
+        self.name = name or f"({self._joiner.join(g.name for g in self.gates)})"
+
+    def _stops(self, decision: GateDecision) -> bool:
+        return _undecided(decision) or (self.short_circuit and decision.retrieve is self._settles)
+
+    def _consult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        out: list[GateDecision] = []
+        for gate in self.gates:
+            out.append(gate.decide(query, **signals))
+            if self._stops(out[-1]):
+                break
+        return out
+
+    async def _aconsult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        out: list[GateDecision] = []
+        for gate in self.gates:
+            out.append(await gate.adecide(query, **signals))
+            if self._stops(out[-1]):
+                break
+        return out
+
+    def _consult_batch(self, queries: list[str], signals: dict[str, Any]
+                       ) -> list[list[GateDecision]]:
+        out: list[list[GateDecision]] = [[] for _ in queries]
+        open_ = list(range(len(queries)))
+        for gate in self.gates:
+            if not open_:
+                break
+            for i, d in zip(open_, gate.decide_batch([queries[i] for i in open_], **signals),
+                            strict=True):
+                out[i].append(d)
+            open_ = [i for i in open_ if not self._stops(out[i][-1])]
+        return out
+
+    def _combine(self, decisions: list[GateDecision]) -> tuple[float, dict[str, JsonValue]]:
+        evidence: dict[str, JsonValue] = {
+            "decisions": [_dump(d) for d in decisions], "consulted": len(decisions),
+            "skipped": [g.name for g in self.gates[len(decisions):]]}
+        fault = self._fault(decisions, evidence)
+        if fault is not None:
+            return fault
+        margins = [decision_margin(d) for d in decisions]
+        return (max(margins) if self._settles else min(margins)), evidence
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        decisions = evidence["decisions"]
+        assert isinstance(decisions, list)
+        said = ", ".join(f"{d['gate']} {'retrieve' if d['retrieve'] else 'skip'}"  # type: ignore[index,call-overload]
+                         for d in decisions)
+        verb = "retrieve" if retrieve else "answer without retrieval"
+        skipped = evidence["skipped"]
+        rest = f"; not consulted: {', '.join(map(str, skipped))}" \
+            if isinstance(skipped, list) and skipped else ""
+        return f"{self.name}: {said}{rest}: {verb}"
+
+
+class AllOf(_Vote):
+    """Retrieve only when every gate asks for retrieval (fewer retrievals than any one).
+
+    Gates are consulted in order and the first that says "no retrieval" settles it, so put
+    the cheapest first. The score is the smallest margin (``score - threshold``) of the
+    consulted gates, threshold 0; the sub-decisions are in ``evidence["decisions"]``. A
+    sub-gate that cannot decide makes the whole decision retrieve, and the reason names it.
+
+    Example:
+        >>> from rag_gates.gate import AllOf
+        >>> gate = AllOf(corpus_gate, probe_gate)          # doctest: +SKIP
+        >>> gate.decide("Who wrote Hamlet?").evidence["consulted"]   # doctest: +SKIP
+        1
+    """
+
+    _settles = False
+    _joiner = "&"
+
+
+class AnyOf(_Vote):
+    """Retrieve when any gate asks for retrieval (fewer missed retrievals than any one).
+
+    The first gate that asks for retrieval settles it; the score is the largest margin of
+    the consulted gates, threshold 0. Otherwise as :class:`AllOf`.
+    """
+
+    _settles = True
+    _joiner = "|"
+
+
+class Cascade(_Composite):
+    """Ask the cheap gate; only when its score falls in ``band`` (inclusive) ask the
+    expensive one, whose decision then stands.
+
+    The band is on the cheap gate's own score scale: put it around the cheap gate's
+    threshold, where it is unsure. The score is the deciding gate's margin, threshold 0;
+    ``evidence["expensive_called"]`` says whether the expensive gate ran, so a log counts
+    the calls saved. A cheap gate that cannot decide retrieves (it is not passed on).
+
+    Example:
+        >>> gate = Cascade(QuCoGate(stats), CBDRGate(lm, probe), band=(0.3, 0.7))  # doctest: +SKIP
+    """
+
+    def __init__(self, cheap: Gate, expensive: Gate, band: tuple[float, float], *,
+                 name: str | None = None) -> None:
+        super().__init__(threshold=0.0)
+        self.gates = _check_gates("Cascade", (cheap, expensive), 2)
+        lo, hi = (float(x) for x in band)
+        if not (math.isfinite(lo) and math.isfinite(hi) and lo <= hi):
+            raise ValueError(f"Cascade band must be two finite numbers lo <= hi, got {band!r}")
+        self.band = (lo, hi)
+        self.name = name or f"cascade({cheap.name},{expensive.name},{lo:g},{hi:g})"
+
+    def _passes_on(self, cheap: GateDecision) -> bool:
+        return not _undecided(cheap) and self.band[0] <= cheap.score <= self.band[1]
+
+    def _consult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        first = self.gates[0].decide(query, **signals)
+        return [first, self.gates[1].decide(query, **signals)] if self._passes_on(first) \
+            else [first]
+
+    async def _aconsult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        first = await self.gates[0].adecide(query, **signals)
+        return [first, await self.gates[1].adecide(query, **signals)] \
+            if self._passes_on(first) else [first]
+
+    def _consult_batch(self, queries: list[str], signals: dict[str, Any]
+                       ) -> list[list[GateDecision]]:
+        out = [[d] for d in self.gates[0].decide_batch(queries, **signals)]
+        passed = [i for i, ds in enumerate(out) if self._passes_on(ds[0])]
+        if passed:
+            later = self.gates[1].decide_batch([queries[i] for i in passed], **signals)
+            for i, d in zip(passed, later, strict=True):
+                out[i].append(d)
+        return out
+
+    def _combine(self, decisions: list[GateDecision]) -> tuple[float, dict[str, JsonValue]]:
+        evidence: dict[str, JsonValue] = {
+            "cheap": _dump(decisions[0]),
+            "expensive": _dump(decisions[1] if len(decisions) > 1 else None),
+            "expensive_called": len(decisions) > 1, "band": list(self.band)}
+        fault = self._fault(decisions, evidence)
+        return fault if fault is not None else (decision_margin(decisions[-1]), evidence)
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        verb = "retrieve" if retrieve else "answer without retrieval"
+        cheap = self.gates[0].name
+        if evidence["expensive_called"]:
+            return (f"{cheap} score in its band {self.band[0]:g}..{self.band[1]:g}, "
+                    f"{self.gates[1].name} decided: {verb}")
+        return f"{cheap} decided outside its band {self.band[0]:g}..{self.band[1]:g}: {verb}"
+
+
+class Weighted(_Composite):
+    """A logistic combination of gate scores: retrieve when
+    ``sigmoid(bias + sum_i w_i * (s_i - center_i) / scale_i) >= threshold``.
+
+    Fit the weights with ``rag-gates eval-gate --fit-weighted`` (a logistic regression on
+    calibration rows, saved as JSON) and load them with :meth:`from_json`. Every gate is
+    consulted (no short-circuit: every score enters the sum). A sub-gate that cannot decide
+    makes the decision retrieve.
+
+    Example:
+        >>> gate = Weighted([quco, probe], weights=[0.8, 1.9], bias=-0.4)   # doctest: +SKIP
+        >>> gate.decide("Who wrote Hamlet?").score      # the probability   # doctest: +SKIP
+        0.62
+    """
+
+    def __init__(self, gates: Sequence[Gate], weights: Sequence[float], bias: float = 0.0, *,
+                 center: Sequence[float] | None = None, scale: Sequence[float] | None = None,
+                 threshold: float = 0.5, name: str | None = None) -> None:
+        super().__init__(threshold=threshold)
+        self.gates = _check_gates("Weighted", gates, 1)
+        n = len(self.gates)
+        self.weights = self._numbers("weights", weights, n)
+        self.center = self._numbers("center", center if center is not None else [0.0] * n, n)
+        self.scale = self._numbers("scale", scale if scale is not None else [1.0] * n, n)
+        if any(s <= 0 for s in self.scale):
+            raise ValueError(f"Weighted scale must be positive, got {self.scale}")
+        if not math.isfinite(bias):
+            raise ValueError(f"Weighted bias must be finite, got {bias!r}")
+        self.bias = float(bias)
+        self.name = name or f"weighted({','.join(g.name for g in self.gates)})"
+
+    @staticmethod
+    def _numbers(what: str, values: Sequence[float], n: int) -> list[float]:
+        out = [float(v) for v in values]
+        if len(out) != n or not all(math.isfinite(v) for v in out):
+            raise ValueError(f"Weighted {what} must be {n} finite numbers (one per gate), "
+                             f"got {list(values)!r}")
+        return out
+
+    def to_json(self) -> dict[str, JsonValue]:
+        """The fitted combination; :meth:`from_json` rebuilds it given the gates."""
+        return {"gates": [g.name for g in self.gates], "weights": list(self.weights),
+                "bias": self.bias, "center": list(self.center), "scale": list(self.scale),
+                "threshold": self.threshold}
+
+    @classmethod
+    def from_json(cls, data: dict[str, Any], gates: Sequence[Gate]) -> Weighted:
+        """Rebuild from :meth:`to_json`; ``gates`` must be the named gates, in order."""
+        names = [g.name for g in gates]
+        if list(data.get("gates", [])) != names:
+            raise ValueError(f"these weights were fitted for gates {data.get('gates')}, "
+                             f"not {names}")
+        return cls(gates, data["weights"], data["bias"], center=data["center"],
+                   scale=data["scale"], threshold=data.get("threshold", 0.5))
+
+    def _consult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        return [g.decide(query, **signals) for g in self.gates]
+
+    async def _aconsult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
+        return list(await asyncio.gather(*(g.adecide(query, **signals) for g in self.gates)))
+
+    def _consult_batch(self, queries: list[str], signals: dict[str, Any]
+                       ) -> list[list[GateDecision]]:
+        columns = [g.decide_batch(queries, **signals) for g in self.gates]
+        return [list(row) for row in zip(*columns, strict=True)]
+
+    def _combine(self, decisions: list[GateDecision]) -> tuple[float, dict[str, JsonValue]]:
+        evidence: dict[str, JsonValue] = {"decisions": [_dump(d) for d in decisions]}
+        fault = self._fault(decisions, evidence)
+        if fault is not None:
+            return fault
+        z = self.bias + sum(w * (d.score - c) / s for w, d, c, s in
+                            zip(self.weights, decisions, self.center, self.scale, strict=True))
+        evidence["logit"] = z
+        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0, evidence
+
+
+# --- The gate-expression grammar (``rag-gates bench`` / ``eval-gate`` names) ---------------
+
+GATE_GRAMMAR = """\
+expr     := any
+any      := all ('|' all)*                      AnyOf: retrieve if any retrieves
+all      := unit ('&' unit)*                    AllOf: retrieve if all do ('&' binds tighter)
+unit     := '(' expr ')'
+          | 'cascade(' expr ',' expr ',' LO ',' HI ')'
+                                                the second decides when the first's score
+                                                is in [LO, HI], else the first does
+          | 'weighted(' FILE ')'                weights fitted by eval-gate --fit-weighted
+          | NAME [':' THRESHOLD]                a registered gate, optionally at a threshold
+examples: quco&cbdr   quco|answer-logprob:-1.2   cascade(quco,cbdr,0.2,0.8)
+          (quco&cbdr)|first-token-prob"""
+
+_TOKEN = re.compile(r"\s*(?:(?P<punct>[()&|,])|(?P<word>[^\s()&|,]+))")
+
+
+def is_gate_expression(text: str) -> bool:
+    """True when ``text`` is a composite expression rather than one gate's name."""
+    return any(c in text for c in "()&|,")
+
+
+def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate],
+                          load_weights: Callable[[str], dict[str, Any]] | None = None
+                          ) -> Gate:
+    """Build the gate an expression names (grammar: :data:`GATE_GRAMMAR`).
+
+    ``resolve(name, threshold)`` builds one registered gate (threshold None: its default);
+    ``load_weights(path)`` reads a ``weighted(FILE)`` JSON (default: the file as JSON).
+    A malformed expression raises :class:`ValueError` saying where and what was expected.
+
+    Example:
+        >>> class Words(BaseGate):
+        ...     def score(self, query, **signals):
+        ...         return float(len(query.split())), {}
+        >>> def resolve(name, threshold):
+        ...     gate = Words(threshold if threshold is not None else 3.0)
+        ...     gate.name = name
+        ...     return gate
+        >>> parse_gate_expression("short:2&long:9", resolve).name
+        '(short&long)'
+    """
+    tokens: list[tuple[str, int]] = []
+    pos = 0
+    while pos < len(text):
+        m = _TOKEN.match(text, pos)
+        if m is None or m.end() == pos:
+            break
+        tokens.append((m.group("punct") or m.group("word"), m.start(m.lastindex or 0)))
+        pos = m.end()
+    if not tokens:
+        raise ValueError(f"empty gate expression {text!r}\n{GATE_GRAMMAR}")
+    cursor = 0
+
+    def fail(expected: str) -> ValueError:
+        where = (f"at {tokens[cursor][0]!r} (character {tokens[cursor][1]})"
+                 if cursor < len(tokens) else "at its end")
+        return ValueError(f"gate expression {text!r}: expected {expected} {where}\n"
+                          f"{GATE_GRAMMAR}")
+
+    def peek() -> str | None:
+        return tokens[cursor][0] if cursor < len(tokens) else None
+
+    def take(expected: str) -> str:
+        nonlocal cursor
+        if cursor >= len(tokens) or (expected not in ("a gate name", "a number", "a file")
+                                     and tokens[cursor][0] != expected):
+            raise fail(repr(expected) if len(expected) == 1 else expected)
+        cursor += 1
+        return tokens[cursor - 1][0]
+
+    def number() -> float:
+        word = take("a number")
+        try:
+            value = float(word)
+        except ValueError:
+            cursor_back()
+            raise fail("a number") from None
+        if not math.isfinite(value):
+            cursor_back()
+            raise fail("a finite number")
+        return value
+
+    def cursor_back() -> None:
+        nonlocal cursor
+        cursor -= 1
+
+    def any_() -> Gate:
+        parts = [all_()]
+        while peek() == "|":
+            take("|")
+            parts.append(all_())
+        return parts[0] if len(parts) == 1 else AnyOf(*parts)
+
+    def all_() -> Gate:
+        parts = [unit()]
+        while peek() == "&":
+            take("&")
+            parts.append(unit())
+        return parts[0] if len(parts) == 1 else AllOf(*parts)
+
+    def unit() -> Gate:
+        word = peek()
+        if word is None or word in "&|,)":
+            raise fail("a gate name or '('")
+        if word == "(":
+            take("(")
+            inner = any_()
+            take(")")
+            return inner
+        take("a gate name")
+        if word in ("cascade", "weighted") and peek() == "(":
+            take("(")
+            if word == "cascade":
+                cheap = any_()
+                take(",")
+                expensive = any_()
+                take(",")
+                lo = number()
+                take(",")
+                hi = number()
+                take(")")
+                if lo > hi:
+                    raise ValueError(f"gate expression {text!r}: cascade band {lo:g}..{hi:g} "
+                                     "is empty (LO must be <= HI)")
+                return Cascade(cheap, expensive, (lo, hi))
+            path = take("a file")
+            take(")")
+            return _weighted_from_file(path, resolve, load_weights)
+        name, colon, threshold = word.partition(":")
+        if colon:
+            try:
+                value = float(threshold)
+            except ValueError:
+                raise ValueError(f"gate expression {text!r}: {word!r} has threshold "
+                                 f"{threshold!r}, not a number\n{GATE_GRAMMAR}") from None
+            if not math.isfinite(value):
+                raise ValueError(f"gate expression {text!r}: threshold of {name!r} must be "
+                                 f"finite, got {threshold!r}")
+            return resolve(name, value)
+        return resolve(name, None)
+
+    gate = any_()
+    if cursor != len(tokens):
+        raise fail("'&', '|' or the end")
+    return gate
+
+
+def _weighted_from_file(path: str, resolve: Callable[[str, float | None], Gate],
+                        load: Callable[[str], dict[str, Any]] | None) -> Weighted:
+    if load is None:
+        import json
+        from pathlib import Path
+
+        file = Path(path).expanduser()
+        if not file.is_file():
+            raise FileNotFoundError(f"weighted({path}): no such file; fit one with "
+                                    "rag-gates eval-gate --fit-weighted")
+        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
+    else:
+        data = load(path)
+    names = data.get("gates")
+    if not isinstance(names, list) or not names:
+        raise ValueError(f"weighted({path}): the file names no gates (expected the JSON "
+                         "written by rag-gates eval-gate --fit-weighted)")
+    thresholds = data.get("gate_thresholds") or [None] * len(names)
+    gates = [resolve(str(n), t) for n, t in zip(names, thresholds, strict=True)]
+    return Weighted.from_json(data, gates)

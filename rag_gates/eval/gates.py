@@ -16,7 +16,7 @@ from typing import Any
 
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
 from rag_gates.eval.methods import MethodContext
-from rag_gates.gate import Gate
+from rag_gates.gate import Gate, is_gate_expression, parse_gate_expression
 
 __all__ = ["AnswerLogprobGate", "FirstTokenProbGate", "available_gates", "make_gate"]
 
@@ -52,7 +52,14 @@ def available_gates() -> dict[str, GateFactory]:
 
 
 def make_gate(name: str, ctx: MethodContext, threshold: float | None = None) -> Gate:
-    """Build a gate by exact name; an unknown name lists the valid ones."""
+    """Build a gate by exact name, ``NAME:THRESHOLD``, or a composite expression of them
+    (``quco&cbdr``, ``cascade(quco,cbdr,0.2,0.8)``: :data:`rag_gates.gate.GATE_GRAMMAR`);
+    an unknown name lists the valid ones."""
+    if is_gate_expression(name) or ":" in name:
+        if threshold is not None:
+            raise ValueError(f"gate {name!r}: give thresholds inside the expression "
+                             "(NAME:THRESHOLD), not as a separate threshold")
+        return parse_gate_expression(name, lambda n, t: make_gate(n, ctx, t))
     gates = available_gates()
     if name not in gates:
         raise ValueError(f"unknown gate {name!r}; valid names: {', '.join(sorted(gates))}")

@@ -20,8 +20,9 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from rag_gates.gate import BaseGate, Gate, is_gate_expression, parse_gate_expression
 from rag_gates.lm.recorded import RecordedLM, generate_recorded
 from rag_gates.prompts import continue_prompt, qa_prompt
 from rag_gates.retrieval.base import Retriever
@@ -37,6 +38,7 @@ __all__ = [
     "NoRetrievalMethod",
     "RecordedLM",
     "RecordedRetriever",
+    "SelectiveRetrievalMethod",
     "SingleRetrievalMethod",
     "available_methods",
     "check_method_name",
@@ -44,6 +46,7 @@ __all__ = [
     "make_method",
     "need_retriever",
     "retrieve_recorded",
+    "split_method_list",
 ]
 
 ENTRY_POINT_GROUP = "rag_gates.methods"
@@ -184,10 +187,76 @@ class FSRAGMethod:
         return MethodResult(answer=" ".join(sentences), trace=rec.trace(), passages=used)
 
 
+class SelectiveRetrievalMethod:
+    """``selective@GATE``: the gate decides; retrieve once with the question (as ``single``)
+    when it says so, else answer closed book (as ``no-rag``). ``GATE`` is any registered
+    gate, ``NAME:THRESHOLD`` or a composite expression (``selective@quco&cbdr``,
+    ``selective@cascade(quco,cbdr,0.2,0.8)``; grammar: :data:`rag_gates.gate.GATE_GRAMMAR`).
+    The decision, with its sub-decisions, is in the trace."""
+
+    name = "selective"
+    accepts_option = True
+
+    def __init__(self, ctx: MethodContext) -> None:
+        from rag_gates.eval.gates import make_gate
+
+        if not ctx.option:
+            raise ValueError("selective needs a gate: selective@GATE, e.g. selective@quco or "
+                             "selective@cascade(quco,cbdr,0.2,0.8)")
+        self.ctx = ctx
+        self.retriever = need_retriever(ctx, self.name)
+        self.gate = make_gate(ctx.option, ctx)
+
+    @staticmethod
+    def validate_option(option: str | None) -> None:
+        if not option:
+            raise ValueError("selective needs a gate: selective@GATE, e.g. selective@quco")
+        if is_gate_expression(option):  # syntax only: gate names resolve when built
+            parse_gate_expression(option, _syntax_only)
+
+    def answer(self, question: str) -> MethodResult:
+        rec = TraceRecorder()
+        decision = self.gate.decide(question)
+        rec.add_decision(decision)
+        passages = retrieve_recorded(rec, self.retriever, question, self.ctx.k) \
+            if decision.retrieve else []
+        text = generate_recorded(rec, self.ctx.lm,
+                                 qa_prompt(question, passages or None,
+                                           dataset=self.ctx.dataset),
+                                 self.ctx.max_new_tokens)
+        return MethodResult(answer=text, trace=rec.trace(), passages=passages)
+
+
+def _syntax_only(name: str, threshold: float | None) -> Gate:
+    class _Named(BaseGate):
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+            return 0.0, {}
+
+    gate = _Named(0.0 if threshold is None else threshold)
+    gate.name = name
+    return gate
+
+
+def split_method_list(text: str) -> list[str]:
+    """``"no-rag,selective@cascade(quco,cbdr,0.2,0.8)"`` -> the two names: commas inside
+    parentheses belong to a gate expression."""
+    names, depth, current = [], 0, ""
+    for char in text:
+        depth += {"(": 1, ")": -1}.get(char, 0)
+        if char == "," and depth == 0:
+            names.append(current.strip())
+            current = ""
+        else:
+            current += char
+    names.append(current.strip())
+    return [n for n in names if n]
+
+
 BUILTIN_METHODS: dict[str, Callable[[MethodContext], Method]] = {
     "no-rag": NoRetrievalMethod,
     "single": SingleRetrievalMethod,
     "fs-rag": FSRAGMethod,
+    "selective": SelectiveRetrievalMethod,
 }
 
 

@@ -256,3 +256,54 @@ def test_accuracy_by_popularity_quartile() -> None:
     rows = accuracy_by_quartile(records, "no-rag")
     assert [r["accuracy"] for r in rows] == [0.0, 0.0, 0.0, 100.0]
     assert rows[0]["min"] == 0 and rows[-1]["max"] == 70 and rows[2]["questions"] == 2
+
+
+# ---------------------------------------------------------------- selective@GATE
+def test_selective_method_follows_its_gate_and_records_the_decision(
+        tiny: Any, bm25: BM25Retriever) -> None:
+    from rag_gates.eval.gates import make_gate
+
+    ctx = MethodContext(lm=tiny, retriever=bm25, dataset="hotpotqa", max_new_tokens=6)
+    questions = [e.question for e in load_dataset("hotpotqa", SLICES, n=4).examples]
+    for option in ("first-token-prob:0", "first-token-prob:2",
+                   "answer-logprob&first-token-prob",
+                   "cascade(first-token-prob,answer-logprob,0,1)"):
+        method = make_method(f"selective@{option}", ctx)
+        gate = make_gate(option, ctx)
+        for question in questions[:2]:
+            result = method.answer(question)
+            expected = gate.decide(question)
+            (decision,) = result.trace.decisions()
+            assert decision.retrieve is expected.retrieve and decision.gate == expected.gate
+            assert result.trace.retrievals == int(expected.retrieve)
+            assert len(result.passages) == (3 if expected.retrieve else 0)
+    # A probability never reaches 2: that gate never retrieves; at 0 it always does.
+    assert make_method("selective@first-token-prob:2", ctx).answer(questions[0]) \
+        .trace.retrievals == 0
+    assert make_method("selective@first-token-prob:0", ctx).answer(questions[0]) \
+        .trace.retrievals == 1
+
+
+def test_selective_names_are_checked_before_any_model_loads() -> None:
+    from rag_gates.eval.methods import available_methods, check_method_name, split_method_list
+
+    methods = available_methods()
+    check_method_name("selective@cascade(quco,cbdr,0.2,0.8)", methods)
+    for bad, message in (("selective", "needs a gate"), ("selective@quco&", "expected"),
+                         ("selective@cascade(quco,cbdr,0.8,0.2)", "is empty")):
+        with pytest.raises(ValueError, match=message):
+            check_method_name(bad, methods)
+    assert split_method_list("no-rag, selective@cascade(quco,cbdr,0.2,0.8),single") == [
+        "no-rag", "selective@cascade(quco,cbdr,0.2,0.8)", "single"]
+
+
+def test_eval_gate_scores_a_composite_gate(tiny: Any, bm25: BM25Retriever,
+                                           tmp_path: Path) -> None:
+    config = GateEvalConfig(gate="cascade(first-token-prob,answer-logprob,0.0,0.5)",
+                            dataset="hotpotqa", n=4, max_new_tokens=4, data_path=str(SLICES),
+                            labels_dir=str(tmp_path / "labels"), create_labels=True)
+    report = evaluate_gate(config, tmp_path / "out", lm=tiny, retriever=bm25)
+    assert report.questions == 4
+    rows = [json.loads(line) for line in (tmp_path / "out" / "decisions.jsonl").open()]
+    assert all(r["gate"] == "cascade(first-token-prob,answer-logprob,0,0.5)" for r in rows)
+    assert all(isinstance(r["evidence"]["expensive_called"], bool) for r in rows)
