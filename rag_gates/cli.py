@@ -388,6 +388,35 @@ def eval_gate(
         console.print(f"Spearman(score, s_pop) = {report.popularity_spearman:.3f}")
 
 
+@app.command("fit-weighted")
+def fit_weighted_command(
+    run: Annotated[list[Path], typer.Option(help="An eval-gate output directory, one per "
+                                                 "gate (repeat; calibration rows).")],
+    labels: Annotated[Path, typer.Option(help="Bench directory with the no-rag and single "
+                                              "runs of the same questions.")],
+    out: Annotated[Path, typer.Option(help="JSON to write: use it as weighted(OUT).")],
+    target_rate: Annotated[float | None, typer.Option(
+        min=0.0, max=1.0, help="Calibrate for this retrieval rate (default: best accuracy)."
+    )] = None,
+) -> None:
+    """Fit a Weighted gate (logistic regression of 'closed-book answer wrong' on the gates'
+    scores) from eval-gate decisions on calibration rows; use it as weighted(OUT)."""
+    from rag_gates._io import write_text_atomic
+    from rag_gates.eval.compose import fit_weighted_from_runs
+
+    try:
+        fitted = fit_weighted_from_runs(run, labels, target_rate=target_rate)
+    except (ValueError, FileNotFoundError) as exc:
+        console.print(f"[red]error:[/] {exc}")
+        raise typer.Exit(2) from exc
+    write_text_atomic(out, json.dumps(fitted, indent=2))
+    weights = ", ".join(f"{g} {w:+.3f}" for g, w in zip(fitted["gates"], fitted["weights"],
+                                                         strict=True))
+    console.print(f"weights {weights}, bias {fitted['bias']:+.3f}, threshold "
+                  f"{fitted['threshold']:.3f} on {fitted['fitted_on']['rows']} rows -> {out}")
+    console.print(f'use it as --gate "weighted({out})" or selective@weighted({out})')
+
+
 @app.command()
 def report(
     runs: Annotated[list[Path], typer.Argument(help="Bench and/or eval-gate directories.")],

@@ -412,8 +412,9 @@ class Weighted(_Composite):
     """A logistic combination of gate scores: retrieve when
     ``sigmoid(bias + sum_i w_i * (s_i - center_i) / scale_i) >= threshold``.
 
-    Fit the weights with ``rag-gates eval-gate --fit-weighted`` (a logistic regression on
-    calibration rows, saved as JSON) and load them with :meth:`from_json`. Every gate is
+    Fit the weights with ``rag-gates fit-weighted`` (a logistic regression on the
+    ``eval-gate`` decisions of calibration rows, saved as JSON) and load them with
+    :meth:`from_json` or the expression ``weighted(FILE)``. Every gate is
     consulted (no short-circuit: every score enters the sum). A sub-gate that cannot decide
     makes the decision retrieve.
 
@@ -495,7 +496,7 @@ unit     := '(' expr ')'
           | 'cascade(' expr ',' expr ',' LO ',' HI ')'
                                                 the second decides when the first's score
                                                 is in [LO, HI], else the first does
-          | 'weighted(' FILE ')'                weights fitted by eval-gate --fit-weighted
+          | 'weighted(' FILE ')'                weights fitted by rag-gates fit-weighted
           | NAME [':' THRESHOLD]                a registered gate, optionally at a threshold
 examples: quco&cbdr   quco|answer-logprob:-1.2   cascade(quco,cbdr,0.2,0.8)
           (quco&cbdr)|first-token-prob"""
@@ -643,14 +644,14 @@ def _weighted_from_file(path: str, resolve: Callable[[str, float | None], Gate],
         file = Path(path).expanduser()
         if not file.is_file():
             raise FileNotFoundError(f"weighted({path}): no such file; fit one with "
-                                    "rag-gates eval-gate --fit-weighted")
+                                    "rag-gates fit-weighted")
         data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
     else:
         data = load(path)
     names = data.get("gates")
     if not isinstance(names, list) or not names:
         raise ValueError(f"weighted({path}): the file names no gates (expected the JSON "
-                         "written by rag-gates eval-gate --fit-weighted)")
+                         "written by rag-gates fit-weighted)")
     thresholds = data.get("gate_thresholds") or [None] * len(names)
     gates = [resolve(str(n), t) for n, t in zip(names, thresholds, strict=True)]
     return Weighted.from_json(data, gates)

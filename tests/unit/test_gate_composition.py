@@ -229,7 +229,7 @@ def test_weighted_file_expression(tmp_path):
     gate = parse_gate_expression(f"weighted({file})&first-token-prob", _resolver(made))
     assert made == [("quco", 3.0), ("cbdr", 5.0), ("first-token-prob", None)]
     assert isinstance(gate, AllOf) and isinstance(gate.gates[0], Weighted)
-    with pytest.raises(FileNotFoundError, match="eval-gate --fit-weighted"):
+    with pytest.raises(FileNotFoundError, match="rag-gates fit-weighted"):
         parse_gate_expression(f"weighted({tmp_path / 'missing.json'})", _resolver([]))
 
 
