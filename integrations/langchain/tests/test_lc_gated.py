@@ -222,3 +222,32 @@ def test_annotate_document_copies() -> None:
         annotate_document(doc, {}, key="")
     with pytest.raises(TypeError):
         annotate_document("x", {})  # type: ignore[arg-type]
+
+
+# ---------------------------------------------------------------- composed gates
+class QuestionLengthGate(BaseGate):
+    name = "question-length"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return float(len(query.split())), {}
+
+
+def test_a_composed_gate_drops_in_and_its_sub_decisions_reach_the_metadata() -> None:
+    from rag_gates.gate import AllOf, Cascade
+
+    words, length = CapitalisedWordsGate(2), QuestionLengthGate(5)
+    both = GatedRetriever(retriever=store().as_retriever(), gate=AllOf(words, length))
+    docs = both.invoke(ASK)  # 5 capitalised words and 11 words: both retrieve
+    subs = docs[0].metadata[KEY]["evidence"]["decisions"]
+    assert [s["gate"] for s in subs] == ["capitalised-words", "question-length"]
+    assert both.invoke(SKIP) == []
+    assert both.last_decision is not None
+    assert both.last_decision.evidence["skipped"] == ["question-length"]  # short-circuited
+    # Few capitalised words (the band 0..1) leave it to the question's length.
+    cascade = GatedRetriever(retriever=store().as_retriever(),
+                             gate=Cascade(words, QuestionLengthGate(6), band=(0, 1)))
+    assert cascade.invoke(SKIP) == []  # 0 capitalised, 5 words < 6
+    assert cascade.last_decision is not None
+    assert cascade.last_decision.evidence["expensive_called"] is True
+    assert len(cascade.invoke(ASK)) == 4  # 5 capitalised: outside the band, cheap decides
+    assert cascade.last_decision.evidence["expensive_called"] is False

@@ -212,3 +212,30 @@ def test_drops_into_a_retriever_query_engine(
     assert str(response) == "Empty Response"
     assert collector.of(LLMChatStartEvent) == []
     assert [e.retrieve for e in collector.of(GateDecisionEvent)] == [False]
+
+
+# ---------------------------------------------------------------- composed gates
+class QuestionLengthGate(BaseGate):
+    name = "question-length"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return float(len(query.split())), {}
+
+
+def test_a_composed_gate_drops_in_and_its_sub_decisions_reach_the_metadata(
+    index: VectorStoreIndex, gate: CapitalisedWordsGate
+) -> None:
+    from rag_gates.gate import AnyOf, Cascade
+
+    either = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K),
+                            gate=AnyOf(gate, QuestionLengthGate(20)))
+    nodes = either.retrieve(ASK)  # capitalised words settle it: length is never asked
+    evidence = nodes[0].node.metadata[ANNOTATION_KEY]["evidence"]
+    assert [d["gate"] for d in evidence["decisions"]] == ["capitalised-words"]
+    assert evidence["skipped"] == ["question-length"]
+    assert either.retrieve(SKIP) == []
+    cascade = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K),
+                             gate=Cascade(gate, QuestionLengthGate(6), band=(0, 1)))
+    assert cascade.retrieve(SKIP) == []  # 0 capitalised: in the band; 5 words < 6
+    assert cascade.last_decision is not None
+    assert cascade.last_decision.evidence["expensive_called"] is True
