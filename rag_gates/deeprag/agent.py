@@ -1,0 +1,227 @@
+"""The DeepRAG agent loop over any :class:`~rag_gates.lm.base.TextLM` and any retriever.
+
+Each step: the model writes ``Follow up: <subquery>`` (or ``So the final answer is: ...``,
+which ends the run); a decision is taken on the subquery; on *retrieve* the loop retrieves
+with the **subquery** (top-``k``), writes the passages as ``Context:`` and the model answers
+from them; otherwise the model answers from its own knowledge. After ``max_steps`` subqueries
+the final answer is forced.
+
+Decision modes (``DeepRAGConfig.mode``):
+
+- ``generate``: the model's own text decides (it writes ``Let's search the question in
+  Wikipedia.`` or ``Intermediate answer:`` after the subquery, in the same call);
+- ``likelihood``: ``log p(retrieve marker) - log p(direct marker) >= threshold`` after the
+  subquery (:class:`~rag_gates.deeprag.gates.MarkerLikelihoodGate`; white-box, or API
+  log-probabilities);
+- ``always`` / ``never``;
+- ``gate``: any rag-gates :class:`~rag_gates.gate.Gate` (QuCo, CBDR, a composite) decides per
+  subquery, asked with the subquery as its query.
+
+Malformed steps, the documented rule (each is counted in ``Trajectory.malformed``):
+
+- no marker at the start of the step, an empty subquery, or a subquery asked before (a loop)
+  ends the decomposition: the final answer is forced (``stop_reason="malformed"``);
+- generate mode, a subquery followed by neither decision marker: the step retrieves (the
+  fail-closed rule of every gate) and goes on.
+
+Retrieval that finds nothing: the step says ``Context: (nothing found)`` and the model answers
+anyway. Every decision, retrieval and model call is in the returned trace.
+
+Example:
+    >>> from rag_gates.deeprag import DeepRAG
+    >>> agent = DeepRAG(lm, bm25, mode="likelihood", threshold=0.0)       # doctest: +SKIP
+    >>> result = agent.run("Who was the father of the director of Jaws?") # doctest: +SKIP
+    >>> print(result.trajectory.render())                                 # doctest: +SKIP
+    >>> [d.retrieve for d in result.decisions], result.trace.retrievals   # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates._text import check_text
+from rag_gates.deeprag.engine import (
+    Ask,
+    Executor,
+    Program,
+    direct_answer,
+    final_answer,
+    next_step,
+    retrieved_answer,
+    subquery_line,
+)
+from rag_gates.deeprag.gates import ConstantGate, MarkerGate, MarkerLikelihoodGate
+from rag_gates.deeprag.trajectory import (
+    DeepRAGPrompt,
+    MalformedStep,
+    Step,
+    StepText,
+    Trajectory,
+    render_steps,
+    same_subquery,
+)
+from rag_gates.gate import Gate
+from rag_gates.lm.base import TextLM
+from rag_gates.retrieval.base import Retriever
+from rag_gates.types import GateDecision, PipelineResult, TraceRecorder
+
+__all__ = ["DecisionMode", "DeepRAG", "DeepRAGConfig", "DeepRAGResult"]
+
+DecisionMode = Literal["generate", "likelihood", "always", "never", "gate"]
+
+
+class DeepRAGConfig(BaseModel):
+    """Settings of the DeepRAG loop. Unknown keys are an error (no silent typos)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    mode: DecisionMode = Field("generate", description="Who decides per subquery.")
+    threshold: float = Field(0.0, allow_inf_nan=False, description="likelihood mode: "
+                             "retrieve when log p(retrieve) - log p(direct) >= this.")
+    k: int = Field(3, ge=1, le=50, description="Passages per retrieval.")
+    max_steps: int = Field(6, ge=0, le=50, description="Subqueries before the final answer "
+                           "is forced (the card: 6 for HotpotQA-like data, 10 otherwise).")
+    max_step_tokens: int = Field(64, ge=4, le=1024, description="Tokens for a step's text "
+                                 "(subquery, and in generate mode marker and answer).")
+    max_answer_tokens: int = Field(48, ge=1, le=1024, description="Tokens per answer.")
+    prompt: DeepRAGPrompt = Field(default_factory=DeepRAGPrompt)
+
+
+class DeepRAGResult(PipelineResult):
+    """The answer, passages and trace (:class:`PipelineResult`), plus the trajectory."""
+
+    trajectory: Trajectory
+
+
+def _problem(st: StepText, steps: list[Step]) -> Literal["no_marker", "empty_subquery",
+                                                          "repeated_subquery"] | None:
+    if st.kind == "none":
+        return "no_marker"
+    if not st.subquery:
+        return "empty_subquery"
+    if any(same_subquery(st.subquery, s.subquery) for s in steps):
+        return "repeated_subquery"
+    return None
+
+
+class DeepRAG:
+    """DeepRAG over any TextLM and any rag-gates Retriever.
+
+    Args:
+        lm: a TextLM (``likelihood`` mode: a WhiteBoxLM, or a model returning logprobs).
+        retriever: a rag-gates Retriever (framework retrievers through the integration
+            packages); may be None only in ``never`` mode.
+        config: a :class:`DeepRAGConfig`; keyword overrides (``mode="always"``) also work.
+        gate: the gate of ``gate`` mode (mode defaults to ``gate`` when one is given).
+        name: the method name in benchmarks and logs.
+    """
+
+    def __init__(self, lm: TextLM, retriever: Retriever | None,
+                 config: DeepRAGConfig | None = None, *, gate: Gate | None = None,
+                 name: str = "deeprag", **overrides: Any) -> None:
+        if gate is not None and "mode" not in overrides and config is None:
+            overrides["mode"] = "gate"
+        base = config or DeepRAGConfig()
+        self.config = DeepRAGConfig(**{**dict(base), **overrides}) if overrides else base
+        if not isinstance(lm, TextLM):
+            raise TypeError(f"lm must follow rag_gates' TextLM protocol, got {type(lm).__name__}")
+        if retriever is not None and not isinstance(retriever, Retriever):
+            raise TypeError(f"retriever must follow rag_gates' Retriever protocol, got "
+                            f"{type(retriever).__name__}")
+        mode = self.config.mode
+        if retriever is None and mode != "never":
+            raise ValueError(f"mode {mode!r} may retrieve: pass a retriever (or mode='never')")
+        if (gate is not None) != (mode == "gate"):
+            raise ValueError("pass gate=... exactly when mode='gate' (got mode "
+                             f"{mode!r} and gate {gate!r})")
+        self.lm = lm
+        self.retriever = retriever
+        self.name = name
+        self.gate: Gate
+        if mode == "gate":
+            assert gate is not None
+            self.gate = gate
+        elif mode == "likelihood":
+            self.gate = MarkerLikelihoodGate(lm, self.config.threshold)
+        elif mode == "generate":
+            self.gate = MarkerGate()
+        else:
+            self.gate = ConstantGate(mode == "always", name=f"deeprag-{mode}")
+
+    # ------------------------------------------------------------------ the loop
+    def program(self, question: str) -> Program[Trajectory]:
+        """The loop as a request generator (see :mod:`rag_gates.deeprag.engine`)."""
+        c = self.config
+        fmt = c.prompt
+        generate = c.mode == "generate"
+        steps: list[Step] = []
+        malformed: list[MalformedStep] = []
+        stop_reason: Literal["answered", "step_cap", "malformed"] = "step_cap"
+        final: str | None = None
+        while len(steps) < c.max_steps:
+            so_far = render_steps(steps)
+            st, raw = yield from next_step(fmt, question, so_far, generate=generate,
+                                           max_new_tokens=c.max_step_tokens)
+            if st.kind == "final":
+                stop_reason, final = "answered", st.final or None
+                break
+            problem = _problem(st, steps)
+            if problem is not None:
+                malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
+                                               action="forced_final"))
+                stop_reason = "malformed"
+                break
+            if generate:
+                if st.decision is None:
+                    malformed.append(MalformedStep(kind="no_decision", step=len(steps),
+                                                   text=raw, action="retrieved"))
+                signals: dict[str, Any] = {"written": st.decision}
+            else:
+                signals = {"prompt": fmt.build(question, so_far + subquery_line(st.subquery)),
+                           "question": question}
+            decision: GateDecision = yield Ask(self.gate, st.subquery, signals)
+            if decision.retrieve:
+                passages, answer = yield from retrieved_answer(
+                    fmt, question, so_far, st.subquery, c.k, c.max_answer_tokens)
+                steps.append(Step(subquery=st.subquery, decision=decision, passages=passages,
+                                  answer=answer))
+                continue
+            if generate and st.answer:
+                answer = st.answer
+            else:
+                answer = yield from direct_answer(fmt, question, so_far, st.subquery,
+                                                  c.max_answer_tokens)
+            steps.append(Step(subquery=st.subquery, decision=decision, answer=answer))
+        if final is None:
+            final = yield from final_answer(fmt, question, render_steps(steps),
+                                            c.max_answer_tokens,
+                                            forced=stop_reason != "answered")
+        return Trajectory(question=question, steps=tuple(steps), final_answer=final,
+                          stop_reason=stop_reason, malformed=tuple(malformed))
+
+    def _result(self, trajectory: Trajectory, rec: TraceRecorder) -> DeepRAGResult:
+        return DeepRAGResult(answer=trajectory.final_answer, trace=rec.trace(),
+                             passages=trajectory.passages, trajectory=trajectory)
+
+    def run(self, question: str) -> DeepRAGResult:
+        """Answer ``question``; the result carries the trajectory and the full trace."""
+        check_text(question, "question")
+        rec = TraceRecorder()
+        trajectory = Executor(self.lm, self.retriever, rec).run(self.program(question))
+        return self._result(trajectory, rec)
+
+    async def arun(self, question: str) -> DeepRAGResult:
+        """:meth:`run` with the model's, retriever's and gate's async forms."""
+        check_text(question, "question")
+        rec = TraceRecorder()
+        trajectory = await Executor(self.lm, self.retriever, rec).arun(self.program(question))
+        return self._result(trajectory, rec)
+
+    def answer(self, question: str) -> DeepRAGResult:
+        """Alias of :meth:`run`, the name every pipeline answers to (and the benchmark calls)."""
+        return self.run(question)
+
+    async def aanswer(self, question: str) -> DeepRAGResult:
+        return await self.arun(question)

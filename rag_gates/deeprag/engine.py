@@ -1,0 +1,214 @@
+"""The moves DeepRAG makes, written once for the sync and the async loop.
+
+A DeepRAG procedure (the agent loop, the trajectory search) is a generator that *yields
+requests* -- :class:`Call` (a model call), :class:`Search` (a retrieval), :class:`Ask` (a gate
+decision) -- and receives their results. :class:`Executor` carries the requests out, with a
+blocking model and retriever (:meth:`Executor.run`) or their async forms
+(:meth:`Executor.arun`), and records each one in a :class:`~rag_gates.types.TraceRecorder`. So
+the logic exists once, and both forms leave the same trace.
+
+The step moves (:func:`next_step`, :func:`direct_answer`, :func:`retrieved_answer`,
+:func:`final_answer`) are small generators the procedures compose with ``yield from``.
+
+Example:
+    >>> def two_calls():
+    ...     a = yield Call("Who wrote Hamlet?", ("\\n",), 8, "first")
+    ...     b = yield Call("Who wrote Macbeth?", ("\\n",), 8, "second")
+    ...     return a.text, b.text
+    >>> Executor(lm, retriever, TraceRecorder()).run(two_calls())    # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+from collections.abc import Generator, Mapping
+from dataclasses import dataclass, field
+from typing import Any, TypeAlias, TypeVar
+
+from rag_gates.deeprag.trajectory import (
+    CONTEXT,
+    FINAL,
+    FOLLOW_UP,
+    INTERMEDIATE,
+    QUESTION,
+    DeepRAGPrompt,
+    StepText,
+    one_line,
+    read_step,
+    retrieval_block,
+)
+from rag_gates.gate import Gate
+from rag_gates.lm.base import Prompt, TextLM
+from rag_gates.retrieval.base import Retriever
+from rag_gates.retrieval.recorded import retrieve_recorded
+from rag_gates.types import GateDecision, Generation, Passage, TraceRecorder
+
+__all__ = [
+    "ANSWER_STOPS",
+    "GENERATE_STOPS",
+    "SUBQUERY_STOPS",
+    "Ask",
+    "Call",
+    "Executor",
+    "Program",
+    "Request",
+    "Search",
+    "direct_answer",
+    "final_answer",
+    "next_step",
+    "retrieved_answer",
+]
+
+T = TypeVar("T")
+
+# Generate mode: one call writes the subquery, the decision marker and a direct answer; it
+# stops where the loop must act (retrieve) or where the next step would begin.
+GENERATE_STOPS = (CONTEXT, f"\n{FOLLOW_UP}", f"\n{FINAL}", f"\n{QUESTION}", "\n\n")
+# Other modes: the subquery line only; the decision is not the model's text.
+SUBQUERY_STOPS = ("\n", "Let's search", INTERMEDIATE, CONTEXT)
+# An intermediate or final answer: one line.
+ANSWER_STOPS = ("\n", FOLLOW_UP, FINAL, CONTEXT, QUESTION)
+
+
+@dataclass(frozen=True)
+class Call:
+    """Generate from ``prompt`` (greedy) until a stop string or ``max_new_tokens``."""
+
+    prompt: Prompt
+    stop: tuple[str, ...]
+    max_new_tokens: int
+    name: str
+
+
+@dataclass(frozen=True)
+class Search:
+    """Retrieve ``k`` passages for ``query``."""
+
+    query: str
+    k: int
+
+
+@dataclass(frozen=True)
+class Ask:
+    """Ask ``gate`` whether to retrieve for ``query``."""
+
+    gate: Gate
+    query: str
+    signals: Mapping[str, Any] = field(default_factory=dict)
+
+
+Request: TypeAlias = Call | Search | Ask
+Program: TypeAlias = Generator[Request, Any, T]
+
+
+class Executor:
+    """Carries out a program's requests with ``lm``, ``retriever`` and the gates it names,
+    recording every model call, retrieval and decision in ``rec``."""
+
+    def __init__(self, lm: TextLM, retriever: Retriever | None, rec: TraceRecorder) -> None:
+        self.lm = lm
+        self.retriever = retriever
+        self.rec = rec
+
+    def _need_retriever(self) -> Retriever:
+        if self.retriever is None:
+            raise ValueError("this DeepRAG run decided to retrieve but has no retriever; "
+                             "pass one, or use mode='never'")
+        return self.retriever
+
+    def run(self, program: Program[T]) -> T:
+        """Drive ``program`` with blocking calls; return its result."""
+        reply: Any = None
+        while True:
+            try:
+                request = program.send(reply)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            if isinstance(request, Call):
+                with self.rec.timed("llm_call", request.name) as data:
+                    g = self.lm.generate(request.prompt, max_new_tokens=request.max_new_tokens,
+                                         stop=list(request.stop))
+                    self._note(data, g)
+                reply = g
+            elif isinstance(request, Search):
+                reply = retrieve_recorded(self.rec, self._need_retriever(), request.query,
+                                          request.k)
+            else:
+                reply = self._decided(request.gate.decide(request.query, **request.signals))
+
+    async def arun(self, program: Program[T]) -> T:
+        """Drive ``program`` with the model's, retriever's and gates' async forms."""
+        reply: Any = None
+        while True:
+            try:
+                request = program.send(reply)
+            except StopIteration as done:
+                result: T = done.value
+                return result
+            if isinstance(request, Call):
+                with self.rec.timed("llm_call", request.name) as data:
+                    g = await self.lm.agenerate(request.prompt,
+                                                max_new_tokens=request.max_new_tokens,
+                                                stop=list(request.stop))
+                    self._note(data, g)
+                reply = g
+            elif isinstance(request, Search):
+                retriever = self._need_retriever()
+                with self.rec.timed("retrieval", retriever.name) as data:
+                    found: list[Passage] = await retriever.aretrieve(request.query, request.k)
+                    data["query"] = request.query
+                    data["ids"] = [p.id for p in found]
+                reply = found
+            else:
+                reply = self._decided(
+                    await request.gate.adecide(request.query, **request.signals))
+
+    @staticmethod
+    def _note(data: dict[str, Any], g: Generation) -> None:
+        data["tokens"] = g.completion_tokens
+        data["finish_reason"] = g.finish_reason
+
+    def _decided(self, decision: GateDecision) -> GateDecision:
+        self.rec.add_decision(decision)
+        return decision
+
+
+# ---------------------------------------------------------------- the step moves
+def next_step(fmt: DeepRAGPrompt, question: str, so_far: str, *, generate: bool,
+              max_new_tokens: int) -> Program[tuple[StepText, str]]:
+    """The model's next step after ``so_far``, read, and the raw text. ``generate``: the
+    model also writes the decision marker (and a direct answer) in the same call."""
+    stops = GENERATE_STOPS if generate else SUBQUERY_STOPS
+    g: Generation = yield Call(fmt.build(question, so_far), stops, max_new_tokens, "step")
+    return read_step(g.text), g.text
+
+
+def subquery_line(subquery: str) -> str:
+    return f"{FOLLOW_UP} {one_line(subquery)}\n"
+
+
+def direct_answer(fmt: DeepRAGPrompt, question: str, so_far: str, subquery: str,
+                  max_new_tokens: int) -> Program[str]:
+    """The model's answer to ``subquery`` from its own knowledge."""
+    prompt = fmt.build(question, f"{so_far}{subquery_line(subquery)}{INTERMEDIATE}")
+    g: Generation = yield Call(prompt, ANSWER_STOPS, max_new_tokens, "answer-direct")
+    return one_line(g.text)
+
+
+def retrieved_answer(fmt: DeepRAGPrompt, question: str, so_far: str, subquery: str, k: int,
+                     max_new_tokens: int) -> Program[tuple[tuple[Passage, ...], str]]:
+    """Retrieve with ``subquery`` and the model's answer from those passages."""
+    found: list[Passage] = yield Search(subquery, k)
+    passages = tuple(found)
+    text = f"{so_far}{subquery_line(subquery)}{retrieval_block(passages)}{INTERMEDIATE}"
+    g: Generation = yield Call(fmt.build(question, text), ANSWER_STOPS, max_new_tokens,
+                               "answer-retrieved")
+    return passages, one_line(g.text)
+
+
+def final_answer(fmt: DeepRAGPrompt, question: str, so_far: str, max_new_tokens: int, *,
+                 forced: bool) -> Program[str]:
+    """The final answer after ``so_far`` (``forced``: the loop, not the model, ended it)."""
+    g: Generation = yield Call(fmt.build(question, f"{so_far}{FINAL}"), ANSWER_STOPS,
+                               max_new_tokens, "final-forced" if forced else "final")
+    return one_line(g.text)

@@ -1,0 +1,153 @@
+"""The per-subquery decisions of DeepRAG as gates, so every decision is a
+:class:`~rag_gates.types.GateDecision` under the fail-closed rule.
+
+- :class:`MarkerGate` (``generate`` mode): the marker the model wrote after the subquery.
+- :class:`ConstantGate` (``always`` / ``never``): the same decision for every subquery.
+- :class:`MarkerLikelihoodGate` (``likelihood`` mode): ``log p(retrieve marker) - log p(direct
+  marker)`` after the subquery, against a threshold.
+
+Any other rag-gates :class:`~rag_gates.gate.Gate` (QuCo, CBDR, a composite) decides in
+``gate`` mode; it is asked with the subquery as its query.
+
+Example:
+    >>> MarkerGate().decide("Who directed Jaws?", written="direct").retrieve
+    False
+    >>> d = MarkerGate().decide("Who directed Jaws?", written=None)   # no marker written
+    >>> d.retrieve, d.evidence["undecided"]
+    (True, 'the model wrote no decision marker after the subquery')
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import JsonValue
+
+from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+from rag_gates.gate import BaseGate
+from rag_gates.lm.base import Prompt, WhiteBoxLM, require_white_box
+
+__all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate"]
+
+
+class MarkerGate(BaseGate):
+    """Decides from the text the model wrote: score 1 for the retrieve marker, 0 for the
+    direct-answer marker (threshold 0.5). Neither marker: the score is NaN, so the decision
+    retrieves and says the model wrote no marker.
+
+    ``decide(subquery, written="retrieve" | "direct" | None)``.
+    """
+
+    name = "deeprag-generate"
+
+    def __init__(self, name: str | None = None) -> None:
+        super().__init__(threshold=0.5)
+        if name:
+            self.name = name
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        written = signals.get("written")
+        if written == "retrieve":
+            return 1.0, {"written": RETRIEVE}
+        if written == "direct":
+            return 0.0, {"written": INTERMEDIATE}
+        return float("nan"), {"written": None}
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        verb = "retrieve" if retrieve else "answer without retrieval"
+        return f"the model wrote {evidence['written']!r}: {verb}"
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        return "the model wrote no decision marker after the subquery"
+
+
+class ConstantGate(BaseGate):
+    """The same decision for every subquery (``always`` retrieves, ``never`` does not)."""
+
+    def __init__(self, retrieve: bool, name: str | None = None) -> None:
+        super().__init__(threshold=0.5)
+        self.retrieve = bool(retrieve)
+        self.name = name or ("always" if retrieve else "never")
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return (1.0 if self.retrieve else 0.0), {}
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        return f"{self.name}: {'retrieve' if retrieve else 'answer without retrieval'} " \
+               "for every subquery"
+
+
+class MarkerLikelihoodGate(BaseGate):
+    """Retrieve when ``log p(retrieve marker) - log p(direct marker) >= threshold``, both
+    read right after the subquery line.
+
+    A white-box model (``score``) gives the teacher-forced log-probability of each whole
+    marker (``Let's search the question in Wikipedia.`` vs ``Intermediate answer:``). A
+    text-only model that returns log-probabilities gives the first token's: the best of its
+    top-20 alternatives that begins each marker (a marker missing from the top 20 counts at
+    the 20th log-probability, an upper bound, flagged in the evidence). Neither marker among
+    them: NaN, so the gate retrieves (fail closed).
+
+    ``decide(subquery, prompt=PROMPT)``: ``PROMPT`` ends right after the subquery's line (the
+    agent passes it).
+
+    Example:
+        >>> gate = MarkerLikelihoodGate(lm, threshold=0.0)                   # doctest: +SKIP
+        >>> gate.decide("Who directed Jaws?", prompt=prompt).evidence         # doctest: +SKIP
+        {'logp_retrieve': -9.1, 'logp_direct': -2.3, 'method': 'score'}
+    """
+
+    name = "deeprag-likelihood"
+    TOP = 20
+
+    def __init__(self, lm: Any, threshold: float = 0.0) -> None:
+        super().__init__(threshold)
+        if isinstance(lm, WhiteBoxLM):
+            self.method = "score"
+        elif getattr(lm, "supports_logprobs", False):
+            self.method = "top_logprobs"
+        else:
+            require_white_box(lm, "deeprag likelihood decisions (or a model with logprobs)")
+        self.lm = lm
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        prompt: Prompt | None = signals.get("prompt")
+        if prompt is None:
+            raise ValueError("MarkerLikelihoodGate needs prompt=<the prompt ending after the "
+                             "subquery line>; DeepRAG passes it")
+        if self.method == "score":
+            retrieve, direct = self.lm.score(prompt, [RETRIEVE, INTERMEDIATE])
+            lr, ld = retrieve.total, direct.total
+            evidence: dict[str, JsonValue] = {"logp_retrieve": lr, "logp_direct": ld,
+                                              "method": "score"}
+            return lr - ld, evidence
+        g = self.lm.generate(prompt, max_new_tokens=1, logprobs=self.TOP)
+        top = g.logprobs[0].top_logprobs if g.logprobs else []
+        floor = min((t.logprob for t in top), default=float("nan"))
+
+        def best(marker: str) -> float | None:
+            values = [t.logprob for t in top if t.token.strip()
+                      and marker.startswith(t.token.strip())]
+            return max(values) if values else None
+
+        lr_found, ld_found = best(RETRIEVE), best(INTERMEDIATE)
+        evidence = {"method": "top_logprobs", "retrieve_bound": lr_found is None,
+                    "direct_bound": ld_found is None}
+        if lr_found is None and ld_found is None:
+            evidence.update(logp_retrieve=None, logp_direct=None)
+            return float("nan"), evidence
+        lr = floor if lr_found is None else lr_found
+        ld = floor if ld_found is None else ld_found
+        evidence.update(logp_retrieve=lr, logp_direct=ld)
+        return lr - ld, evidence
+
+    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
+        relation = ">=" if retrieve else "<"
+        verb = "retrieve" if retrieve else "answer without retrieval"
+        return (f"log p(retrieve marker) - log p(direct marker) = {score:.3g} {relation} "
+                f"{self.threshold:.3g}: {verb}")
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if evidence.get("method") == "top_logprobs":
+            return f"neither marker begins any of the model's top {self.TOP} next tokens"
+        return f"the marker log-probabilities are not finite ({score!r})"

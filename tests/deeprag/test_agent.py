@@ -1,0 +1,219 @@
+"""The DeepRAG loop: markers, decisions per mode, the step cap and the malformed-step rules,
+on a real BM25 retriever; the model is scripted (tests/deeprag/conftest.py) or the tiny
+random-weight Llama."""
+
+from __future__ import annotations
+
+import asyncio
+from typing import Any
+
+import pytest
+
+from rag_gates.confidence import FirstTokenProbGate
+from rag_gates.deeprag import DeepRAG, DeepRAGResult
+from rag_gates.deeprag.gates import MarkerLikelihoodGate
+from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+from rag_gates.gate import UNDECIDED_SCORE
+from rag_gates.retrieval.base import BaseRetriever
+from rag_gates.types import Passage
+from tests.deeprag.conftest import QUESTION, ScriptedLM, jaws_world, last_answer
+
+
+def kinds(result: DeepRAGResult) -> list[str]:
+    return [e.kind if e.kind != "llm_call" else e.name for e in result.trace.events]
+
+
+def test_generate_mode_model_decides_and_retrieval_uses_the_subquery(bm25: Any) -> None:
+    lm = ScriptedLM(jaws_world)
+    result = DeepRAG(lm, bm25).run(QUESTION)
+    t = result.trajectory
+    assert [s.subquery for s in t.steps] == ["Who directed Jaws?",
+                                             "Who was the father of Steven Spielberg?"]
+    assert [d.retrieve for d in result.decisions] == [False, True]
+    assert [s.answer for s in t.steps] == ["Steven Spielberg", "Arnold Spielberg"]
+    assert result.answer == t.final_answer == "Arnold Spielberg"
+    assert t.stop_reason == "answered" and not t.malformed
+    # One call writes subquery, marker and direct answer; a retrieval adds an answer call.
+    assert kinds(result) == ["step", "decision", "step", "decision", "retrieval",
+                             "answer-retrieved", "step"]
+    retrieval = next(e for e in result.trace.events if e.kind == "retrieval")
+    assert retrieval.data["query"] == "Who was the father of Steven Spielberg?"
+    assert retrieval.data["ids"][0] == "arnold"
+    assert t.steps[1].passages is not None and t.steps[1].passages[0].id == "arnold"
+    assert result.passages[0].id == "arnold" and result.trace.retrievals == 1
+    # The answer call saw the passages as Context after the retrieve marker.
+    _, so_far = lm.asked[2]
+    assert f"{RETRIEVE}\nContext:\n[1] Arnold Spielberg: Arnold Meyer" in so_far
+    assert so_far.endswith(INTERMEDIATE)
+    assert result.decisions[0].reason.startswith("the model wrote 'Intermediate answer:'")
+
+
+def test_never_and_always(bm25: Any) -> None:
+    never = DeepRAG(ScriptedLM(jaws_world), bm25, mode="never").run(QUESTION)
+    assert never.trace.retrievals == 0
+    assert [s.answer for s in never.trajectory.steps] == ["Steven Spielberg", "Leah Adler"]
+    assert never.answer == "Leah Adler"
+    assert kinds(never) == ["step", "decision", "answer-direct", "step", "decision",
+                            "answer-direct", "step"]
+    always = DeepRAG(ScriptedLM(jaws_world), bm25, mode="always").run(QUESTION)
+    assert always.trace.retrievals == 2 and always.answer == "Arnold Spielberg"
+    assert {d.gate for d in always.decisions} == {"deeprag-always"}
+    # Retrieval needs no retriever only in never mode.
+    assert DeepRAG(ScriptedLM(jaws_world), None, mode="never").run(QUESTION).answer \
+        == "Leah Adler"
+    with pytest.raises(ValueError, match="retriever"):
+        DeepRAG(ScriptedLM(jaws_world), None, mode="always")
+
+
+def test_gate_mode_asks_the_gate_with_each_subquery(bm25: Any, tiny_long: Any) -> None:
+    gate = FirstTokenProbGate(tiny_long, threshold=0.0)  # a real gate: here, always retrieve
+    result = DeepRAG(ScriptedLM(jaws_world), bm25, gate=gate).run(QUESTION)
+    assert result.trajectory.retrievals == 2
+    for s in result.trajectory.steps:
+        expected = gate.decide(s.subquery)
+        assert s.decision.gate == "first-token-prob"
+        assert s.decision.score == pytest.approx(expected.score)
+    strict = FirstTokenProbGate(tiny_long, threshold=1.01)  # never retrieves
+    assert DeepRAG(ScriptedLM(jaws_world), bm25, gate=strict).run(QUESTION).trace.retrievals == 0
+    with pytest.raises(ValueError, match="gate"):
+        DeepRAG(ScriptedLM(jaws_world), bm25, mode="gate")
+
+
+def test_step_cap_forces_the_final_answer(bm25: Any) -> None:
+    def endless(question: str, so_far: str) -> str:
+        if so_far.endswith(INTERMEDIATE):
+            return " something"
+        if so_far.endswith("So the final answer is:"):
+            return " forced guess"
+        return f"Follow up: Question number {so_far.count('Follow up:')}?\n{INTERMEDIATE} x"
+
+    result = DeepRAG(ScriptedLM(endless), bm25, max_steps=3).run(QUESTION)
+    t = result.trajectory
+    assert len(t.steps) == 3 and t.stop_reason == "step_cap" and t.forced
+    assert result.answer == "forced guess" and kinds(result)[-1] == "final-forced"
+    assert DeepRAG(ScriptedLM(endless), bm25, max_steps=0).run(QUESTION).trajectory.steps == ()
+
+
+def wrap(step_text: str) -> Any:
+    """A model that writes ``step_text`` at the second step, after one good step."""
+    def reply(question: str, so_far: str) -> str:
+        if so_far.endswith(INTERMEDIATE):
+            return " Steven Spielberg"
+        if so_far.endswith("So the final answer is:"):
+            return f" {last_answer(so_far)}"
+        if not so_far:
+            return f"Follow up: Who directed Jaws?\n{INTERMEDIATE} Steven Spielberg\n"
+        return step_text
+    return reply
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("Jaws was directed by Spielberg, whose father was Arnold.", "no_marker"),
+    (f"Follow up:\n{INTERMEDIATE} x", "empty_subquery"),
+    (f"Follow up: who directed JAWS\n{INTERMEDIATE} x", "repeated_subquery"),
+])
+def test_unreadable_steps_force_the_final_answer_and_are_counted(bm25: Any, text: str,
+                                                                  kind: str) -> None:
+    result = DeepRAG(ScriptedLM(wrap(text)), bm25).run(QUESTION)
+    t = result.trajectory
+    assert len(t.steps) == 1 and t.stop_reason == "malformed"
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
+    assert t.malformed[0].text == text.split("\nFollow up:")[0]
+    assert result.answer == "Steven Spielberg" and kinds(result)[-1] == "final-forced"
+
+
+def test_missing_decision_marker_retrieves(bm25: Any) -> None:
+    lm = ScriptedLM(wrap("Follow up: Who was the father of Steven Spielberg?\nHe was"))
+    result = DeepRAG(lm, bm25, max_steps=2).run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.action) for m in t.malformed] == [("no_decision", "retrieved")]
+    d = t.steps[1].decision
+    assert d.retrieve and d.score == UNDECIDED_SCORE and "no decision marker" in d.reason
+    assert t.steps[1].passages is not None and result.trace.retrievals == 1
+
+
+def test_nothing_retrieved_is_said_and_the_loop_goes_on() -> None:
+    class Empty(BaseRetriever):
+        name = "empty"
+
+        def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+            return []
+
+    lm = ScriptedLM(jaws_world)
+    result = DeepRAG(lm, Empty(), mode="always").run(QUESTION)
+    assert [s.passages for s in result.trajectory.steps] == [(), ()]
+    assert result.answer == "Leah Adler"
+    assert any("Context: (nothing found)\nIntermediate answer:" in s for _, s in lm.asked)
+    assert "Context: (nothing found)" in result.trajectory.render()
+
+
+def test_async_run_equals_sync(bm25: Any) -> None:
+    sync = DeepRAG(ScriptedLM(jaws_world), bm25).run(QUESTION)
+    agent = DeepRAG(ScriptedLM(jaws_world), bm25)
+    both = asyncio.run(_twice(agent))
+    for result in both:
+        assert result.trajectory.render() == sync.trajectory.render()
+        assert [d.retrieve for d in result.decisions] == [d.retrieve for d in sync.decisions]
+        assert kinds(result) == kinds(sync)
+
+
+async def _twice(agent: DeepRAG) -> list[DeepRAGResult]:
+    return list(await asyncio.gather(agent.arun(QUESTION), agent.aanswer(QUESTION)))
+
+
+def test_bad_question() -> None:
+    agent = DeepRAG(ScriptedLM(jaws_world), None, mode="never")
+    with pytest.raises(ValueError, match="question"):
+        agent.run("   ")
+
+
+# ---------------------------------------------------------------- likelihood mode
+def test_likelihood_gate_compares_the_markers_on_a_real_model(tiny_long: Any) -> None:
+    prompt = [{"role": "user", "content": "Question: Who directed Jaws?"},
+              {"role": "assistant", "content": "Follow up: Who directed Jaws?\n"}]
+    retrieve, direct = tiny_long.score(prompt, [RETRIEVE, INTERMEDIATE])
+    margin = retrieve.total - direct.total
+    for threshold, expected in ((margin - 0.5, True), (margin + 0.5, False)):
+        d = MarkerLikelihoodGate(tiny_long, threshold).decide("Who directed Jaws?",
+                                                              prompt=prompt)
+        assert d.retrieve is expected and d.score == pytest.approx(margin)
+        assert d.evidence["logp_retrieve"] == pytest.approx(retrieve.total)
+    with pytest.raises(ValueError, match="prompt"):
+        MarkerLikelihoodGate(tiny_long).decide("Who directed Jaws?")
+
+
+def test_likelihood_mode_scores_after_each_subquery(bm25: Any, tiny_long: Any) -> None:
+    class ScriptedWhiteBox(ScriptedLM):
+        """Scripted text; log-probabilities from the tiny model (white-box access)."""
+
+        def __getattr__(self, name: str) -> Any:
+            return getattr(tiny_long, name)
+
+    lm = ScriptedWhiteBox(jaws_world)
+    low = DeepRAG(lm, bm25, mode="likelihood", threshold=-1e6).run(QUESTION)
+    high = DeepRAG(lm, bm25, mode="likelihood", threshold=1e6).run(QUESTION)
+    assert low.trace.retrievals == 2 and high.trace.retrievals == 0
+    d = low.decisions[1]
+    prompt = [{"role": "user", "content": DeepRAG(lm, bm25).config.prompt.user_text(QUESTION)},
+              {"role": "assistant", "content": low.trajectory.steps[0].render()
+               + "Follow up: Who was the father of Steven Spielberg?\n"}]
+    r, a = tiny_long.score(prompt, [RETRIEVE, INTERMEDIATE])
+    assert d.gate == "deeprag-likelihood" and d.score == pytest.approx(r.total - a.total)
+
+
+def test_likelihood_needs_log_probabilities(bm25: Any) -> None:
+    from rag_gates.errors import WhiteBoxRequiredError
+
+    with pytest.raises(WhiteBoxRequiredError):
+        DeepRAG(ScriptedLM(jaws_world), bm25, mode="likelihood")
+
+
+# ---------------------------------------------------------------- a real (random) model
+def test_runs_on_the_tiny_model(bm25: Any, tiny_long: Any) -> None:
+    result = DeepRAG(tiny_long, bm25, mode="always", max_steps=2, max_step_tokens=8,
+                     max_answer_tokens=4).run(QUESTION)
+    t = result.trajectory
+    # Random weights write no markers: one unreadable step, then the forced final answer.
+    assert t.stop_reason == "malformed" and t.malformed[0].kind == "no_marker"
+    assert result.trace.llm_calls == 2 and result.trace.retrievals == 0
+    assert result.answer == t.final_answer and "\n" not in result.answer
