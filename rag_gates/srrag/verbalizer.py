@@ -1,0 +1,125 @@
+"""The verbalizer: the model writes what it knows as a background document (GenRead).
+
+SR-RAG treats the model itself as a second knowledge source. When a question is not routed to
+retrieval, the model first *verbalizes* its own knowledge with the GenRead prompt of the paper
+(Fig. 5), greedily and at most ``max_new_tokens`` tokens, and then answers from that document.
+The document is a :class:`~rag_gates.types.Passage` with ``metadata["source"] = "parametric"``,
+so prompts, rerankers and synthesizers treat it like any retrieved passage. A verbalization that
+hits the token cap is used as it is, and flagged (``metadata["hit_token_cap"] = True``).
+
+Any :class:`~rag_gates.lm.base.TextLM` works: verbalizing only generates text.
+
+Example:
+    >>> from rag_gates.srrag import Verbalizer
+    >>> from rag_gates.testing import tiny_lm
+    >>> passage = Verbalizer(tiny_lm(), max_new_tokens=8).verbalize("Who wrote Hamlet?")
+    >>> passage.metadata["source"], passage.metadata["tokens"]
+    ('parametric', 8)
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, field_validator
+
+from rag_gates._text import check_text
+from rag_gates.lm.base import TextLM
+from rag_gates.types import Generation, Passage
+
+__all__ = ["GENREAD_PROMPT", "PARAMETRIC", "Verbalizer", "VerbalizerConfig"]
+
+#: The GenRead prompt of the SR-RAG paper (Fig. 5), verbatim; ``{question}`` is filled in.
+GENREAD_PROMPT = (
+    "Generate a background document from Wikipedia to help answer the following question. "
+    "Directly start with document content and do not generate URL.\n"
+    "Question: {question}\n"
+    "Background document:"
+)
+#: ``Passage.metadata["source"]`` of a verbalization.
+PARAMETRIC = "parametric"
+
+
+class VerbalizerConfig(BaseModel):
+    """How the model verbalizes its knowledge (part of a label file's identity)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    prompt: str = Field(GENREAD_PROMPT, description="Template with one '{question}' field.")
+    max_new_tokens: int = Field(150, ge=1, le=2048,
+                                description="Token cap of one verbalization (paper: 150).")
+
+    @field_validator("prompt")
+    @classmethod
+    def _one_question_field(cls, value: str) -> str:
+        if value.count("{question}") != 1:
+            raise ValueError("the verbalizer prompt needs exactly one '{question}' field")
+        try:
+            value.format(question="q")
+        except (IndexError, KeyError, ValueError) as exc:
+            raise ValueError(f"the verbalizer prompt is not a valid template ({exc}); write "
+                             "literal braces as '{{' and '}}'") from None
+        return value
+
+
+class Verbalizer:
+    """Writes the model's own background document for a question.
+
+    Args:
+        lm: any TextLM (local, API, framework-wrapped).
+        max_new_tokens: the token cap (the paper's 150).
+        prompt: the template (default :data:`GENREAD_PROMPT`).
+
+    Example:
+        >>> v = Verbalizer(lm)                                               # doctest: +SKIP
+        >>> v.verbalize("Who directed Ed Wood?").text[:60]                   # doctest: +SKIP
+        'Ed Wood is a 1994 American biographical film directed by Tim'
+        >>> v.verbalize("Who directed Ed Wood?", temperature=0.8, seed=1)    # doctest: +SKIP
+    """
+
+    def __init__(self, lm: TextLM, max_new_tokens: int = 150, *,
+                 prompt: str = GENREAD_PROMPT) -> None:
+        if not isinstance(lm, TextLM):
+            raise TypeError(f"lm must be a TextLM (generate, stream, ...), got "
+                            f"{type(lm).__name__}")
+        self.lm = lm
+        self.config = VerbalizerConfig(prompt=prompt, max_new_tokens=max_new_tokens)
+
+    def prompt(self, question: str) -> str:
+        """The filled-in prompt for ``question``."""
+        return self.config.prompt.format(question=check_text(question, "question").strip())
+
+    def verbalize(self, question: str, *, temperature: float = 0.0, seed: int | None = None
+                  ) -> Passage:
+        """One verbalization: greedy by default; ``temperature`` > 0 samples (with ``seed``
+        where the model takes one), for the diverse contexts of source labelling."""
+        kwargs: dict[str, Any] = {"max_new_tokens": self.config.max_new_tokens,
+                                  "temperature": temperature}
+        if seed is not None and temperature > 0:
+            kwargs["seed"] = seed
+        generation = self.lm.generate(self.prompt(question), **kwargs)
+        return self.passage(question, generation, temperature=temperature, seed=seed)
+
+    async def averbalize(self, question: str, *, temperature: float = 0.0,
+                         seed: int | None = None) -> Passage:
+        """:meth:`verbalize` in a worker thread."""
+        return await asyncio.to_thread(self.verbalize, question, temperature=temperature,
+                                       seed=seed)
+
+    def passage(self, question: str, generation: Generation, *, temperature: float = 0.0,
+                seed: int | None = None) -> Passage:
+        """The :class:`Passage` of a finished generation (marked parametric, flagged when it
+        stopped at the token cap)."""
+        text = generation.text.strip()
+        digest = hashlib.sha256(f"{question}\n{text}".encode()).hexdigest()[:16]
+        return Passage(
+            text=text, id=f"parametric-{digest}", title=None,
+            metadata={
+                "source": PARAMETRIC, "model_id": self.lm.model_id,
+                "tokens": generation.completion_tokens,
+                "finish_reason": generation.finish_reason,
+                "hit_token_cap": generation.finish_reason == "length",
+                "temperature": temperature, "seed": seed,
+            })
