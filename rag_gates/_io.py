@@ -2,9 +2,11 @@
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
+from typing import IO, Any
 
-__all__ = ["write_text_atomic"]
+__all__ = ["JsonlLog", "write_text_atomic"]
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -13,3 +15,77 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+class JsonlLog:
+    """An append-only JSON-lines file whose first line records the settings it is written
+    with, so an interrupted job resumes where it stopped and never mixes two settings.
+
+    :meth:`open` checks the header (a file written with other settings raises
+    :class:`~rag_gates.errors.ArtifactError` naming the file), drops a last line left
+    half-written by an interruption, and returns the records already there; :meth:`append`
+    writes one record and flushes it.
+
+    Example:
+        >>> log = JsonlLog(Path("rows.jsonl"), {"model": "smol"})       # doctest: +SKIP
+        >>> done = {r["id"] for r in log.open()}                        # doctest: +SKIP
+        >>> log.append({"id": "q1", "found": True}); log.close()        # doctest: +SKIP
+    """
+
+    def __init__(self, path: Path, header: dict[str, Any]) -> None:
+        self.path = path
+        self.header = {"header": header}
+        self._handle: IO[str] | None = None
+
+    def open(self) -> list[dict[str, Any]]:
+        from rag_gates.errors import ArtifactError
+
+        records: list[dict[str, Any]] = []
+        if self.path.is_file() and self.path.stat().st_size:
+            data = self.path.read_bytes()
+            if not data.endswith(b"\n"):  # a torn last line: keep only whole lines
+                data = data[: data.rfind(b"\n") + 1]
+                with self.path.open("r+b") as handle:
+                    handle.truncate(len(data))
+            lines = data.decode("utf-8").splitlines()
+            try:
+                header = json.loads(lines[0]) if lines else None
+            except json.JSONDecodeError:
+                header = None
+            if lines and header != json.loads(json.dumps(self.header)):
+                raise ArtifactError(
+                    f"{self.path} was written with other settings (its first line: "
+                    f"{lines[0][:200]}); delete it or write to another file")
+            for number, line in enumerate(lines[1:], start=2):
+                try:
+                    records.append(json.loads(line))
+                except json.JSONDecodeError as exc:
+                    raise ArtifactError(f"{self.path}:{number} is not valid JSON ({exc}); "
+                                        "delete that line or the file") from exc
+        else:
+            self.path.parent.mkdir(parents=True, exist_ok=True)
+        fresh = not self.path.is_file() or not self.path.stat().st_size
+        self._handle = self.path.open("a", encoding="utf-8")
+        if fresh:
+            self._write(self.header)
+        return records
+
+    def _write(self, obj: dict[str, Any]) -> None:
+        assert self._handle is not None, "call open() first"
+        self._handle.write(json.dumps(obj, ensure_ascii=False) + "\n")
+        self._handle.flush()
+
+    def append(self, record: dict[str, Any]) -> None:
+        """Write one record (one line) and flush it."""
+        self._write(record)
+
+    def close(self) -> None:
+        if self._handle is not None:
+            self._handle.close()
+            self._handle = None
+
+    def __enter__(self) -> JsonlLog:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()

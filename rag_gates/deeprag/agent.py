@@ -57,10 +57,9 @@ from rag_gates.deeprag.trajectory import (
     DeepRAGPrompt,
     MalformedStep,
     Step,
-    StepText,
     Trajectory,
     render_steps,
-    same_subquery,
+    step_problem,
 )
 from rag_gates.gate import Gate
 from rag_gates.lm.base import TextLM
@@ -93,17 +92,6 @@ class DeepRAGResult(PipelineResult):
     """The answer, passages and trace (:class:`PipelineResult`), plus the trajectory."""
 
     trajectory: Trajectory
-
-
-def _problem(st: StepText, steps: list[Step]) -> Literal["no_marker", "empty_subquery",
-                                                          "repeated_subquery"] | None:
-    if st.kind == "none":
-        return "no_marker"
-    if not st.subquery:
-        return "empty_subquery"
-    if any(same_subquery(st.subquery, s.subquery) for s in steps):
-        return "repeated_subquery"
-    return None
 
 
 class DeepRAG:
@@ -167,7 +155,7 @@ class DeepRAG:
             if st.kind == "final":
                 stop_reason, final = "answered", st.final or None
                 break
-            problem = _problem(st, steps)
+            problem = step_problem(st, steps)
             if problem is not None:
                 malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
                                                action="forced_final"))

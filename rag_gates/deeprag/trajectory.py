@@ -61,7 +61,9 @@ __all__ = [
     "one_line",
     "read_step",
     "render_steps",
+    "retrieval_block",
     "same_subquery",
+    "step_problem",
 ]
 
 QUESTION = "Question:"
@@ -331,6 +333,20 @@ def read_step(text: str) -> StepText:
         return StepText(kind="subquery", subquery=subquery, decision="direct",
                         answer=_first_line(after[len(INTERMEDIATE):]))
     return StepText(kind="subquery", subquery=subquery)
+
+
+Problem = Literal["no_marker", "empty_subquery", "repeated_subquery"]
+
+
+def step_problem(st: StepText, steps: Sequence[Step]) -> Problem | None:
+    """Why a step cannot be taken as written (see :class:`MalformedStep`), or None."""
+    if st.kind == "none":
+        return "no_marker"
+    if not st.subquery:
+        return "empty_subquery"
+    if any(same_subquery(st.subquery, s.subquery) for s in steps):
+        return "repeated_subquery"
+    return None
 
 
 class DeepRAGPrompt(BaseModel):

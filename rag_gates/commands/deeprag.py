@@ -1,0 +1,141 @@
+"""``rag-gates deeprag ...``: synthesize DeepRAG training trajectories and export them.
+
+Registered by the main CLI as ``app.add_typer(deeprag_app, name="deeprag")``::
+
+    rag-gates deeprag synthesize --dataset hotpotqa --dataset 2wiki --n 150 --out rows.jsonl
+    rag-gates deeprag export --rows rows.jsonl --sft sft.jsonl --dpo dpo.jsonl
+
+Expected failures (missing data, a file written with other settings) print one red line
+saying what to do and exit with status 1.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, cast
+
+import typer
+from rich.console import Console
+
+from rag_gates.commands.cbdr import clean_errors
+
+__all__ = ["deeprag_app"]
+
+deeprag_app = typer.Typer(
+    help="DeepRAG: find the fewest-retrieval trajectory that reaches the gold answer for "
+         "training questions (Algorithm 1), and export SFT / DPO records for TRL.",
+    no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+@deeprag_app.command("synthesize")
+def synthesize_command(
+    out: Annotated[Path, typer.Option(help="JSONL file of rows (resumed if it exists).")],
+    dataset: Annotated[list[str], typer.Option(
+        help="Dataset(s) to search (repeat to mix): hotpotqa, 2wiki, ...; each retrieves "
+             "from its own corpus.")],
+    n: Annotated[int, typer.Option(min=1, help="Questions per dataset.")] = 150,
+    offset: Annotated[int, typer.Option(
+        min=0, help="Questions skipped first (keep the evaluation rows apart).")] = 500,
+    data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
+    model: Annotated[str, typer.Option(help="'default' or an HF path/id.")] = "default",
+    retriever: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
+    k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
+    max_steps: Annotated[int, typer.Option(min=0, max=50, help="Subqueries before the "
+                                           "final answer is forced.")] = 6,
+    max_expansions: Annotated[int, typer.Option(min=1, help="Search nodes popped per "
+                                                "question before giving up.")] = 48,
+    demonstration: Annotated[bool, typer.Option(
+        help="Show the one-shot example in the prompt (for untrained models).")] = True,
+    match: Annotated[str, typer.Option(help="containment (either way), accuracy or exact."
+                                       )] = "containment",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Search each question's trajectories by retrieval count (uniform-cost) until a final
+    answer matches the gold; one row per question with its cost. Resumes if interrupted."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.deeprag.agent import DeepRAGConfig
+    from rag_gates.deeprag.search import MatchRule, TrajectorySearch
+    from rag_gates.deeprag.synthesis import SynthesisStats, synthesize
+    from rag_gates.deeprag.trajectory import DEMONSTRATION, DeepRAGPrompt
+    from rag_gates.eval.corpus import load_retriever
+    from rag_gates.eval.datasets import load_dataset
+    from rag_gates.lm.defaults import load_lm
+
+    with clean_errors():
+        if match not in ("containment", "accuracy", "exact"):
+            raise ValueError(f"--match must be containment, accuracy or exact; got {match!r}")
+        loads = [(name, load_dataset(name, data, n=n, offset=offset).examples)
+                 for name in dataset]
+        for name, examples in loads:
+            if not examples:
+                raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
+        with console.status(f"loading {model}"):
+            lm = load_lm(model, num_threads=threads)
+        config = DeepRAGConfig(k=k, max_steps=max_steps, prompt=DeepRAGPrompt(
+            demonstration=DEMONSTRATION if demonstration else None))
+        total = sum(len(examples) for _, examples in loads)
+        stats: list[SynthesisStats] = []
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("searching", total=total)
+            before = 0
+            for name, examples in loads:
+                search = TrajectorySearch(lm, load_retriever(name, retriever, data), config,
+                                          max_expansions=max_expansions,
+                                          match=cast(MatchRule, match))
+
+                def progress(done: int, count: int, found: int, name: str = name,
+                             before: int = before) -> None:
+                    bar.update(task, completed=before + done,
+                               description=f"searching {name} (found {found}/{done})")
+
+                stats.append(synthesize(search, examples, out, progress=progress))
+                before += len(examples)
+    for name, s in zip(dataset, stats, strict=True):
+        mean = "-" if s.mean_retrievals is None else f"{s.mean_retrievals:.2f}"
+        console.print(
+            f"[bold]{name}: {s.found}/{s.questions} found[/] ({100 * s.found_share:.1f}%; "
+            f"{s.written} searched now, {s.already_written} resumed; {s.expansion_cap} hit "
+            f"the cap of {max_expansions}); mean retrievals on the paths found {mean}, "
+            f"{s.mean_expansions:.1f} expansions and {s.mean_seconds:.1f} s per question "
+            f"-> {out}")
+
+
+@deeprag_app.command("export")
+def export_command(
+    rows: Annotated[Path, typer.Option(help="JSONL rows from 'deeprag synthesize'.")],
+    sft: Annotated[Path | None, typer.Option(
+        help="Write pre-tokenised SFT records here ({input_ids, labels}; passages masked).")
+    ] = None,
+    dpo: Annotated[Path | None, typer.Option(
+        help="Write step-wise DPO pairs here ({prompt, chosen, rejected}).")] = None,
+    model: Annotated[str, typer.Option(
+        help="The model to be trained ('default' or an HF path/id): its tokenizer and chat "
+             "template shape the records.")] = "default",
+    style: Annotated[str, typer.Option(help="Prompt style the trained model will be run "
+                                       "with: chat or completion.")] = "chat",
+    demonstration: Annotated[bool, typer.Option(
+        help="Keep the one-shot example in the training prompts (default: the paper's "
+             "instruction alone, which is what the trained model is then run with).")] = False,
+) -> None:
+    """Turn synthesized trajectories into TRL SFTTrainer / DPOTrainer records."""
+    from rag_gates.deeprag.export import export_dpo, export_sft
+    from rag_gates.deeprag.synthesis import read_rows
+    from rag_gates.deeprag.trajectory import DEMONSTRATION, DeepRAGPrompt
+    from rag_gates.lm.defaults import load_lm
+
+    with clean_errors():
+        if sft is None and dpo is None:
+            raise ValueError("nothing to write: give --sft FILE and/or --dpo FILE")
+        fmt = DeepRAGPrompt.model_validate(
+            {"style": style, "demonstration": DEMONSTRATION if demonstration else None})
+        found = read_rows(rows)
+        with console.status(f"loading {model}"):
+            lm = load_lm(model)
+        for kind, path, export in (("SFT", sft, export_sft), ("DPO", dpo, export_dpo)):
+            if path is not None:
+                stats = export(found, path, lm, fmt)
+                console.print(f"[bold]{kind}: {stats.records} records[/] from "
+                              f"{stats.trajectories} trajectories ({stats.rows} rows) -> {path}")

@@ -1,0 +1,221 @@
+"""Algorithm 1 of the paper: the trajectory with the fewest retrievals that reaches the gold
+answer, by uniform-cost search over the model's own trajectories.
+
+A search node is a trajectory prefix and its retrieval count. Popping a node (one
+*expansion*): the model writes the next subquery (or the final answer); a subquery gives two
+children, answered directly (same count) and answered from passages retrieved with the
+subquery (count + 1). Children are answered when they are popped, so a branch that is never
+reached costs nothing. The queue is ordered by (retrievals, steps, insertion): since a child
+never costs less than its parent, the first final answer that matches the gold belongs to a
+trajectory with the fewest retrievals among all the search can reach (ties: fewer steps).
+
+Stops: a final answer is checked when the model writes it, when ``max_steps`` subqueries are
+reached (forced, as in the agent loop), or when a step cannot be read (no marker, empty or
+repeated subquery: forced and recorded in ``Trajectory.malformed``); a wrong final answer
+ends that branch. ``max_expansions`` caps the pops per question (``status="expansion_cap"``).
+
+Answers match by normalised containment in either direction (the authors' check): the gold
+in the prediction or the prediction in the gold, as whole words after SQuAD normalisation.
+
+Example:
+    >>> search = TrajectorySearch(lm, bm25, max_expansions=32)        # doctest: +SKIP
+    >>> found = search.run("Who was the father of the director of Jaws?",
+    ...                    ["Arnold Spielberg"])                     # doctest: +SKIP
+    >>> found.status, found.trajectory.retrievals, found.expansions   # doctest: +SKIP
+    ('found', 1, 3)
+"""
+
+from __future__ import annotations
+
+import heapq
+import time
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates._text import check_text
+from rag_gates.answers import accuracy, exact_match, normalize_answer
+from rag_gates.deeprag.agent import DeepRAGConfig
+from rag_gates.deeprag.engine import (
+    Executor,
+    Program,
+    direct_answer,
+    final_answer,
+    next_step,
+    retrieved_answer,
+)
+from rag_gates.deeprag.gates import ConstantGate
+from rag_gates.deeprag.trajectory import (
+    MalformedStep,
+    Step,
+    Trajectory,
+    render_steps,
+    step_problem,
+)
+from rag_gates.lm.base import TextLM
+from rag_gates.retrieval.base import Retriever
+from rag_gates.types import TraceRecorder
+
+__all__ = ["MatchRule", "SearchOutcome", "TrajectorySearch", "answer_matches"]
+
+MatchRule = Literal["containment", "accuracy", "exact"]
+Status = Literal["found", "exhausted", "expansion_cap"]
+
+
+def answer_matches(prediction: str, golds: Sequence[str], rule: MatchRule = "containment"
+                   ) -> bool:
+    """Whether ``prediction`` reaches a gold answer. ``containment``: a normalised gold in
+    the normalised prediction or the reverse, as whole words; ``accuracy``: only the gold in
+    the prediction (the benchmark's accuracy); ``exact``: exact match.
+
+    Example:
+        >>> answer_matches("Spielberg", ["Steven Spielberg"]), answer_matches("", ["x"])
+        (True, False)
+    """
+    if rule == "exact":
+        return exact_match(prediction, golds) > 0
+    if accuracy(prediction, golds) > 0:
+        return True
+    p = normalize_answer(prediction)
+    return rule == "containment" and bool(p) and any(
+        f" {p} " in f" {normalize_answer(g)} " for g in golds)
+
+
+class SearchOutcome(BaseModel):
+    """One question's search: the trajectory found (or None) and what it cost."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    status: Status
+    trajectory: Trajectory | None = None
+    expansions: int = Field(..., ge=0, description="Nodes popped.")
+    max_expansions: int = Field(..., ge=1, description="The cap it ran under.")
+    llm_calls: int = Field(0, ge=0)
+    retrievals: int = Field(0, ge=0, description="Retrievals made by the whole search.")
+    seconds: float = Field(0.0, ge=0.0)
+
+    @property
+    def found(self) -> bool:
+        return self.trajectory is not None
+
+
+# A queue entry: (retrievals, steps, insertion order, steps so far, pending subquery
+# and branch). The order number is unique, so the tuples never compare further.
+_Node = tuple[int, int, int, tuple[Step, ...], tuple[str, bool] | None]
+
+
+class TrajectorySearch:
+    """Uniform-cost search for the fewest-retrieval trajectory reaching the gold answer.
+
+    Args:
+        lm: any TextLM (greedy; the same prompts as :class:`~rag_gates.deeprag.DeepRAG`).
+        retriever: any rag-gates Retriever.
+        config: the loop settings used for prompts, ``k``, ``max_steps`` and token budgets
+            (its decision ``mode`` is not used: the search tries both branches).
+        max_expansions: nodes popped per question before giving up.
+        match: how a final answer is checked against the gold answers.
+    """
+
+    def __init__(self, lm: TextLM, retriever: Retriever, config: DeepRAGConfig | None = None,
+                 *, max_expansions: int = 64, match: MatchRule = "containment",
+                 **overrides: Any) -> None:
+        base = config or DeepRAGConfig()
+        self.config = DeepRAGConfig(**{**dict(base), **overrides}) if overrides else base
+        if isinstance(max_expansions, bool) or not isinstance(max_expansions, int) \
+                or max_expansions < 1:
+            raise ValueError(f"max_expansions must be an int >= 1, got {max_expansions!r}")
+        if match not in ("containment", "accuracy", "exact"):
+            raise ValueError(f"match must be containment, accuracy or exact; got {match!r}")
+        self.lm = lm
+        self.retriever = retriever
+        self.max_expansions = max_expansions
+        self.match: MatchRule = match
+        self._branch = {True: ConstantGate(True, name="deeprag-search"),
+                        False: ConstantGate(False, name="deeprag-search")}
+
+    def program(self, question: str, answers: Sequence[str]
+                ) -> Program[tuple[Status, Trajectory | None, int]]:
+        """The search as a request generator: (status, trajectory or None, expansions)."""
+        c = self.config
+        fmt = c.prompt
+        queue: list[_Node] = [(0, 0, 0, (), None)]
+        order = 1
+        expansions = 0
+        while queue:
+            if expansions >= self.max_expansions:
+                return "expansion_cap", None, expansions
+            retrievals, _, _, steps, pending = heapq.heappop(queue)
+            expansions += 1
+            if pending is not None:
+                subquery, retrieve = pending
+                so_far = render_steps(steps)
+                decision = self._branch[retrieve].decide(subquery)
+                if retrieve:
+                    passages, answer = yield from retrieved_answer(
+                        fmt, question, so_far, subquery, c.k, c.max_answer_tokens)
+                    step = Step(subquery=subquery, decision=decision, passages=passages,
+                                answer=answer)
+                else:
+                    answer = yield from direct_answer(fmt, question, so_far, subquery,
+                                                      c.max_answer_tokens)
+                    step = Step(subquery=subquery, decision=decision, answer=answer)
+                steps = (*steps, step)
+            so_far = render_steps(steps)
+            malformed: tuple[MalformedStep, ...] = ()
+            stop: Literal["answered", "step_cap", "malformed"] = "step_cap"
+            final: str | None = None
+            if len(steps) < c.max_steps:
+                st, raw = yield from next_step(fmt, question, so_far, generate=False,
+                                               max_new_tokens=c.max_step_tokens)
+                problem = step_problem(st, steps) if st.kind != "final" else None
+                if st.kind == "final":
+                    stop, final = "answered", st.final or None
+                elif problem is not None:
+                    stop = "malformed"
+                    malformed = (MalformedStep(kind=problem, step=len(steps), text=raw,
+                                               action="forced_final"),)
+                else:
+                    for branch in (False, True):
+                        heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
+                                               steps, (st.subquery, branch)))
+                        order += 1
+                    continue
+            if final is None:
+                final = yield from final_answer(fmt, question, so_far, c.max_answer_tokens,
+                                                forced=stop != "answered")
+            if answer_matches(final, answers, self.match):
+                return "found", Trajectory(question=question, steps=steps, final_answer=final,
+                                           stop_reason=stop, malformed=malformed), expansions
+        return "exhausted", None, expansions
+
+    def _outcome(self, result: tuple[Status, Trajectory | None, int], rec: TraceRecorder,
+                 start: float) -> SearchOutcome:
+        status, trajectory, expansions = result
+        trace = rec.trace()
+        return SearchOutcome(status=status, trajectory=trajectory,
+                             expansions=expansions, max_expansions=self.max_expansions,
+                             llm_calls=trace.llm_calls, retrievals=trace.retrievals,
+                             seconds=time.perf_counter() - start)
+
+    def _check(self, question: str, answers: Sequence[str]) -> None:
+        check_text(question, "question")
+        if isinstance(answers, str) or not answers or not all(
+                isinstance(a, str) and a.strip() for a in answers):
+            raise ValueError(f"answers must be a non-empty list of gold answer strings, got "
+                             f"{answers!r}")
+
+    def run(self, question: str, answers: Sequence[str]) -> SearchOutcome:
+        """Search one question; the outcome says what was found and what it cost."""
+        self._check(question, answers)
+        rec, start = TraceRecorder(), time.perf_counter()
+        result = Executor(self.lm, self.retriever, rec).run(self.program(question, answers))
+        return self._outcome(result, rec, start)
+
+    async def arun(self, question: str, answers: Sequence[str]) -> SearchOutcome:
+        """:meth:`run` with the model's and retriever's async forms."""
+        self._check(question, answers)
+        rec, start = TraceRecorder(), time.perf_counter()
+        result = await Executor(self.lm, self.retriever, rec).arun(
+            self.program(question, answers))
+        return self._outcome(result, rec, start)

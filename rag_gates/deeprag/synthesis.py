@@ -1,0 +1,138 @@
+"""Training data for DeepRAG: Algorithm 1 over many questions, one JSON line per question.
+
+Each row records the question, its gold answers, the search's status, the trajectory found
+(or null), and its cost: expansions under the cap (the cap is on the row), model calls,
+retrievals and seconds. The file's first line records the model, retriever and settings; a
+second run with the same file skips the questions already written (an interruption loses at
+most the question in progress) and refuses other settings.
+
+Example:
+    >>> from rag_gates.deeprag.search import TrajectorySearch
+    >>> search = TrajectorySearch(lm, bm25, max_expansions=48)            # doctest: +SKIP
+    >>> stats = synthesize(search, examples, Path("deeprag-rows.jsonl"))  # doctest: +SKIP
+    >>> stats.found, stats.mean_retrievals                                # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates._io import JsonlLog
+from rag_gates.deeprag.search import SearchOutcome, TrajectorySearch
+from rag_gates.errors import ArtifactError
+from rag_gates.types import QAExample
+
+__all__ = ["SynthesisRow", "SynthesisStats", "read_rows", "synthesize"]
+
+logger = logging.getLogger(__name__)
+
+
+class SynthesisRow(SearchOutcome):
+    """One question's search result, as written to the JSONL file."""
+
+    id: str
+    dataset: str
+    question: str
+    answers: list[str]
+
+
+class SynthesisStats(BaseModel):
+    """What a synthesis file holds after a :func:`synthesize` call."""
+
+    model_config = ConfigDict(frozen=True)
+
+    questions: int = Field(..., ge=0)
+    written: int = Field(..., ge=0, description="Rows searched by this call.")
+    already_written: int = Field(0, ge=0, description="Rows found in the file (resumed).")
+    found: int = Field(0, ge=0, description="Questions with a trajectory.")
+    expansion_cap: int = Field(0, ge=0, description="Questions that hit the expansion cap.")
+    mean_retrievals: float | None = Field(None, description="On the trajectories found.")
+    mean_expansions: float = 0.0
+    mean_seconds: float = 0.0
+    out: str = ""
+
+    @property
+    def found_share(self) -> float:
+        return self.found / self.questions if self.questions else 0.0
+
+
+def _header(search: TrajectorySearch) -> dict[str, Any]:
+    return {"kind": "deeprag-synthesis", "model_id": str(getattr(search.lm, "model_id", "")),
+            "retriever": str(getattr(search.retriever, "name", "")),
+            "config": search.config.model_dump(mode="json"),
+            "max_expansions": search.max_expansions, "match": search.match}
+
+
+def _summary(rows: Sequence[SynthesisRow], written: int, out: Path) -> SynthesisStats:
+    found = [r for r in rows if r.trajectory is not None]
+    n = len(rows)
+    return SynthesisStats(
+        questions=n, written=written, already_written=n - written, found=len(found),
+        expansion_cap=sum(r.status == "expansion_cap" for r in rows),
+        mean_retrievals=(sum(r.trajectory.retrievals for r in found if r.trajectory)
+                         / len(found)) if found else None,
+        mean_expansions=sum(r.expansions for r in rows) / n if n else 0.0,
+        mean_seconds=sum(r.seconds for r in rows) / n if n else 0.0, out=str(out))
+
+
+def synthesize(search: TrajectorySearch, examples: Sequence[QAExample], out: str | Path, *,
+               progress: Callable[[int, int, int], None] | None = None) -> SynthesisStats:
+    """Search every example, appending one row per question to ``out`` (resumable).
+
+    ``progress(done, total, found_so_far)`` is called after each question.
+    """
+    path = Path(out)
+    log = JsonlLog(path, _header(search))
+    rows: dict[tuple[str, str], SynthesisRow] = {}
+    with log:
+        for record in log.open():
+            row = SynthesisRow.model_validate(record)
+            rows[(row.dataset, row.id)] = row
+        written = 0
+        wanted: list[SynthesisRow] = []
+        for i, example in enumerate(examples, start=1):
+            key = (example.dataset, example.id)
+            if key not in rows:
+                start = time.perf_counter()
+                outcome = search.run(example.question, example.answers)
+                rows[key] = SynthesisRow(
+                    **{**outcome.model_dump(), "seconds": time.perf_counter() - start},
+                    id=example.id, dataset=example.dataset, question=example.question,
+                    answers=list(example.answers))
+                log.append(rows[key].model_dump(mode="json"))
+                written += 1
+            wanted.append(rows[key])
+            if progress is not None:
+                progress(i, len(examples), sum(r.found for r in wanted))
+    return _summary(wanted, written, path)
+
+
+def read_rows(path: str | Path) -> list[SynthesisRow]:
+    """The rows of a synthesis file (written by :func:`synthesize`)."""
+    file = Path(path)
+    if not file.is_file():
+        raise FileNotFoundError(f"synthesis file {file} not found; write one with: rag-gates "
+                                "deeprag synthesize --dataset hotpotqa --out FILE")
+    out = []
+    with file.open(encoding="utf-8") as handle:
+        header = handle.readline()
+        if '"deeprag-synthesis"' not in header:
+            raise ArtifactError(f"{file} is not a deeprag synthesis file (its first line is "
+                                f"{header[:120]!r})")
+        for number, line in enumerate(handle, start=2):
+            if line.strip():
+                try:
+                    out.append(SynthesisRow.model_validate_json(line))
+                except ValueError as exc:
+                    if not line.endswith("\n"):  # cut by an interruption: resumed later
+                        logger.warning("%s:%d: skipping a half-written last line", file, number)
+                        continue
+                    raise ArtifactError(f"{file}:{number} is not a synthesis row: {exc}"
+                                        ) from exc
+    return out
