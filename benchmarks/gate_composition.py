@@ -68,21 +68,27 @@ class Replay(BaseGate):
         return self.decision(value, evidence, latency_ms=float(self.rows[query]["latency_ms"]))
 
 
-def load(dataset: str, labels: str) -> tuple[list[str], dict[str, dict[str, dict[str, Any]]],
-                                             dict[str, tuple[float, float]]]:
-    records = {(r.id, r.method): r for r in read_records(RESULTS / labels)}
+def load(runs: dict[str, Path], labels: Path
+         ) -> tuple[list[str], dict[str, dict[str, dict[str, Any]]],
+                    dict[str, tuple[float, float]]]:
+    """Question ids (in dataset order), each gate's recorded decisions by id, and each
+    question's (closed-book, single-retrieval) accuracy; ``runs``: gate -> eval-gate dir."""
+    records = {(r.id, r.method): r for r in read_records(labels)}
     decisions: dict[str, dict[str, dict[str, Any]]] = {}
     order: list[str] = []
-    for gate in GATES:
-        rows = [json.loads(x) for x in
-                (RESULTS / f"gate-{gate}-{dataset}" / "decisions.jsonl").read_text().splitlines()]
+    for gate, run in runs.items():
+        rows = [json.loads(x) for x in (run / "decisions.jsonl").read_text().splitlines()]
         decisions[gate] = {r["id"]: r for r in rows}
         order = order or [r["id"] for r in rows]
-    ids = [i for i in order if all(i in decisions[g] for g in GATES)
+    ids = [i for i in order if all(i in decisions[g] for g in runs)
            and (i, "no-rag") in records and (i, "single") in records]
     outcomes = {i: (records[(i, "no-rag")].accuracy, records[(i, "single")].accuracy)
                 for i in ids}
     return ids, decisions, outcomes
+
+
+def _committed(dataset: str) -> dict[str, Path]:
+    return {g: RESULTS / f"gate-{g}-{dataset}" for g in GATES}
 
 
 def build(calibration: Sequence[str], decisions: dict[str, dict[str, dict[str, Any]]],
@@ -179,8 +185,21 @@ def summarise(rows: Sequence[str], results: dict[str, dict[str, Any]],
             "pareto_front_at_calibrated_points": front}
 
 
+def _pooled(parts: Sequence[dict[str, dict[str, Any]]]) -> dict[str, dict[str, Any]]:
+    merged: dict[str, dict[str, Any]] = {}
+    for part in parts:
+        for name, r in part.items():
+            m = merged.setdefault(name, {"retrieve": [], "scores": [], "calls": {},
+                                         "latency_ms": []})
+            for key in ("retrieve", "scores", "latency_ms"):
+                m[key] += r[key]
+            for g, c in r["calls"].items():
+                m["calls"][g] = m["calls"].get(g, 0) + c
+    return merged
+
+
 def run_dataset(dataset: str, labels: str) -> dict[str, Any]:
-    ids, decisions, outcomes = load(dataset, labels)
+    ids, decisions, outcomes = load(_committed(dataset), RESULTS / labels)
     if dataset == "popqa":
         evaluation, calibration = ids[:200], ids[200:]
         results = evaluate(evaluation, build(calibration, decisions, outcomes), outcomes)
@@ -188,19 +207,29 @@ def run_dataset(dataset: str, labels: str) -> dict[str, Any]:
         rows = evaluation
     else:
         folds = [ids[0::2], ids[1::2]]
-        merged: dict[str, dict[str, Any]] = {}
-        for k in (0, 1):
-            part = evaluate(folds[k], build(folds[1 - k], decisions, outcomes), outcomes)
-            for name, r in part.items():
-                m = merged.setdefault(name, {"retrieve": [], "scores": [], "calls": {},
-                                             "latency_ms": []})
-                for key in ("retrieve", "scores", "latency_ms"):
-                    m[key] += r[key]
-                for g, c in r["calls"].items():
-                    m["calls"][g] = m["calls"].get(g, 0) + c
-        results, rows = merged, folds[0] + folds[1]
+        results = _pooled([evaluate(folds[k], build(folds[1 - k], decisions, outcomes),
+                                    outcomes) for k in (0, 1)])
+        rows = folds[0] + folds[1]
         protocol = "two folds (even/odd positions), each calibrated on the other; pooled"
     return {"protocol": protocol, **summarise(rows, results, outcomes)}
+
+
+def run_testbed(directory: Path) -> dict[str, Any]:
+    """A testbed's gates: evaluation facts in ``DIR/<gate>`` (labels ``DIR/labels``),
+    calibration facts in ``DIR/cal-<gate>`` (labels ``DIR/cal-labels``)."""
+    evaluation, decisions, outcomes = load({g: directory / g for g in GATES},
+                                           directory / "labels")
+    calibration, cal_decisions, cal_outcomes = load({g: directory / f"cal-{g}" for g in GATES},
+                                                    directory / "cal-labels")
+    if set(evaluation) & set(calibration):
+        raise SystemExit("the testbed's evaluation and calibration facts overlap")
+    for g in GATES:
+        decisions[g].update(cal_decisions[g])
+    outcomes.update(cal_outcomes)
+    results = evaluate(evaluation, build(calibration, decisions, outcomes), outcomes)
+    return {"protocol": f"evaluation facts ({len(evaluation)}); calibration facts "
+                        f"({len(calibration)}) for every threshold, band and fit",
+            **summarise(evaluation, results, outcomes)}
 
 
 def plot(report: dict[str, Any], path: Path) -> None:
@@ -209,8 +238,9 @@ def plot(report: dict[str, Any], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(report["datasets"]), figsize=(12, 4.5))
-    for ax, (dataset, data) in zip(axes, report["datasets"].items(), strict=True):
+    fig, axes = plt.subplots(1, len(report["datasets"]), figsize=(6 * len(report["datasets"]), 4.5),
+                             squeeze=False)
+    for ax, (dataset, data) in zip(axes[0], report["datasets"].items(), strict=True):
         best = sorted(data["gates"].items(), key=lambda kv: -kv[1]["auroc"])[:5]
         for name, t in best:
             xs, ys = zip(*sorted(t["curve"]), strict=True)
@@ -228,13 +258,22 @@ def plot(report: dict[str, Any], path: Path) -> None:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, default=Path("benchmarks/results/gate_composition"))
+    parser.add_argument("--testbed", type=Path, default=None,
+                        help="A testbed's eval-gate directory (gates-tbN: <gate>/, cal-<gate>/, "
+                             "labels/, cal-labels/) instead of the embedded model's runs.")
     args = parser.parse_args()
     args.out.mkdir(parents=True, exist_ok=True)
-    report = {"command": "python benchmarks/gate_composition.py --out " + str(args.out),
-              "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
-              "machine": platform.platform(), "model": "embedded SmolLM2-135M-Instruct",
-              "datasets": {"popqa": run_dataset("popqa", "popqa-500"),
-                           "hotpotqa": run_dataset("hotpotqa", "hotpotqa-200")}}
+    command = "python benchmarks/gate_composition.py --out " + str(args.out)
+    if args.testbed is not None:
+        model = f"testbed model ({args.testbed.name})"
+        datasets = {"testbed": run_testbed(args.testbed)}
+        command += f" --testbed {args.testbed}"
+    else:
+        model = "embedded SmolLM2-135M-Instruct"
+        datasets = {"popqa": run_dataset("popqa", "popqa-500"),
+                    "hotpotqa": run_dataset("hotpotqa", "hotpotqa-200")}
+    report = {"command": command, "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
+              "machine": platform.platform(), "model": model, "datasets": datasets}
     write_text_atomic(args.out / "gate_composition.json", json.dumps(report, indent=1))
     plot(report, args.out / "gate_composition.png")
     for dataset, data in report["datasets"].items():
