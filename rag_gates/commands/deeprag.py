@@ -47,6 +47,8 @@ def synthesize_command(
                                                 "question before giving up.")] = 48,
     demonstration: Annotated[bool, typer.Option(
         help="Show the one-shot example in the prompt (for untrained models).")] = True,
+    nudge: Annotated[bool, typer.Option(
+        help="Ask a step with no marker again with 'Follow up:' written.")] = True,
     match: Annotated[str, typer.Option(help="containment (either way), accuracy or exact."
                                        )] = "containment",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
@@ -73,7 +75,7 @@ def synthesize_command(
                 raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
-        config = DeepRAGConfig(k=k, max_steps=max_steps, prompt=DeepRAGPrompt(
+        config = DeepRAGConfig(k=k, max_steps=max_steps, nudge=nudge, prompt=DeepRAGPrompt(
             demonstration=DEMONSTRATION if demonstration else None))
         total = sum(len(examples) for _, examples in loads)
         stats: list[SynthesisStats] = []

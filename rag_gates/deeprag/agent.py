@@ -19,7 +19,10 @@ Decision modes (``DeepRAGConfig.mode``):
 
 Malformed steps, the documented rule (each is counted in ``Trajectory.malformed``):
 
-- no marker at the start of the step, an empty subquery, or a subquery asked before (a loop)
+- no marker at the start of the step: the step is asked again once with ``Follow up:``
+  already written, so the model writes a subquery (``nudge=True``, the default; untrained
+  small models often answer in free text at once, which would make every run closed-book);
+- still no marker (``nudge=False``), an empty subquery, or a subquery asked before (a loop)
   ends the decomposition: the final answer is forced (``stop_reason="malformed"``);
 - generate mode, a subquery followed by neither decision marker: the step retrieves (the
   fail-closed rule of every gate) and goes on.
@@ -85,6 +88,8 @@ class DeepRAGConfig(BaseModel):
     max_step_tokens: int = Field(64, ge=4, le=1024, description="Tokens for a step's text "
                                  "(subquery, and in generate mode marker and answer).")
     max_answer_tokens: int = Field(48, ge=1, le=1024, description="Tokens per answer.")
+    nudge: bool = Field(True, description="A step that starts with no marker is asked again "
+                        "once with 'Follow up:' written for the model.")
     prompt: DeepRAGPrompt = Field(default_factory=DeepRAGPrompt)
 
 
@@ -150,8 +155,12 @@ class DeepRAG:
         final: str | None = None
         while len(steps) < c.max_steps:
             so_far = render_steps(steps)
-            st, raw = yield from next_step(fmt, question, so_far, generate=generate,
-                                           max_new_tokens=c.max_step_tokens)
+            st, raw, nudged = yield from next_step(fmt, question, so_far, generate=generate,
+                                                   max_new_tokens=c.max_step_tokens,
+                                                   nudge=c.nudge)
+            if nudged:
+                malformed.append(MalformedStep(kind="no_marker", step=len(steps), text=raw,
+                                               action="nudged"))
             if st.kind == "final":
                 stop_reason, final = "answered", st.final or None
                 break

@@ -175,12 +175,19 @@ class Executor:
 
 # ---------------------------------------------------------------- the step moves
 def next_step(fmt: DeepRAGPrompt, question: str, so_far: str, *, generate: bool,
-              max_new_tokens: int) -> Program[tuple[StepText, str]]:
-    """The model's next step after ``so_far``, read, and the raw text. ``generate``: the
-    model also writes the decision marker (and a direct answer) in the same call."""
+              max_new_tokens: int, nudge: bool) -> Program[tuple[StepText, str, bool]]:
+    """The model's next step after ``so_far``: read, the raw text, and whether it was
+    nudged. ``generate``: the model also writes the decision marker (and a direct answer) in
+    the same call. ``nudge``: a text with no marker is asked again once with ``Follow up:``
+    written for the model, which then writes a subquery."""
     stops = GENERATE_STOPS if generate else SUBQUERY_STOPS
     g: Generation = yield Call(fmt.build(question, so_far), stops, max_new_tokens, "step")
-    return read_step(g.text), g.text
+    st = read_step(g.text)
+    if st.kind != "none" or not nudge:
+        return st, g.text, False
+    again: Generation = yield Call(fmt.build(question, f"{so_far}{FOLLOW_UP}"), stops,
+                                   max_new_tokens, "step-nudged")
+    return read_step(f"{FOLLOW_UP}{again.text}"), g.text, True
 
 
 def subquery_line(subquery: str) -> str:

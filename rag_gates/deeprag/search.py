@@ -101,8 +101,10 @@ class SearchOutcome(BaseModel):
 
 
 # A queue entry: (retrievals, steps, insertion order, steps so far, pending subquery
-# and branch). The order number is unique, so the tuples never compare further.
-_Node = tuple[int, int, int, tuple[Step, ...], tuple[str, bool] | None]
+# and branch, malformed steps on the path). The order number is unique, so the tuples never
+# compare further.
+_Node = tuple[int, int, int, tuple[Step, ...], tuple[str, bool] | None,
+              tuple[MalformedStep, ...]]
 
 
 class TrajectorySearch:
@@ -139,13 +141,13 @@ class TrajectorySearch:
         """The search as a request generator: (status, trajectory or None, expansions)."""
         c = self.config
         fmt = c.prompt
-        queue: list[_Node] = [(0, 0, 0, (), None)]
+        queue: list[_Node] = [(0, 0, 0, (), None, ())]
         order = 1
         expansions = 0
         while queue:
             if expansions >= self.max_expansions:
                 return "expansion_cap", None, expansions
-            retrievals, _, _, steps, pending = heapq.heappop(queue)
+            retrievals, _, _, steps, pending, malformed = heapq.heappop(queue)
             expansions += 1
             if pending is not None:
                 subquery, retrieve = pending
@@ -162,23 +164,26 @@ class TrajectorySearch:
                     step = Step(subquery=subquery, decision=decision, answer=answer)
                 steps = (*steps, step)
             so_far = render_steps(steps)
-            malformed: tuple[MalformedStep, ...] = ()
             stop: Literal["answered", "step_cap", "malformed"] = "step_cap"
             final: str | None = None
             if len(steps) < c.max_steps:
-                st, raw = yield from next_step(fmt, question, so_far, generate=False,
-                                               max_new_tokens=c.max_step_tokens)
+                st, raw, nudged = yield from next_step(fmt, question, so_far, generate=False,
+                                                       max_new_tokens=c.max_step_tokens,
+                                                       nudge=c.nudge)
+                if nudged:
+                    malformed = (*malformed, MalformedStep(kind="no_marker", step=len(steps),
+                                                           text=raw, action="nudged"))
                 problem = step_problem(st, steps) if st.kind != "final" else None
                 if st.kind == "final":
                     stop, final = "answered", st.final or None
                 elif problem is not None:
                     stop = "malformed"
-                    malformed = (MalformedStep(kind=problem, step=len(steps), text=raw,
-                                               action="forced_final"),)
+                    malformed = (*malformed, MalformedStep(kind=problem, step=len(steps),
+                                                           text=raw, action="forced_final"))
                 else:
                     for branch in (False, True):
                         heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
-                                               steps, (st.subquery, branch)))
+                                               steps, (st.subquery, branch), malformed))
                         order += 1
                     continue
             if final is None:

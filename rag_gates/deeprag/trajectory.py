@@ -122,9 +122,11 @@ class MalformedStep(BaseModel):
     """A step the loop could not read, and what it did instead.
 
     ``kind``: ``no_marker`` (the text starts with neither ``Follow up:`` nor ``So the final
-    answer is:``), ``empty_subquery``, ``repeated_subquery`` (asked before: a loop) -- each
-    ends the decomposition with a forced final answer -- or ``no_decision`` (generate mode: a
-    subquery followed by neither decision marker), which retrieves (the fail-closed rule).
+    answer is:``; asked again with ``Follow up:`` written for the model when the loop nudges,
+    ``action="nudged"``), ``empty_subquery``, ``repeated_subquery`` (asked before: a loop) --
+    each ends the decomposition with a forced final answer -- or ``no_decision`` (generate
+    mode: a subquery followed by neither decision marker), which retrieves (the fail-closed
+    rule).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -132,7 +134,7 @@ class MalformedStep(BaseModel):
     kind: Literal["no_marker", "empty_subquery", "repeated_subquery", "no_decision"]
     step: int = Field(..., ge=0, description="Index of the step it happened at.")
     text: str = Field(..., description="What the model wrote.")
-    action: Literal["forced_final", "retrieved"]
+    action: Literal["forced_final", "retrieved", "nudged"]
 
 
 class Step(BaseModel):

@@ -114,12 +114,35 @@ def wrap(step_text: str) -> Any:
 ])
 def test_unreadable_steps_force_the_final_answer_and_are_counted(bm25: Any, text: str,
                                                                   kind: str) -> None:
-    result = DeepRAG(ScriptedLM(wrap(text)), bm25).run(QUESTION)
+    result = DeepRAG(ScriptedLM(wrap(text)), bm25, nudge=False).run(QUESTION)
     t = result.trajectory
     assert len(t.steps) == 1 and t.stop_reason == "malformed"
     assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
     assert t.malformed[0].text == text.split("\nFollow up:")[0]
     assert result.answer == "Steven Spielberg" and kinds(result)[-1] == "final-forced"
+
+
+def test_a_step_without_marker_is_nudged_once(bm25: Any) -> None:
+    def chatty(question: str, so_far: str) -> str:
+        """Answers in free text unless "Follow up:" is already written."""
+        if so_far.endswith("Follow up:"):
+            return " Who directed Jaws?\nIntermediate answer: Steven Spielberg\n"
+        return jaws_world(question, so_far) if so_far else "The director is Spielberg."
+
+    lm = ScriptedLM(chatty)
+    result = DeepRAG(lm, bm25).run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.step, m.action, m.text) for m in t.malformed] == \
+        [("no_marker", 0, "nudged", "The director is Spielberg.")]
+    assert kinds(result)[:3] == ["step", "step-nudged", "decision"]
+    assert lm.asked[1][1] == "Follow up:"
+    assert t.steps[0].subquery == "Who directed Jaws?"
+    assert t.steps[0].answer == "Steven Spielberg" and t.stop_reason == "answered"
+    # A nudge that still gives nothing readable ends the run as before.
+    stubborn = DeepRAG(ScriptedLM(lambda q, s: "" if s.endswith("Follow up:") else "Hm."),
+                       bm25).run(QUESTION)
+    assert [(m.kind, m.action) for m in stubborn.trajectory.malformed] == \
+        [("no_marker", "nudged"), ("empty_subquery", "forced_final")]
 
 
 def test_missing_decision_marker_retrieves(bm25: Any) -> None:
@@ -211,9 +234,17 @@ def test_likelihood_needs_log_probabilities(bm25: Any) -> None:
 # ---------------------------------------------------------------- a real (random) model
 def test_runs_on_the_tiny_model(bm25: Any, tiny_long: Any) -> None:
     result = DeepRAG(tiny_long, bm25, mode="always", max_steps=2, max_step_tokens=8,
-                     max_answer_tokens=4).run(QUESTION)
+                     max_answer_tokens=4, nudge=False).run(QUESTION)
     t = result.trajectory
     # Random weights write no markers: one unreadable step, then the forced final answer.
     assert t.stop_reason == "malformed" and t.malformed[0].kind == "no_marker"
     assert result.trace.llm_calls == 2 and result.trace.retrievals == 0
     assert result.answer == t.final_answer and "\n" not in result.answer
+    nudged = DeepRAG(tiny_long, bm25, mode="always", max_steps=2, max_step_tokens=8,
+                     max_answer_tokens=4).run(QUESTION)
+    # Nudged, random text becomes subqueries: each step retrieves (mode always) until the
+    # cap or an unreadable (empty, repeated) subquery.
+    steps = len(nudged.trajectory.steps)
+    assert nudged.trajectory.malformed[0].action == "nudged"
+    assert nudged.trace.retrievals == steps >= 1
+    assert all(s.passages is not None for s in nudged.trajectory.steps)

@@ -38,7 +38,8 @@ def test_synthesize_resumes_and_export_writes_trl_records(
     assert "hotpotqa: 0/2 found" in first.output and "2 searched now" in first.output
     written = read_rows(rows)
     assert len(written) == 2 and all(r.max_expansions == 2 for r in written)
-    assert all(r.status == "exhausted" and r.llm_calls >= 2 for r in written)
+    assert all(r.status in ("exhausted", "expansion_cap") and r.llm_calls >= 2
+               for r in written)
     again = runner.invoke(deeprag_app, args)
     assert again.exit_code == 0 and "0 searched now, 2 resumed" in again.output
     other = runner.invoke(deeprag_app, [*args[:-2], "--k", "2", "--out", str(rows)])

@@ -121,8 +121,8 @@ def test_step_cap_forces_final_answers_in_the_search(bm25: Any) -> None:
 
 
 def test_search_on_the_tiny_model(bm25: Any, tiny_long: Any) -> None:
-    found = TrajectorySearch(tiny_long, bm25, max_step_tokens=8, max_answer_tokens=4
-                             ).run(QUESTION, GOLD)
+    found = TrajectorySearch(tiny_long, bm25, max_step_tokens=8, max_answer_tokens=4,
+                             nudge=False).run(QUESTION, GOLD)
     # Random weights write no marker: the root is forced to a (wrong) final answer.
     assert found.status == "exhausted" and found.expansions == 1 and found.llm_calls == 2
 
