@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
-from typing import Any
+from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -39,7 +39,7 @@ GENREAD_PROMPT = (
     "Background document:"
 )
 #: ``Passage.metadata["source"]`` of a verbalization.
-PARAMETRIC = "parametric"
+PARAMETRIC: Final = "parametric"
 
 
 class VerbalizerConfig(BaseModel):

@@ -1,0 +1,217 @@
+"""``rag-gates srrag ...``: label training questions by their better knowledge source and build
+the kNN policy datastore from the labels.
+
+Registered by the main CLI as ``app.add_typer(srrag_app, name="srrag")``::
+
+    rag-gates srrag label --dataset popqa --n 300 --dataset pubmedqa --n 150 --out labels.jsonl
+    rag-gates srrag build-policy --labels labels.jsonl --path ~/.cache/rag-gates/srrag/policy
+
+Expected failures (missing data, a label file written with other settings, a datastore of
+another model) print one red line saying what to do and exit with status 1.
+"""
+
+from __future__ import annotations
+
+import statistics
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import typer
+from rich.console import Console
+
+from rag_gates.commands.cbdr import clean_errors
+
+__all__ = ["srrag_app"]
+
+srrag_app = typer.Typer(
+    help="SR-RAG: label questions by the knowledge source that helps the model more "
+         "(retrieval or its own verbalized knowledge) and build the kNN source policy.",
+    no_args_is_help=True, add_completion=False)
+console = Console()
+
+
+@srrag_app.callback()
+def _group() -> None:
+    """SR-RAG commands (always a command group, whatever the number of commands)."""
+
+
+def _examples(dataset: list[str], n: list[int] | None, offset: int, data: Path | None,
+              default_n: int) -> list[Any]:
+    from rag_gates.eval.datasets import load_dataset
+
+    counts = list(n or [default_n])
+    if len(counts) == 1:
+        counts *= len(dataset)
+    if len(counts) != len(dataset):
+        raise ValueError(f"give --n once, or once per --dataset ({len(dataset)} times); "
+                         f"got {len(counts)}")
+    examples = []
+    for name, count in zip(dataset, counts, strict=True):
+        load = load_dataset(name, data, n=count, offset=offset)
+        if not load.examples:
+            raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
+        examples.extend(load.examples)
+    return examples
+
+
+@srrag_app.command("label")
+def label_command(
+    out: Annotated[Path, typer.Option(
+        help="JSONL label file (resumed if it exists; refused if written with other "
+             "settings).")],
+    dataset: Annotated[list[str], typer.Option(
+        help="Dataset(s) to label (repeat to mix): popqa, pubmedqa, hotpotqa, 2wiki.")],
+    n: Annotated[list[int] | None, typer.Option(
+        min=1, help="Questions per dataset: once for all, or once per --dataset in order "
+                    "(default 300).")] = None,
+    offset: Annotated[int, typer.Option(
+        min=0, help="Questions skipped first (keep the ones you evaluate on apart).")] = 500,
+    data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
+    model: Annotated[str, typer.Option(help="'default' or an HF path/id.")] = "default",
+    retriever: Annotated[str, typer.Option(
+        help="bm25 or dense, over each dataset's union corpus (as rag-gates bench).")] = "bm25",
+    n_retrieved: Annotated[int, typer.Option(min=1, help="Retrieved passages per question."
+                                             )] = 5,
+    n_verbalized: Annotated[int, typer.Option(
+        min=1, help="Verbalizations per question (the first greedy, the others sampled)."
+    )] = 2,
+    temperature: Annotated[float, typer.Option(
+        min=0.01, help="Temperature of the sampled verbalizations.")] = 0.7,
+    seed: Annotated[int, typer.Option(help="Seed of the first sampled verbalization.")] = 0,
+    max_verbalize_tokens: Annotated[int, typer.Option(
+        min=1, help="Token cap of a verbalization (the paper's 150).")] = 150,
+    rule: Annotated[str, typer.Option(
+        help="'sum' (summed likelihood, Algorithm 1) or 'top-n' (majority of the top n).")
+    ] = "sum",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Label each question by the source (retrieved passages or the model's own verbalized
+    knowledge) under which the model finds the gold answer more likely. Resumable."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
+
+    from rag_gates.eval.corpus import load_retriever
+    from rag_gates.lm.defaults import load_lm
+    from rag_gates.srrag.labels import RETRIEVAL, LabelConfig, collect_labels
+    from rag_gates.srrag.verbalizer import VerbalizerConfig
+
+    with clean_errors():
+        config = LabelConfig.model_validate({
+            "n_retrieved": n_retrieved, "n_verbalized": n_verbalized,
+            "temperature": temperature, "seed": seed, "rule": rule,
+            "verbalizer": VerbalizerConfig(max_new_tokens=max_verbalize_tokens)})
+        examples = _examples(dataset, n, offset, data, 300)
+        with console.status(f"loading {model}"):
+            lm = load_lm(model, num_threads=threads)
+        labels = []
+        start = time.perf_counter()
+        with Progress("[progress.description]{task.description}", BarColumn(),
+                      MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+            task = bar.add_task("labelling", total=len(examples))
+            done_before = 0
+            for name in dict.fromkeys(e.dataset for e in examples):
+                part = [e for e in examples if e.dataset == name]
+                source = load_retriever(name, retriever, data)
+
+                def progress(done: int, total: int, retrieval: int,
+                             base: int = done_before, name: str = name) -> None:
+                    bar.update(task, completed=base + done,
+                               description=f"labelling {name} (retrieval preferred "
+                                           f"{retrieval}/{done})")
+
+                labels.extend(collect_labels(lm, source, part, config, out,
+                                             progress=progress))
+                done_before += len(part)
+    wall = time.perf_counter() - start
+    for name in dict.fromkeys(lb.dataset for lb in labels):
+        rows = [lb for lb in labels if lb.dataset == name]
+        share = 100 * sum(lb.source == RETRIEVAL for lb in rows) / len(rows)
+        seconds = statistics.median(lb.seconds for lb in rows)
+        capped = sum(c.hit_token_cap for lb in rows for c in lb.contexts)
+        console.print(f"[bold]{name}[/]: {len(rows)} questions, retrieval preferred "
+                      f"{share:.1f}%, verbalization {100 - share:.1f}% (rule {rule}); "
+                      f"{seconds:.1f} s per question (median); {capped} verbalizations hit "
+                      "the token cap")
+    console.print(f"{len(labels)} labels in {out} ({wall:.0f} s this run)")
+
+
+@srrag_app.command("build-policy")
+def build_policy_command(
+    labels: Annotated[list[Path], typer.Option(help="Label file(s) from 'srrag label'.")],
+    path: Annotated[Path | None, typer.Option(
+        help="Local Qdrant directory (default $RAG_GATES_HOME/srrag/policy, or "
+             ".../skr-policy for --keys minilm).")] = None,
+    url: Annotated[str | None, typer.Option(help="A Qdrant server instead of --path.")] = None,
+    collection: Annotated[str, typer.Option(help="Collection name.")] = "srrag-policy",
+    keys: Annotated[str, typer.Option(
+        help="'hidden' (the model's hidden state of the last question token: SR-RAG) or "
+             "'minilm' (MiniLM question embeddings: the SKR baseline).")] = "hidden",
+    model: Annotated[str, typer.Option(help="'default' or an HF path/id (hidden keys).")
+                     ] = "default",
+    layer: Annotated[int | None, typer.Option(
+        help="Hidden-state index of the key (default: the middle layer).")] = None,
+    rule: Annotated[str | None, typer.Option(
+        help="Recompute the preferred source under 'sum' or 'top-n' (default: as labelled)."
+    )] = None,
+    replace: Annotated[bool, typer.Option(
+        help="Drop the collection first (needed to change model, layer or keys).")] = False,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Build (or grow) the kNN source policy from labelled questions: one point per
+    question, keyed by the chosen key, valued by its preferred source."""
+    from rag_gates.srrag.labels import RETRIEVAL, read_labels
+    from rag_gates.srrag.policy import (
+        EmbeddingKeys,
+        HiddenStateKeys,
+        KeyFunction,
+        SourcePolicy,
+        default_policy_path,
+    )
+
+    with clean_errors():
+        if keys not in ("hidden", "minilm"):
+            raise ValueError(f"--keys must be 'hidden' or 'minilm', got {keys!r}")
+        if rule is not None and rule not in ("sum", "top-n"):
+            raise ValueError(f"--rule must be 'sum' or 'top-n', got {rule!r}")
+        rows = []
+        headers = []
+        for file in labels:
+            header, read = read_labels(file, rule)  # type: ignore[arg-type]
+            headers.append((file, header))
+            rows.extend(read)
+        if not rows:
+            raise ValueError(f"no labelled questions in {', '.join(map(str, labels))}")
+        start = time.perf_counter()
+        key_function: KeyFunction
+        if keys == "hidden":
+            from rag_gates.lm.defaults import load_lm
+
+            with console.status(f"loading {model}"):
+                lm = load_lm(model, num_threads=threads)
+            for file, header in headers:
+                if header.get("model_id") != lm.model_id:
+                    raise ValueError(
+                        f"{file} holds the preferences of {header.get('model_id')!r}, not of "
+                        f"{lm.model_id!r}: label with this model, or pass --model "
+                        f"{header.get('model_id')}")
+            key_function = HiddenStateKeys(lm, layer)
+        else:
+            key_function = EmbeddingKeys()
+        where = url or str(path or default_policy_path("hidden" if keys == "hidden"
+                                                       else "embedding"))
+        client = SourcePolicy.connect(None if url else where, url)
+        try:
+            if replace and client.collection_exists(collection):
+                client.delete_collection(collection)
+            policy = SourcePolicy.open(key_function, collection=collection, client=client)
+            policy.location = where
+            with console.status(f"keying {len(rows)} questions"):
+                policy.add_labels(rows)
+            size = len(policy)
+        finally:
+            client.close()  # a local path stays locked while a client holds it
+    retrieval = sum(lb.source == RETRIEVAL for lb in rows)
+    console.print(
+        f"[bold]{size} questions[/] in {collection!r} at {where} ({len(rows)} added: "
+        f"{retrieval} retrieval, {len(rows) - retrieval} parametric; keys "
+        f"{key_function.identity}; {time.perf_counter() - start:.0f} s)")

@@ -1,0 +1,77 @@
+"""``rag-gates srrag ...`` on a saved tiny model and the PopQA slice."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from typer.testing import CliRunner
+
+from rag_gates.commands.srrag import srrag_app
+from rag_gates.testing import save_tiny_lm
+
+SLICE = Path(__file__).resolve().parents[2] / "examples" / "data"
+runner = CliRunner()
+
+
+@pytest.fixture(scope="module")
+def model(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    return save_tiny_lm(tmp_path_factory.mktemp("tiny"))
+
+
+def label_args(model: Path, out: Path, *extra: str) -> list[str]:
+    return ["label", "--model", str(model), "--dataset", "popqa", "--data",
+            str(SLICE / "popqa_dev_sample.jsonl"), "--n", "3", "--offset", "0",
+            "--n-retrieved", "2", "--n-verbalized", "2", "--max-verbalize-tokens", "3",
+            "--out", str(out), *extra]
+
+
+def test_label_writes_and_resumes(model: Path, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    out = tmp_path / "labels.jsonl"
+    result = runner.invoke(srrag_app, label_args(model, out))
+    assert result.exit_code == 0, result.output
+    assert "popqa: 3 questions, retrieval preferred" in result.output
+    lines = out.read_text().splitlines()
+    assert len(lines) == 4 and json.loads(lines[0])["header"]["n_retrieved"] == 2
+    again = runner.invoke(srrag_app, label_args(model, out))
+    assert again.exit_code == 0 and out.read_text().splitlines() == lines
+    changed = runner.invoke(srrag_app, label_args(model, out, "--seed", "5"))
+    assert changed.exit_code == 1 and "other settings" in changed.output
+    bad = runner.invoke(srrag_app, label_args(model, tmp_path / "x.jsonl", "--rule", "max"))
+    assert bad.exit_code == 1 and "rule" in bad.output
+
+
+def test_build_policy_from_labels(model: Path, tmp_path: Path,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.srrag.labels import read_labels
+    from rag_gates.srrag.policy import HiddenStateKeys, SourcePolicy
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    labels = tmp_path / "labels.jsonl"
+    assert runner.invoke(srrag_app, label_args(model, labels)).exit_code == 0
+    store = tmp_path / "policy"
+    build = ["build-policy", "--labels", str(labels), "--model", str(model), "--path",
+             str(store)]
+    result = runner.invoke(srrag_app, [*build, "--layer", "2"])
+    assert result.exit_code == 0, result.output
+    assert "3 questions" in result.output
+    lm = HFWhiteBoxLM.from_pretrained(model, model_id=str(model))
+    policy = SourcePolicy.open(HiddenStateKeys(lm, layer=2), path=store, create=False)
+    _, rows = read_labels(labels)
+    assert {(e.id, e.source) for e in policy.entries()} == {(r.id, r.source) for r in rows}
+    vote = policy.vote_question(rows[0].question)
+    assert vote.neighbours[0].id == rows[0].id and vote.found == 3
+    policy.close()
+    other = runner.invoke(srrag_app, [*build, "--layer", "3"])
+    assert other.exit_code == 1 and "layer: datastore 2, now 3" in other.output
+    replaced = runner.invoke(srrag_app, [*build, "--layer", "3", "--replace"])
+    assert replaced.exit_code == 0, replaced.output
+    foreign = tmp_path / "foreign.jsonl"
+    foreign.write_text(labels.read_text().replace(str(model), "someone-else"))
+    refused = runner.invoke(srrag_app, ["build-policy", "--labels", str(foreign), "--model",
+                                        str(model), "--path", str(tmp_path / "p2")])
+    assert refused.exit_code == 1 and "preferences of 'someone-else'" in refused.output
