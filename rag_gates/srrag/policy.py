@@ -1,0 +1,370 @@
+"""The kNN source policy: labelled questions in a Qdrant collection, voting per question.
+
+Each point is one training question: its vector is the question's key (the model's hidden
+state of the last question token at a middle layer, :class:`HiddenStateKeys`; or a sentence
+encoder's embedding, :class:`EmbeddingKeys`, for the SKR baseline), its payload the preferred
+source from ``rag-gates srrag label`` plus the question, so the datastore can be inspected,
+edited and grown in the Qdrant a user already runs. A lookup takes the ``k`` nearest
+questions (cosine, k = 30 as in the paper) and gives ``p_D(retrieve) = votes / k``.
+
+The collection records what made its keys (model id, layer, prompt digest, size) in its
+metadata; opening it with another key function raises :class:`PolicyMismatchError`, so keys
+of two models never mix. A datastore holding fewer than ``k`` questions answers from what is
+there (``PolicyVote.found < k``, said in the gate's evidence); an empty one has no vote (the
+gate then retrieves). A server that cannot be reached raises :class:`PolicyStoreError` naming
+the URL.
+
+Local mode (``path=...`` or ``":memory:"``) is the embedded default; ``url=`` takes a server.
+
+Example:
+    >>> keys = HiddenStateKeys(lm)                          # layer: the middle of the stack
+    >>> policy = SourcePolicy.open(keys, path="~/.cache/rag-gates/srrag/policy")
+    >>> policy.add_labels(labels)                           # from rag-gates srrag label
+    >>> vote = policy.vote_question("Who wrote Hamlet?")
+    >>> vote.p_retrieve, vote.retrieval, vote.found
+    (0.7, 21, 30)
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any, Literal, Protocol
+
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
+
+from rag_gates._optional import require
+from rag_gates.errors import RagGatesError
+from rag_gates.srrag.labels import RETRIEVAL, Source, SourceLabel
+from rag_gates.srrag.routing import RoutingPrompt, check_layer, default_layer, question_keys
+from rag_gates.srrag.verbalizer import PARAMETRIC
+
+__all__ = ["DEFAULT_COLLECTION", "DEFAULT_K", "EmbeddingKeys", "HiddenStateKeys", "KeyFunction",
+           "Neighbour", "PolicyEntry", "PolicyMismatchError", "PolicyStoreError", "PolicyVote",
+           "SourcePolicy", "default_policy_path"]
+
+logger = logging.getLogger(__name__)
+
+DEFAULT_COLLECTION = "srrag-policy"
+DEFAULT_K = 30
+Distance = Literal["cosine", "euclid"]
+
+
+def default_policy_path(keys: Literal["hidden", "embedding"] = "hidden") -> Path:
+    """Where ``rag-gates srrag build-policy`` writes a local datastore by default:
+    ``$RAG_GATES_HOME/srrag/policy`` (hidden-state keys) or ``.../srrag/skr-policy`` (the
+    SKR baseline's sentence embeddings)."""
+    from rag_gates.lm.defaults import rag_gates_home
+
+    return rag_gates_home() / "srrag" / ("policy" if keys == "hidden" else "skr-policy")
+
+
+class PolicyMismatchError(RagGatesError, ValueError):
+    """The datastore was built with another key function (model, layer, prompt, encoder)."""
+
+
+class PolicyStoreError(RagGatesError, ConnectionError):
+    """The Qdrant holding the datastore cannot be reached or refused the request."""
+
+
+class KeyFunction(Protocol):
+    """Turns questions into datastore keys, and says what it is (the datastore identity)."""
+
+    @property
+    def identity(self) -> dict[str, JsonValue]: ...
+
+    @property
+    def dim(self) -> int: ...
+
+    def keys(self, questions: Sequence[str]) -> Any: ...
+
+
+class HiddenStateKeys:
+    """SR-RAG's key: the model's hidden state of the last question token of the routing
+    prompt at ``layer`` (default: the middle of the stack)."""
+
+    def __init__(self, lm: Any, layer: int | None = None, prompt: RoutingPrompt | None = None,
+                 *, batch_size: int = 16) -> None:
+        from rag_gates.lm.base import require_white_box
+
+        self.lm: Any = require_white_box(lm, "SR-RAG policy keys")
+        self.layer = check_layer(self.lm, default_layer(self.lm) if layer is None else layer)
+        self.prompt = prompt or RoutingPrompt()
+        self.batch_size = batch_size
+
+    @property
+    def identity(self) -> dict[str, JsonValue]:
+        return {"key": "hidden-state/last-question-token", "model_id": self.lm.model_id,
+                "layer": self.layer, "num_layers": int(self.lm.num_layers),
+                "prompt": self.prompt.sha, "dim": self.dim}
+
+    @property
+    def dim(self) -> int:
+        return int(self.lm.hidden_size)
+
+    def keys(self, questions: Sequence[str]) -> Any:
+        return question_keys(self.lm, questions, self.prompt, self.layer,
+                             batch_size=self.batch_size)
+
+
+class EmbeddingKeys:
+    """A sentence encoder's question embedding (the SKR baseline's key; default the
+    embedded all-MiniLM-L6-v2)."""
+
+    def __init__(self, embedder: Any | None = None, name: str | None = None) -> None:
+        # The name is the datastore's identity: name a custom encoder explicitly.
+        self.name = name or ("all-MiniLM-L6-v2" if embedder is None else type(embedder).__name__)
+        if embedder is None:
+            from rag_gates.lm.defaults import load_default_embedder
+
+            embedder = load_default_embedder()
+        self.embedder = embedder
+        size = embedder.get_sentence_embedding_dimension()
+        self._dim = int(size) if size else len(embedder.encode(["dimension probe"])[0])
+
+    @property
+    def identity(self) -> dict[str, JsonValue]:
+        return {"key": "sentence-embedding", "model_id": self.name, "dim": self.dim}
+
+    @property
+    def dim(self) -> int:
+        return self._dim
+
+    def keys(self, questions: Sequence[str]) -> Any:
+        return self.embedder.encode(list(questions), normalize_embeddings=True,
+                                    show_progress_bar=False)
+
+
+class PolicyEntry(BaseModel):
+    """One labelled question in the datastore."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    dataset: str = ""
+    question: str
+    source: Source
+
+
+class Neighbour(BaseModel):
+    """A labelled question that voted."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str
+    dataset: str
+    question: str
+    source: Source
+    similarity: float
+
+
+class PolicyVote(BaseModel):
+    """The k nearest labelled questions and what they vote for."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    k: int = Field(..., description="Neighbours asked for.")
+    found: int = Field(..., description="Neighbours found (< k in a tiny datastore).")
+    retrieval: int = Field(..., description="Neighbours labelled 'retrieval'.")
+    parametric: int = Field(..., description="Neighbours labelled 'parametric'.")
+    neighbours: list[Neighbour] = Field(default_factory=list)
+
+    @property
+    def p_retrieve(self) -> float | None:
+        """``votes / k`` (over the neighbours found when fewer than k); None when empty."""
+        return self.retrieval / self.found if self.found else None
+
+
+def _point_id(dataset: str, question_id: str) -> str:
+    return str(uuid.uuid5(uuid.NAMESPACE_URL, f"rag-gates/srrag/{dataset}/{question_id}"))
+
+
+class SourcePolicy:
+    """The kNN datastore of labelled questions (see the module docstring).
+
+    Build with :meth:`open`; add with :meth:`add_labels` / :meth:`add`, remove with
+    :meth:`delete`, vote with :meth:`vote` (a key) or :meth:`vote_question` (a question).
+    """
+
+    def __init__(self, client: Any, collection: str, keys: KeyFunction, *, k: int = DEFAULT_K,
+                 location: str = ":memory:") -> None:
+        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+            raise ValueError(f"k must be an int >= 1, got {k!r}")
+        self.client = client
+        self.collection = collection
+        self.key_function = keys
+        self.k = k
+        self.location = location
+
+    # ------------------------------------------------------------------ opening
+    @staticmethod
+    def connect(path: str | Path | None = None, url: str | None = None, *,
+                api_key: str | None = None, timeout: int = 10) -> Any:
+        """A Qdrant client: a server ``url``, else local ``path`` (``None``/``":memory:"``:
+        in memory). A server is asked for its collections once, so an unreachable URL fails
+        here with :class:`PolicyStoreError` naming it."""
+        qdrant_client = require("qdrant_client", "qdrant")
+        if url is not None:
+            client = qdrant_client.QdrantClient(url=url, api_key=api_key, timeout=timeout,
+                                                check_compatibility=False)
+            try:
+                client.get_collections()
+            except Exception as exc:  # the client raises transport-specific types
+                client.close()
+                raise PolicyStoreError(
+                    f"cannot reach the Qdrant server at {url} ({type(exc).__name__}: {exc}); "
+                    "start it, check the URL and API key, or pass path= for a local datastore"
+                ) from exc
+            return client
+        if path is None or str(path) == ":memory:":
+            return qdrant_client.QdrantClient(location=":memory:")
+        directory = Path(path).expanduser()
+        directory.mkdir(parents=True, exist_ok=True)
+        return qdrant_client.QdrantClient(path=str(directory))
+
+    @classmethod
+    def open(cls, keys: KeyFunction, *, path: str | Path | None = None, url: str | None = None,
+             collection: str = DEFAULT_COLLECTION, k: int = DEFAULT_K,
+             distance: Distance = "cosine", create: bool = True, client: Any = None,
+             api_key: str | None = None) -> SourcePolicy:
+        """Open (or, with ``create``, make) the datastore collection for ``keys``.
+
+        A collection made by another key function (another model, layer, routing prompt or
+        encoder) raises :class:`PolicyMismatchError`; a collection that is not an SR-RAG
+        datastore raises it too. ``client``: an existing Qdrant client (path/url ignored).
+        """
+        location = url or str(path or ":memory:")
+        if client is not None:
+            return cls._open(client, keys, collection, location, k, distance, create)
+        own = cls.connect(path, url, api_key=api_key)
+        try:
+            return cls._open(own, keys, collection, location, k, distance, create)
+        except BaseException:
+            own.close()  # a local path stays locked while a client holds it
+            raise
+
+    @classmethod
+    def _open(cls, client: Any, keys: KeyFunction, collection: str, location: str, k: int,
+              distance: Distance, create: bool) -> SourcePolicy:
+        models = require("qdrant_client.models", "qdrant")
+        identity = {"kind": "srrag-policy", **keys.identity, "distance": distance}
+        try:
+            exists = client.collection_exists(collection)
+            if exists:
+                stored = client.get_collection(collection).config.metadata or {}
+            elif create:
+                client.create_collection(
+                    collection, metadata=identity,
+                    vectors_config=models.VectorParams(
+                        size=keys.dim, distance=models.Distance.COSINE if distance == "cosine"
+                        else models.Distance.EUCLID))
+                stored = identity
+            else:
+                raise FileNotFoundError(
+                    f"no SR-RAG datastore {collection!r} at {location}; build one with: "
+                    "rag-gates srrag build-policy --labels LABELS.jsonl")
+        except (RagGatesError, FileNotFoundError):
+            raise
+        except Exception as exc:
+            raise PolicyStoreError(f"Qdrant at {location} failed on collection {collection!r} "
+                                   f"({type(exc).__name__}: {exc})") from exc
+        if stored.get("kind") != "srrag-policy":
+            raise PolicyMismatchError(
+                f"collection {collection!r} at {location} is not an SR-RAG datastore (its "
+                "metadata has no srrag-policy identity); choose another collection name")
+        diff = {key: (stored.get(key), value) for key, value in identity.items()
+                if stored.get(key) != value}
+        if diff:
+            said = "; ".join(f"{key}: datastore {was!r}, now {now!r}"
+                             for key, (was, now) in diff.items())
+            raise PolicyMismatchError(
+                f"the datastore {collection!r} at {location} was built with other keys "
+                f"({said}); rebuild it for this model and layer (rag-gates srrag build-policy "
+                "--replace ...) or open another collection")
+        return cls(client, collection, keys, k=k, location=location)
+
+    @property
+    def identity(self) -> dict[str, JsonValue]:
+        """What made the keys (stored in the collection's metadata)."""
+        return dict(self.key_function.identity)
+
+    # ------------------------------------------------------------------ editing
+    def add(self, entries: Sequence[PolicyEntry], keys: Any) -> int:
+        """Insert (or replace, by dataset and id) labelled questions with their keys."""
+        models = require("qdrant_client.models", "qdrant")
+        vectors = [list(map(float, row)) for row in keys]
+        if len(vectors) != len(entries):
+            raise ValueError(f"{len(entries)} entries but {len(vectors)} keys")
+        dim = self.key_function.dim
+        for i, vector in enumerate(vectors):
+            if len(vector) != dim:
+                raise ValueError(f"key {i} has {len(vector)} dimensions; this datastore "
+                                 f"takes {dim}")
+        for lo in range(0, len(entries), 256):
+            self._call("add to", lambda lo=lo: self.client.upsert(self.collection, points=[
+                models.PointStruct(id=_point_id(e.dataset, e.id), vector=v,
+                                   payload=e.model_dump(mode="json"))
+                for e, v in zip(entries[lo: lo + 256], vectors[lo: lo + 256], strict=True)]))
+        return len(entries)
+
+    def add_questions(self, entries: Sequence[PolicyEntry]) -> int:
+        """Insert labelled questions, computing their keys with the key function."""
+        if not entries:
+            return 0
+        return self.add(entries, self.key_function.keys([e.question for e in entries]))
+
+    def add_labels(self, labels: Iterable[SourceLabel]) -> int:
+        """Insert the output of ``rag-gates srrag label`` (each question's ``source``)."""
+        return self.add_questions([PolicyEntry(id=lb.id, dataset=lb.dataset,
+                                               question=lb.question, source=lb.source)
+                                   for lb in labels])
+
+    def delete(self, ids: Sequence[str | tuple[str, str]]) -> None:
+        """Remove questions by ``(dataset, id)`` (or ``id`` alone for dataset ``""``)."""
+        models = require("qdrant_client.models", "qdrant")
+        points = [_point_id(*(i if isinstance(i, tuple) else ("", i))) for i in ids]
+        if points:
+            self._call("delete from", lambda: self.client.delete(
+                self.collection, points_selector=models.PointIdsList(points=points)))
+
+    def __len__(self) -> int:
+        result = self._call("count", lambda: self.client.count(self.collection, exact=True))
+        return int(result.count)
+
+    def entries(self, limit: int = 10_000) -> list[PolicyEntry]:
+        """The labelled questions stored (for audit), up to ``limit``."""
+        points, _ = self._call("read", lambda: self.client.scroll(
+            self.collection, limit=limit, with_payload=True, with_vectors=False))
+        return [PolicyEntry.model_validate(p.payload) for p in points]
+
+    # ------------------------------------------------------------------ voting
+    def vote(self, key: Any, k: int | None = None) -> PolicyVote:
+        """The ``k`` nearest labelled questions to ``key`` and their votes."""
+        k = self.k if k is None else k
+        vector = [float(x) for x in key]
+        hits = self._call("search", lambda: self.client.query_points(
+            self.collection, query=vector, limit=k, with_payload=True).points)
+        neighbours = [Neighbour(id=h.payload["id"], dataset=h.payload.get("dataset", ""),
+                                question=h.payload["question"], source=h.payload["source"],
+                                similarity=float(h.score)) for h in hits]
+        retrieval = sum(1 for n in neighbours if n.source == RETRIEVAL)
+        return PolicyVote(k=k, found=len(neighbours), retrieval=retrieval,
+                          parametric=sum(1 for n in neighbours if n.source == PARAMETRIC),
+                          neighbours=neighbours)
+
+    def vote_question(self, question: str, k: int | None = None) -> PolicyVote:
+        """:meth:`vote` with the key function's key for ``question``."""
+        return self.vote(self.key_function.keys([question])[0], k)
+
+    def close(self) -> None:
+        self.client.close()
+
+    def _call(self, what: str, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # the client raises transport-specific types
+            raise PolicyStoreError(
+                f"could not {what} the SR-RAG datastore {self.collection!r} at "
+                f"{self.location} ({type(exc).__name__}: {exc})") from exc

@@ -1,0 +1,98 @@
+"""The kNN source policy in Qdrant (local path and ':memory:'), keys from a tiny model."""
+
+from __future__ import annotations
+
+import socket
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_gates.srrag.policy import (
+    HiddenStateKeys,
+    PolicyEntry,
+    PolicyMismatchError,
+    PolicyStoreError,
+    SourcePolicy,
+)
+from rag_gates.testing import tiny_lm
+
+ENTRIES = [
+    PolicyEntry(id="1", dataset="popqa", question="Who wrote Hamlet?", source="parametric"),
+    PolicyEntry(id="2", dataset="popqa", question="What is the capital of France?",
+                source="retrieval"),
+    PolicyEntry(id="3", dataset="popqa", question="Where does the quick brown fox jump?",
+                source="retrieval"),
+    PolicyEntry(id="4", dataset="pubmedqa", question="Do scientists measure recall?",
+                source="parametric"),
+]
+
+
+def test_round_trip_on_a_local_path(tiny: Any, tmp_path: Path) -> None:
+    keys = HiddenStateKeys(tiny, layer=2)
+    policy = SourcePolicy.open(keys, path=tmp_path / "policy", k=3)
+    assert policy.add_questions(ENTRIES) == 4 and len(policy) == 4
+    before = policy.vote_question("Who wrote Hamlet?")
+    top = before.neighbours[0]
+    assert (top.id, top.source) == ("1", "parametric") and top.similarity == pytest.approx(1.0)
+    assert before.found == 3 and before.p_retrieve == before.retrieval / 3
+    policy.close()
+    again = SourcePolicy.open(keys, path=tmp_path / "policy", k=3)
+    assert len(again) == 4
+    after = again.vote_question("Who wrote Hamlet?")
+    assert [(n.id, n.source) for n in after.neighbours] == \
+        [(n.id, n.source) for n in before.neighbours]
+    assert [n.similarity for n in after.neighbours] == \
+        pytest.approx([n.similarity for n in before.neighbours], abs=1e-5)
+    assert sorted(e.id for e in again.entries()) == ["1", "2", "3", "4"]
+    # Re-adding a question replaces it (keyed by dataset and id), deleting removes it.
+    again.add_questions([ENTRIES[0].model_copy(update={"source": "retrieval"})])
+    assert len(again) == 4
+    assert again.vote_question("Who wrote Hamlet?").neighbours[0].source == "retrieval"
+    again.delete([("popqa", "1")])
+    assert len(again) == 3 and "1" not in {n.id for n in again.vote_question("Hamlet?").neighbours}
+    again.close()
+
+
+def test_another_model_or_layer_is_refused(tiny: Any, tmp_path: Path) -> None:
+    policy = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=tmp_path / "p")
+    policy.add_questions(ENTRIES[:2])
+    client = policy.client
+    with pytest.raises(PolicyMismatchError, match="layer: datastore 2, now 3"):
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=3), client=client)
+    other = tiny_lm(seed=1)
+    with pytest.raises(PolicyMismatchError, match="model_id: datastore 'tiny-llama-seed0', "
+                                                  "now 'tiny-llama-seed1'"):
+        SourcePolicy.open(HiddenStateKeys(other, layer=2), client=client)
+    from qdrant_client import models
+
+    client.create_collection("passages", vectors_config=models.VectorParams(
+        size=64, distance=models.Distance.COSINE))
+    with pytest.raises(PolicyMismatchError, match="not an SR-RAG datastore"):
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=2), client=client, collection="passages")
+    with pytest.raises(FileNotFoundError, match="build-policy"):
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=2), client=client, collection="none",
+                          create=False)
+    policy.close()
+
+
+def test_tiny_and_empty_datastores(tiny: Any) -> None:
+    policy = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=":memory:")  # k = 30
+    empty = policy.vote_question("Who wrote Hamlet?")
+    assert (empty.found, empty.p_retrieve) == (0, None)
+    policy.add_questions(ENTRIES)
+    vote = policy.vote_question("Who wrote Hamlet?")
+    assert (vote.k, vote.found, vote.retrieval, vote.parametric) == (30, 4, 2, 2)
+    assert vote.p_retrieve == 0.5  # from the 4 that are there, not 2/30
+    with pytest.raises(ValueError, match="64"):
+        policy.add(ENTRIES[:1], [[0.0] * 5])
+    policy.close()
+
+
+def test_unreachable_server_names_the_url(tiny: Any) -> None:
+    with socket.socket() as s:  # a port nothing listens on
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    url = f"http://127.0.0.1:{port}"
+    with pytest.raises(PolicyStoreError, match=f"cannot reach the Qdrant server at {url}"):
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=2), url=url)
