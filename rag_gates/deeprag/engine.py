@@ -22,7 +22,7 @@ from __future__ import annotations
 
 from collections.abc import Generator, Mapping
 from dataclasses import dataclass, field
-from typing import Any, TypeAlias, TypeVar
+from typing import Any, Generic, TypeAlias, TypeVar
 
 from rag_gates.deeprag.trajectory import (
     CONTEXT,
@@ -100,6 +100,22 @@ Request: TypeAlias = Call | Search | Ask
 Program: TypeAlias = Generator[Request, Any, T]
 
 
+class _Driving(Generic[T]):
+    """Steps a program: :meth:`send` gives its next request, or None once it has returned
+    (then :attr:`result` holds what it returned)."""
+
+    def __init__(self, program: Program[T]) -> None:
+        self.program = program
+        self.result: T
+
+    def send(self, reply: Any) -> Request | None:
+        try:
+            return self.program.send(reply)
+        except StopIteration as done:
+            self.result = done.value
+            return None
+
+
 class Executor:
     """Carries out a program's requests with ``lm``, ``retriever`` and the gates it names,
     recording every model call, retrieval and decision in ``rec``."""
@@ -117,41 +133,31 @@ class Executor:
 
     def run(self, program: Program[T]) -> T:
         """Drive ``program`` with blocking calls; return its result."""
+        driving = _Driving(program)
         reply: Any = None
-        while True:
-            try:
-                request = program.send(reply)
-            except StopIteration as done:
-                result: T = done.value
-                return result
+        while (request := driving.send(reply)) is not None:
             if isinstance(request, Call):
                 with self.rec.timed("llm_call", request.name) as data:
-                    g = self.lm.generate(request.prompt, max_new_tokens=request.max_new_tokens,
-                                         stop=list(request.stop))
-                    self._note(data, g)
-                reply = g
+                    reply = self._note(data, self.lm.generate(
+                        request.prompt, max_new_tokens=request.max_new_tokens,
+                        stop=list(request.stop)))
             elif isinstance(request, Search):
                 reply = retrieve_recorded(self.rec, self._need_retriever(), request.query,
                                           request.k)
             else:
                 reply = self._decided(request.gate.decide(request.query, **request.signals))
+        return driving.result
 
     async def arun(self, program: Program[T]) -> T:
         """Drive ``program`` with the model's, retriever's and gates' async forms."""
+        driving = _Driving(program)
         reply: Any = None
-        while True:
-            try:
-                request = program.send(reply)
-            except StopIteration as done:
-                result: T = done.value
-                return result
+        while (request := driving.send(reply)) is not None:
             if isinstance(request, Call):
                 with self.rec.timed("llm_call", request.name) as data:
-                    g = await self.lm.agenerate(request.prompt,
-                                                max_new_tokens=request.max_new_tokens,
-                                                stop=list(request.stop))
-                    self._note(data, g)
-                reply = g
+                    reply = self._note(data, await self.lm.agenerate(
+                        request.prompt, max_new_tokens=request.max_new_tokens,
+                        stop=list(request.stop)))
             elif isinstance(request, Search):
                 retriever = self._need_retriever()
                 with self.rec.timed("retrieval", retriever.name) as data:
@@ -162,11 +168,13 @@ class Executor:
             else:
                 reply = self._decided(
                     await request.gate.adecide(request.query, **request.signals))
+        return driving.result
 
     @staticmethod
-    def _note(data: dict[str, Any], g: Generation) -> None:
+    def _note(data: dict[str, Any], g: Generation) -> Generation:
         data["tokens"] = g.completion_tokens
         data["finish_reason"] = g.finish_reason
+        return g
 
     def _decided(self, decision: GateDecision) -> GateDecision:
         self.rec.add_decision(decision)
