@@ -2,7 +2,18 @@
 (papers/sr-rag.txt, spec card methods/srrag.md).
 
 * :class:`Verbalizer`: the GenRead prompt; the model's background document as a parametric
-  :class:`~rag_gates.types.Passage`.
+  :class:`~rag_gates.types.Passage` (``metadata["source"] = "parametric"``);
+* source labelling (:func:`collect_labels`, ``rag-gates srrag label``): which source makes
+  the gold answer more likely, per training question;
+* :class:`SourcePolicy`: the kNN policy datastore in Qdrant (key: the hidden state of the
+  last question token at a middle layer; ``p_D = votes / k``; ``rag-gates srrag
+  build-policy``);
+* :class:`SelfRoutingGate`: retrieve when ``p_M * p_D >= tau`` (or one factor alone);
+* :class:`SRRAGPipeline`: retrieve and answer, or verbalize and answer;
+* :class:`SKRGate`: the SKR baseline (kNN over MiniLM question embeddings, same labels).
+
+White-box: routing reads the next-token distribution and hidden states, and labelling
+scores the gold answer; the verbalizer and the pipeline's answer step take any TextLM.
 """
 
 from __future__ import annotations
@@ -11,6 +22,29 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_gates.srrag.gate import DEFAULT_TAU, SelfRoutingGate
+    from rag_gates.srrag.labels import (
+        ContextScore,
+        LabelConfig,
+        SourceLabel,
+        collect_labels,
+        label_question,
+        preferred_source,
+        read_labels,
+    )
+    from rag_gates.srrag.pipeline import SRRAGPipeline
+    from rag_gates.srrag.policy import (
+        EmbeddingKeys,
+        HiddenStateKeys,
+        PolicyEntry,
+        PolicyMismatchError,
+        PolicyStoreError,
+        PolicyVote,
+        SourcePolicy,
+        default_policy_path,
+    )
+    from rag_gates.srrag.routing import RouteFeatures, RoutingPrompt, route_features
+    from rag_gates.srrag.skr import SKRGate
     from rag_gates.srrag.verbalizer import (
         GENREAD_PROMPT,
         PARAMETRIC,
@@ -22,7 +56,14 @@ if TYPE_CHECKING:  # pragma: no cover
 # torch or qdrant_client.
 _WHERE = {
     "GENREAD_PROMPT": "verbalizer", "PARAMETRIC": "verbalizer", "Verbalizer": "verbalizer",
-    "VerbalizerConfig": "verbalizer",
+    "VerbalizerConfig": "verbalizer", "ContextScore": "labels", "LabelConfig": "labels",
+    "SourceLabel": "labels", "collect_labels": "labels", "label_question": "labels",
+    "preferred_source": "labels", "read_labels": "labels", "EmbeddingKeys": "policy",
+    "HiddenStateKeys": "policy", "PolicyEntry": "policy", "PolicyMismatchError": "policy",
+    "PolicyStoreError": "policy", "PolicyVote": "policy", "SourcePolicy": "policy",
+    "default_policy_path": "policy", "RouteFeatures": "routing", "RoutingPrompt": "routing",
+    "route_features": "routing", "DEFAULT_TAU": "gate", "SelfRoutingGate": "gate",
+    "SRRAGPipeline": "pipeline", "SKRGate": "skr",
 }
 
 
@@ -33,8 +74,30 @@ def __getattr__(name: str) -> Any:
 
 
 __all__ = [
+    "DEFAULT_TAU",
     "GENREAD_PROMPT",
     "PARAMETRIC",
+    "ContextScore",
+    "EmbeddingKeys",
+    "HiddenStateKeys",
+    "LabelConfig",
+    "PolicyEntry",
+    "PolicyMismatchError",
+    "PolicyStoreError",
+    "PolicyVote",
+    "RouteFeatures",
+    "RoutingPrompt",
+    "SKRGate",
+    "SRRAGPipeline",
+    "SelfRoutingGate",
+    "SourceLabel",
+    "SourcePolicy",
     "Verbalizer",
     "VerbalizerConfig",
+    "collect_labels",
+    "default_policy_path",
+    "label_question",
+    "preferred_source",
+    "read_labels",
+    "route_features",
 ]
