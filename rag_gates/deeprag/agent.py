@@ -40,6 +40,7 @@ Example:
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -47,6 +48,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from rag_gates._text import check_text
 from rag_gates.deeprag.engine import (
     Ask,
+    Driving,
+    Emit,
     Executor,
     Program,
     direct_answer,
@@ -184,6 +187,7 @@ class DeepRAG:
                     fmt, question, so_far, st.subquery, c.k, c.max_answer_tokens)
                 steps.append(Step(subquery=st.subquery, decision=decision, passages=passages,
                                   answer=answer))
+                yield Emit(steps[-1])
                 continue
             if generate and st.answer:
                 answer = st.answer
@@ -191,6 +195,7 @@ class DeepRAG:
                 answer = yield from direct_answer(fmt, question, so_far, st.subquery,
                                                   c.max_answer_tokens)
             steps.append(Step(subquery=st.subquery, decision=decision, answer=answer))
+            yield Emit(steps[-1])
         if final is None:
             final = yield from final_answer(fmt, question, render_steps(steps),
                                             c.max_answer_tokens,
@@ -222,3 +227,25 @@ class DeepRAG:
 
     async def aanswer(self, question: str) -> DeepRAGResult:
         return await self.arun(question)
+
+    def stream(self, question: str) -> Iterator[Step | DeepRAGResult]:
+        """Each :class:`Step` as soon as it is taken, then the :class:`DeepRAGResult`.
+
+        Example:
+            >>> for item in agent.stream("Who was the father of the director of Jaws?"):
+            ...     print(item.render() if isinstance(item, Step) else item.answer)
+        """
+        check_text(question, "question")
+        rec = TraceRecorder()
+        driving = Driving(self.program(question))
+        yield from Executor(self.lm, self.retriever, rec).iterate(driving)
+        yield self._result(driving.result, rec)
+
+    async def astream(self, question: str) -> AsyncIterator[Step | DeepRAGResult]:
+        """:meth:`stream` with the model's, retriever's and gate's async forms."""
+        check_text(question, "question")
+        rec = TraceRecorder()
+        driving = Driving(self.program(question))
+        async for step in Executor(self.lm, self.retriever, rec).aiterate(driving):
+            yield step
+        yield self._result(driving.result, rec)

@@ -20,7 +20,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Generator, Mapping
+from collections.abc import AsyncIterator, Generator, Iterator, Mapping
 from dataclasses import dataclass, field
 from typing import Any, Generic, TypeAlias, TypeVar
 
@@ -48,6 +48,8 @@ __all__ = [
     "SUBQUERY_STOPS",
     "Ask",
     "Call",
+    "Driving",
+    "Emit",
     "Executor",
     "Program",
     "Request",
@@ -96,11 +98,18 @@ class Ask:
     signals: Mapping[str, Any] = field(default_factory=dict)
 
 
-Request: TypeAlias = Call | Search | Ask
+@dataclass(frozen=True)
+class Emit:
+    """Hand ``item`` (a finished step) to whoever streams the run; the reply is None."""
+
+    item: Any
+
+
+Request: TypeAlias = Call | Search | Ask | Emit
 Program: TypeAlias = Generator[Request, Any, T]
 
 
-class _Driving(Generic[T]):
+class Driving(Generic[T]):
     """Steps a program: :meth:`send` gives its next request, or None once it has returned
     (then :attr:`result` holds what it returned)."""
 
@@ -133,10 +142,26 @@ class Executor:
 
     def run(self, program: Program[T]) -> T:
         """Drive ``program`` with blocking calls; return its result."""
-        driving = _Driving(program)
+        driving = Driving(program)
+        for _ in self.iterate(driving):
+            pass
+        return driving.result
+
+    async def arun(self, program: Program[T]) -> T:
+        """Drive ``program`` with the model's, retriever's and gates' async forms."""
+        driving = Driving(program)
+        async for _ in self.aiterate(driving):
+            pass
+        return driving.result
+
+    def iterate(self, driving: Driving[T]) -> Iterator[Any]:
+        """Drive a program with blocking calls, yielding what it emits; its result is then
+        ``driving.result``."""
         reply: Any = None
         while (request := driving.send(reply)) is not None:
-            if isinstance(request, Call):
+            if isinstance(request, Emit):
+                reply = yield request.item
+            elif isinstance(request, Call):
                 with self.rec.timed("llm_call", request.name) as data:
                     reply = self._note(data, self.lm.generate(
                         request.prompt, max_new_tokens=request.max_new_tokens,
@@ -146,14 +171,15 @@ class Executor:
                                           request.k)
             else:
                 reply = self._decided(request.gate.decide(request.query, **request.signals))
-        return driving.result
 
-    async def arun(self, program: Program[T]) -> T:
-        """Drive ``program`` with the model's, retriever's and gates' async forms."""
-        driving = _Driving(program)
+    async def aiterate(self, driving: Driving[T]) -> AsyncIterator[Any]:
+        """:meth:`iterate` with the model's, retriever's and gates' async forms."""
         reply: Any = None
         while (request := driving.send(reply)) is not None:
-            if isinstance(request, Call):
+            if isinstance(request, Emit):
+                yield request.item
+                reply = None
+            elif isinstance(request, Call):
                 with self.rec.timed("llm_call", request.name) as data:
                     reply = self._note(data, await self.lm.agenerate(
                         request.prompt, max_new_tokens=request.max_new_tokens,
@@ -168,7 +194,6 @@ class Executor:
             else:
                 reply = self._decided(
                     await request.gate.adecide(request.query, **request.signals))
-        return driving.result
 
     @staticmethod
     def _note(data: dict[str, Any], g: Generation) -> Generation:

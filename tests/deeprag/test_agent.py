@@ -248,3 +248,22 @@ def test_runs_on_the_tiny_model(bm25: Any, tiny_long: Any) -> None:
     assert nudged.trajectory.malformed[0].action == "nudged"
     assert nudged.trace.retrievals == steps >= 1
     assert all(s.passages is not None for s in nudged.trajectory.steps)
+
+
+def test_stream_yields_each_step_then_the_result(bm25: Any) -> None:
+    from rag_gates.deeprag import Step
+
+    agent = DeepRAG(ScriptedLM(jaws_world), bm25)
+    items = list(agent.stream(QUESTION))
+    assert [type(i).__name__ for i in items] == ["Step", "Step", "DeepRAGResult"]
+    final = items[-1]
+    assert isinstance(final, DeepRAGResult)
+    assert list(final.trajectory.steps) == [i for i in items if isinstance(i, Step)]
+    assert final.trajectory.render() == agent.run(QUESTION).trajectory.render()
+
+    async def collect() -> list[Any]:
+        return [i async for i in agent.astream(QUESTION)]
+
+    async_items = asyncio.run(collect())
+    assert [type(i).__name__ for i in async_items] == ["Step", "Step", "DeepRAGResult"]
+    assert async_items[-1].trajectory.render() == final.trajectory.render()
