@@ -8,6 +8,8 @@
   straight to the model, by the gate's decision.
 - :class:`QuCoRunnable`: QuCo-RAG's loop (gate, generation, claim verification,
   re-retrieval) on any LangChain model and retriever.
+- :class:`DeepRAGRunnable`: DeepRAG's step-by-step loop (a retrieve-or-answer decision per
+  subquery) on any LangChain model and retriever, streaming its steps.
 - :class:`TokRAGRunnable`: Tok-RAG (or CAD / AdaCAD) decoding over ``{"question",
   "documents"}``, per-token choices in the message metadata.
 - :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
@@ -25,6 +27,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from langchain_rag_gates.chat_models import ChatRagGates
+from langchain_rag_gates.deeprag import DeepRAGRunnable
 from langchain_rag_gates.document_compressors import ConfidenceGainReranker
 from langchain_rag_gates.documents import (
     annotate_document,
@@ -50,6 +53,7 @@ __all__ = [
     "ClaimVerifierInput",
     "ClaimVerifierTool",
     "ConfidenceGainReranker",
+    "DeepRAGRunnable",
     "GateRouter",
     "GatedRetriever",
     "LangChainRetrieverAdapter",

@@ -1,0 +1,276 @@
+"""``DeepRAGRunnable``: DeepRAG's step-by-step loop as a LangChain runnable, on any LangChain
+chat model or LLM and any LangChain retriever, streaming its steps."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator, Iterator, Mapping
+from typing import Any
+
+from langchain_core.callbacks import (
+    AsyncCallbackManagerForChainRun,
+    CallbackManagerForChainRun,
+    adispatch_custom_event,
+    dispatch_custom_event,
+)
+from langchain_core.language_models import BaseLanguageModel
+from langchain_core.retrievers import BaseRetriever
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from langchain_core.runnables.utils import AddableDict
+from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+
+from langchain_rag_gates.documents import passages_to_documents
+from langchain_rag_gates.language_models import as_text_lm
+from langchain_rag_gates.retrievers import LangChainRetrieverAdapter
+from rag_gates.deeprag import DeepRAG, DeepRAGConfig, DeepRAGResult, Step
+from rag_gates.gate import Gate
+from rag_gates.lm.base import TextLM
+from rag_gates.retrieval.base import Retriever
+
+__all__ = ["STEP_EVENT", "DeepRAGRunnable"]
+
+#: The custom callback event sent as each step is taken (its data: the step's dict).
+STEP_EVENT = "rag_gates_deeprag_step"
+
+
+def _step_dict(index: int, step: Step) -> dict[str, Any]:
+    return {
+        "index": index,
+        "subquery": step.subquery,
+        "decision": step.decision.model_dump(mode="json"),
+        "documents": None if step.passages is None else passages_to_documents(step.passages),
+        "answer": step.answer,
+        "text": step.render(),
+    }
+
+
+class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
+    """DeepRAG (:class:`rag_gates.deeprag.DeepRAG`) as a runnable: the model splits the
+    question into subqueries one at a time, decides per subquery whether to retrieve (with
+    the subquery) or answer from its own knowledge, and writes the final answer.
+
+    The model goes through :func:`~langchain_rag_gates.as_text_lm` (chat models and LLMs;
+    the loop continues an assistant message, so use a model that continues a final AI
+    message, such as :class:`~langchain_rag_gates.ChatRagGates`, or ``style="completion"``
+    with an LLM), the retriever through :class:`~langchain_rag_gates.LangChainRetrieverAdapter`.
+
+    Input: the question as a ``str``, or a dict with the question under ``query_key``
+    (default ``"question"``).
+
+    Output (an ``AddableDict``):
+
+    - ``"answer"``: the final answer;
+    - ``"steps"``: one dict per step: ``index``, ``subquery``, ``decision``
+      (``GateDecision.model_dump(mode="json")``), ``documents`` (LangChain ``Document``
+      objects retrieved with the subquery; None when answered directly), ``answer``, ``text``
+      (the step in DeepRAG's text format);
+    - ``"trajectory"``: the whole trajectory in the text format;
+    - ``"documents"``: every retrieved passage, as ``Document`` objects;
+    - ``"stop_reason"``: ``answered``, ``step_cap`` or ``malformed``; ``"malformed"``: the
+      steps the loop could not read and what it did;
+    - ``"trace"``: every decision, retrieval and model call (``Trace.model_dump``).
+
+    ``stream`` / ``astream`` yield one chunk ``{"steps": [step]}`` per step as it is taken,
+    then the rest of the output; added together (``AddableDict``) the chunks equal the
+    ``invoke`` output. ``invoke`` / ``ainvoke`` send each step to callback handlers as the
+    custom event ``"rag_gates_deeprag_step"``.
+
+    Setup:
+        ```bash
+        pip install -U langchain-rag-gates
+        ```
+
+    Key init args:
+        llm: BaseLanguageModel | TextLM
+            Any LangChain chat model or LLM (or a rag-gates ``TextLM``).
+        retriever: BaseRetriever | Retriever | None
+            Any LangChain retriever (or a rag-gates ``Retriever``); None only with
+            ``mode="never"``.
+        gate: rag_gates Gate | None
+            With a gate (QuCo, CBDR, a composite), it decides per subquery.
+        deeprag_config: DeepRAGConfig
+            Loop settings; its fields may also be given directly (``mode="likelihood"``,
+            ``threshold=0.0``, ``k=3``, ``max_steps=6``); they are validated.
+
+    Instantiate:
+        ```python
+        from langchain_rag_gates import ChatRagGates, DeepRAGRunnable
+
+        deeprag = DeepRAGRunnable(llm=ChatRagGates(model="default"),
+                                  retriever=store.as_retriever(), k=3, max_steps=6)
+        ```
+
+    Invoke:
+        ```python
+        out = deeprag.invoke("Who was the father of the director of Jaws?")
+        out["answer"], [s["decision"]["retrieve"] for s in out["steps"]]
+        print(out["trajectory"])
+        for chunk in deeprag.stream(question):
+            print(chunk["steps"][0]["text"] if "steps" in chunk else chunk["answer"])
+        ```
+
+    Async:
+        ```python
+        out = await deeprag.ainvoke(question)
+        async for chunk in deeprag.astream(question): ...
+        ```
+    """
+
+    llm: Any = Field(
+        ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
+    )
+    retriever: Any = Field(
+        None, exclude=True, description="A LangChain retriever, or a rag-gates Retriever."
+    )
+    gate: Any = Field(None, exclude=True, description="A rag-gates Gate deciding per subquery.")
+    deeprag_config: DeepRAGConfig = Field(
+        default_factory=DeepRAGConfig, description="DeepRAG settings (mode, k, max_steps, ...)."
+    )
+    query_key: str = Field(
+        "question", min_length=1, description="Key of the question when the input is a dict."
+    )
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    _agent: DeepRAG = PrivateAttr()
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_config(cls, data: Any) -> Any:
+        """Move DeepRAGConfig fields given directly (``mode="always"``) into the config."""
+        if not isinstance(data, dict):
+            return data
+        direct = {k: data[k] for k in DeepRAGConfig.model_fields if k in data}
+        if not direct:
+            return data
+        rest = {k: v for k, v in data.items() if k not in direct}
+        base = rest.get("deeprag_config") or DeepRAGConfig()
+        if isinstance(base, Mapping):
+            base = DeepRAGConfig(**base)
+        rest["deeprag_config"] = DeepRAGConfig(**{**dict(base), **direct})
+        return rest
+
+    def model_post_init(self, context: Any, /) -> None:
+        if isinstance(self.llm, BaseLanguageModel):
+            lm: TextLM = as_text_lm(self.llm)
+        elif isinstance(self.llm, TextLM):
+            lm = self.llm
+        else:
+            raise TypeError(
+                f"llm must be a LangChain chat model or LLM, or a rag-gates TextLM, got "
+                f"{type(self.llm).__name__}"
+            )
+        passages: Retriever | None
+        if isinstance(self.retriever, BaseRetriever):
+            passages = LangChainRetrieverAdapter(self.retriever)
+        elif self.retriever is None or isinstance(self.retriever, Retriever):
+            passages = self.retriever
+        else:
+            raise TypeError(
+                f"retriever must be a LangChain BaseRetriever (store.as_retriever()) or a "
+                f"rag-gates Retriever, got {type(self.retriever).__name__}"
+            )
+        if self.gate is not None and not isinstance(self.gate, Gate):
+            raise TypeError(f"gate must be a rag-gates Gate, got {type(self.gate).__name__}")
+        config = self.deeprag_config
+        if self.gate is not None and config.mode != "gate":
+            config = config.model_copy(update={"mode": "gate"})
+        self._agent = DeepRAG(lm, passages, config, gate=self.gate)
+
+    @property
+    def agent(self) -> DeepRAG:
+        """The rag-gates loop this runnable drives."""
+        return self._agent
+
+    # ------------------------------------------------------------------ helpers
+    def question_of(self, input: Any) -> str:
+        """The question: the input itself, or ``input[query_key]``."""
+        if isinstance(input, str):
+            return input
+        if isinstance(input, Mapping):
+            if self.query_key not in input:
+                raise KeyError(
+                    f"DeepRAGRunnable input has no {self.query_key!r} key (keys: "
+                    f"{sorted(map(str, input))}); set query_key to the key holding the question"
+                )
+            question = input[self.query_key]
+            if not isinstance(question, str):
+                raise TypeError(
+                    f"input[{self.query_key!r}] must be a str, got {type(question).__name__}"
+                )
+            return question
+        raise TypeError(
+            f"DeepRAGRunnable takes a str or a dict with a {self.query_key!r} key, got "
+            f"{type(input).__name__}"
+        )
+
+    @staticmethod
+    def _rest(result: DeepRAGResult) -> AddableDict:
+        t = result.trajectory
+        return AddableDict(
+            answer=result.answer,
+            trajectory=t.render(),
+            documents=passages_to_documents(result.passages),
+            stop_reason=t.stop_reason,
+            malformed=[m.model_dump(mode="json") for m in t.malformed],
+            trace=result.trace.model_dump(mode="json"),
+        )
+
+    def _chunks(self, item: Step | DeepRAGResult, index: int) -> AddableDict:
+        if isinstance(item, Step):
+            return AddableDict(steps=[_step_dict(index, item)])
+        return self._rest(item)
+
+    @staticmethod
+    def _merge(chunks: list[AddableDict]) -> dict[str, Any]:
+        out = AddableDict(steps=[])
+        for chunk in chunks:
+            out = out + chunk
+        return out
+
+    # ------------------------------------------------------------------ Runnable
+    def _run(
+        self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        chunks = []
+        for i, item in enumerate(self._agent.stream(self.question_of(input))):
+            chunks.append(self._chunks(item, i))
+            if isinstance(item, Step):
+                dispatch_custom_event(STEP_EVENT, chunks[-1]["steps"][0],
+                                      config=RunnableConfig(callbacks=run_manager.get_child()))
+        return self._merge(chunks)
+
+    async def _arun(
+        self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
+    ) -> dict[str, Any]:
+        chunks = []
+        i = 0
+        async for item in self._agent.astream(self.question_of(input)):
+            chunks.append(self._chunks(item, i))
+            i += 1
+            if isinstance(item, Step):
+                await adispatch_custom_event(
+                    STEP_EVENT, chunks[-1]["steps"][0],
+                    config=RunnableConfig(callbacks=run_manager.get_child()))
+        return self._merge(chunks)
+
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return self._call_with_config(self._run, input, config)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return await self._acall_with_config(self._arun, input, config)
+
+    def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+               ) -> Iterator[dict[str, Any]]:
+        for i, item in enumerate(self._agent.stream(self.question_of(input))):
+            yield self._chunks(item, i)
+
+    async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+                      ) -> AsyncIterator[dict[str, Any]]:
+        i = 0
+        async for item in self._agent.astream(self.question_of(input)):
+            yield self._chunks(item, i)
+            i += 1
