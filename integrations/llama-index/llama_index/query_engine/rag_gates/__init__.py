@@ -2,19 +2,29 @@
 
 * :class:`GatedQueryEngine`: any query engine behind any rag-gates gate; the LLM answers
   directly when the gate says retrieval is not worth it.
+* :class:`DeepRAGQueryEngine`: DeepRAG's step-by-step loop (a retrieve-or-answer decision
+  per subquery) on any LlamaIndex LLM and retriever, each step dispatched as an event.
 * :class:`QuCoQueryEngine`: QuCo-RAG's loop (gate, generation, claim verification,
   re-retrieval) on any LlamaIndex LLM and retriever.
 * :class:`FlareMethod`: LlamaIndex's FLARE as a ``rag-gates bench`` method.
 """
 
+from llama_index.query_engine.rag_gates.deeprag import (
+    DeepRAGQueryEngine,
+    DeepRAGStepEvent,
+    deeprag_metadata,
+)
 from llama_index.query_engine.rag_gates.flare import FlareMethod
 from llama_index.query_engine.rag_gates.gated import DEFAULT_DIRECT_PROMPT, GatedQueryEngine
 from llama_index.query_engine.rag_gates.quco import QuCoQueryEngine, quco_metadata
 
 __all__ = [
     "DEFAULT_DIRECT_PROMPT",
+    "DeepRAGQueryEngine",
+    "DeepRAGStepEvent",
     "FlareMethod",
     "GatedQueryEngine",
     "QuCoQueryEngine",
+    "deeprag_metadata",
     "quco_metadata",
 ]
