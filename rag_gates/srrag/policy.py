@@ -121,7 +121,10 @@ class EmbeddingKeys:
 
             embedder = load_default_embedder()
         self.embedder = embedder
-        size = embedder.get_sentence_embedding_dimension()
+        # sentence-transformers >= 6 renamed the method; older versions have only the first.
+        measure = getattr(embedder, "get_embedding_dimension", None) or \
+            embedder.get_sentence_embedding_dimension
+        size = measure()
         self._dim = int(size) if size else len(embedder.encode(["dimension probe"])[0])
 
     @property
@@ -246,30 +249,60 @@ class SourcePolicy:
             raise
 
     @classmethod
+    def open_existing(cls, lm: Any, *, path: str | Path | None = None, url: str | None = None,
+                      collection: str = DEFAULT_COLLECTION, k: int = DEFAULT_K,
+                      prompt: RoutingPrompt | None = None, client: Any = None,
+                      api_key: str | None = None) -> SourcePolicy:
+        """Open a built hidden-state datastore for ``lm`` at the layer it was built with
+        (read from its metadata); a missing one raises FileNotFoundError naming the build
+        command, one of another model :class:`PolicyMismatchError`."""
+        location = url or str(path or ":memory:")
+        own = client is None
+        client = client if client is not None else cls.connect(path, url, api_key=api_key)
+        try:
+            layer = None
+            if cls._call_at(location, collection, lambda: client.collection_exists(collection)):
+                stored = cls._call_at(location, collection, lambda: client.get_collection(
+                    collection).config.metadata) or {}
+                layer = stored.get("layer") if isinstance(stored.get("layer"), int) else None
+            policy = cls._open(client, HiddenStateKeys(lm, layer, prompt), collection,
+                               location, k, "cosine", create=False)
+        except BaseException:
+            if own:
+                client.close()
+            raise
+        return policy
+
+    @staticmethod
+    def _call_at(location: str, collection: str, call: Any) -> Any:
+        try:
+            return call()
+        except Exception as exc:  # the client raises transport-specific types
+            raise PolicyStoreError(f"Qdrant at {location} failed on collection {collection!r} "
+                                   f"({type(exc).__name__}: {exc})") from exc
+
+    @classmethod
     def _open(cls, client: Any, keys: KeyFunction, collection: str, location: str, k: int,
               distance: Distance, create: bool) -> SourcePolicy:
         models = require("qdrant_client.models", "qdrant")
         identity = {"kind": "srrag-policy", **keys.identity, "distance": distance}
-        try:
-            exists = client.collection_exists(collection)
-            if exists:
-                stored = client.get_collection(collection).config.metadata or {}
-            elif create:
-                client.create_collection(
-                    collection, metadata=identity,
-                    vectors_config=models.VectorParams(
-                        size=keys.dim, distance=models.Distance.COSINE if distance == "cosine"
-                        else models.Distance.EUCLID))
-                stored = identity
-            else:
-                raise FileNotFoundError(
-                    f"no SR-RAG datastore {collection!r} at {location}; build one with: "
-                    "rag-gates srrag build-policy --labels LABELS.jsonl")
-        except (RagGatesError, FileNotFoundError):
-            raise
-        except Exception as exc:
-            raise PolicyStoreError(f"Qdrant at {location} failed on collection {collection!r} "
-                                   f"({type(exc).__name__}: {exc})") from exc
+
+        def call(fn: Any) -> Any:
+            return cls._call_at(location, collection, fn)
+
+        if call(lambda: client.collection_exists(collection)):
+            stored = call(lambda: client.get_collection(collection).config.metadata) or {}
+        elif create:
+            call(lambda: client.create_collection(
+                collection, metadata=identity,
+                vectors_config=models.VectorParams(
+                    size=keys.dim, distance=models.Distance.COSINE if distance == "cosine"
+                    else models.Distance.EUCLID)))
+            stored = identity
+        else:
+            raise FileNotFoundError(
+                f"no SR-RAG datastore {collection!r} at {location}; build one with: "
+                "rag-gates srrag build-policy --labels LABELS.jsonl")
         if stored.get("kind") != "srrag-policy":
             raise PolicyMismatchError(
                 f"collection {collection!r} at {location} is not an SR-RAG datastore (its "

@@ -1,0 +1,169 @@
+"""SR-RAG and its peers in ``rag-gates bench`` and ``rag-gates eval-gate`` (entry points).
+
+Methods:
+
+- ``srrag`` / ``srrag@TAU``: route by ``p_M * p_D >= tau`` (default :data:`BENCH_TAU`);
+  retrieve top-k and answer, or verbalize (GenRead, 150 tokens) and answer from that;
+- ``srrag-no-knn@TAU``: the same with ``p_M`` alone (no datastore);
+- ``genread``: always verbalize, then answer;
+- ``skr``: FlashRAG's SKR judger (a prior-corrected kNN vote over MiniLM question
+  embeddings, the same labels) deciding between ``single`` and closed book;
+- ``selective@GATE`` (built in) takes the gates below too, e.g. ``selective@srrag:0.1``;
+  the issue's selective-retrieval baseline is ``selective@cbdr``.
+
+Gates (for ``eval-gate``; score = the probability of needing retrieval): ``srrag``
+(``p_M * p_D``), ``srrag-no-knn`` (``p_M``), ``srrag-knn-only`` (``p_D``), ``skr``.
+
+Datastores (built with ``rag-gates srrag build-policy``): the SR-RAG one at
+``$RAG_GATES_SRRAG_POLICY`` (a local directory or an ``http(s)://`` Qdrant URL; default
+``$RAG_GATES_HOME/srrag/policy``), the SKR one at ``$RAG_GATES_SRRAG_SKR_POLICY`` (default
+``.../srrag/skr-policy``); collection ``srrag-policy`` (``$RAG_GATES_SRRAG_COLLECTION``).
+:data:`BENCH_TAU` is the paper's tau for Llama-2, not calibrated for the embedded model:
+calibrate it with ``rag-gates eval-gate --gate srrag``.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+from typing import Any, Literal
+
+from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
+from rag_gates.srrag.gate import DEFAULT_TAU, RoutingMode, SelfRoutingGate
+from rag_gates.srrag.pipeline import SRRAGPipeline
+from rag_gates.srrag.policy import (
+    DEFAULT_COLLECTION,
+    EmbeddingKeys,
+    SourcePolicy,
+    default_policy_path,
+)
+from rag_gates.srrag.skr import SKRGate
+
+__all__ = ["BENCH_TAU", "COLLECTION_ENV", "POLICY_ENV", "SKR_POLICY_ENV", "genread_method",
+           "parse_tau", "skr_gate", "skr_method", "srrag_gate", "srrag_knn_only_gate",
+           "srrag_method", "srrag_no_knn_gate", "srrag_no_knn_method"]
+
+#: The paper's tau (Llama-2-7B); not yet calibrated for the embedded model.
+BENCH_TAU = DEFAULT_TAU
+POLICY_ENV = "RAG_GATES_SRRAG_POLICY"
+SKR_POLICY_ENV = "RAG_GATES_SRRAG_SKR_POLICY"
+COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
+
+# One client per datastore location in a process: a local Qdrant directory admits one
+# client, and a run may build several methods over the same datastore.
+_CLIENTS: dict[str, Any] = {}
+
+
+@atexit.register
+def _close_clients() -> None:
+    # Closed here rather than by the clients' own __del__, which fails at interpreter exit.
+    for client in _CLIENTS.values():
+        client.close()
+    _CLIENTS.clear()
+
+
+def parse_tau(option: str | None, method: str = "srrag") -> float:
+    """The tau of ``srrag@TAU`` (default :data:`BENCH_TAU`), a number in [0, 1]."""
+    if option is None:
+        return BENCH_TAU
+    try:
+        tau = float(option)
+    except ValueError:
+        raise ValueError(f"{method}@{option}: the option is tau, a number in [0, 1]") from None
+    if not 0.0 <= tau <= 1.0:
+        raise ValueError(f"{method}@{option}: tau must be in [0, 1]")
+    return tau
+
+
+def _parse_no_knn_tau(option: str | None) -> float:
+    return parse_tau(option, "srrag-no-knn")
+
+
+def _client(env: str, keys: Literal["hidden", "embedding"]) -> tuple[Any, str]:
+    where = os.environ.get(env) or str(default_policy_path(keys))
+    if where not in _CLIENTS:
+        url = where if where.startswith(("http://", "https://")) else None
+        _CLIENTS[where] = SourcePolicy.connect(None if url else where, url)
+    return _CLIENTS[where], where
+
+
+def _policy(lm: Any) -> SourcePolicy:
+    client, where = _client(POLICY_ENV, "hidden")
+    policy = SourcePolicy.open_existing(
+        lm, client=client, collection=os.environ.get(COLLECTION_ENV, DEFAULT_COLLECTION))
+    policy.location = where
+    return policy
+
+
+def _skr_policy() -> SourcePolicy:
+    client, where = _client(SKR_POLICY_ENV, "embedding")
+    policy = SourcePolicy.open(EmbeddingKeys(), client=client, create=False,
+                               collection=os.environ.get(COLLECTION_ENV, DEFAULT_COLLECTION))
+    policy.location = where
+    return policy
+
+
+def _gate(ctx: MethodContext, tau: float, mode: RoutingMode) -> SelfRoutingGate:
+    policy = None if mode == "model" else _policy(ctx.lm)
+    return SelfRoutingGate(ctx.lm, policy, tau, mode=mode)
+
+
+def _name(base: str, ctx: MethodContext) -> str:
+    return base if ctx.option is None else f"{base}@{ctx.option}"
+
+
+def _pipeline(ctx: MethodContext, name: str, gate: Any) -> SRRAGPipeline:
+    retriever = need_retriever(ctx, name) if gate is not None else ctx.retriever
+    return SRRAGPipeline(ctx.lm, retriever, gate, k=ctx.k, max_new_tokens=ctx.max_new_tokens,
+                         dataset=ctx.dataset, name=name)
+
+
+def srrag_method(ctx: MethodContext) -> SRRAGPipeline:
+    """SR-RAG: ``p_M * p_D >= tau`` routes to retrieval, else verbalize and answer."""
+    return _pipeline(ctx, _name("srrag", ctx), _gate(ctx, parse_tau(ctx.option), "product"))
+
+
+def srrag_no_knn_method(ctx: MethodContext) -> SRRAGPipeline:
+    """SR-RAG without the kNN policy: ``p_M >= tau``."""
+    return _pipeline(ctx, _name("srrag-no-knn", ctx),
+                     _gate(ctx, _parse_no_knn_tau(ctx.option), "model"))
+
+
+def genread_method(ctx: MethodContext) -> SRRAGPipeline:
+    """GenRead: always verbalize, then answer from the verbalization."""
+    return _pipeline(ctx, "genread", None)
+
+
+def skr_method(ctx: MethodContext) -> SelectiveRetrievalMethod:
+    """SKR: the SKR gate decides between ``single`` and closed book (``selective@skr``)."""
+    method = SelectiveRetrievalMethod(ctx.model_copy(update={"option": "skr"}))
+    method.name = "skr"
+    return method
+
+
+srrag_method.accepts_option = True  # type: ignore[attr-defined]
+srrag_no_knn_method.accepts_option = True  # type: ignore[attr-defined]
+# Checked by the method registry before any model is loaded (see check_method_name).
+srrag_method.validate_option = parse_tau  # type: ignore[attr-defined]
+srrag_no_knn_method.validate_option = _parse_no_knn_tau  # type: ignore[attr-defined]
+
+
+def srrag_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:
+    """``p_M * p_D`` at tau ``threshold`` (None: :data:`BENCH_TAU`)."""
+    return _gate(ctx, BENCH_TAU if threshold is None else threshold, "product")
+
+
+def srrag_no_knn_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:
+    """``p_M`` alone."""
+    return _gate(ctx, BENCH_TAU if threshold is None else threshold, "model")
+
+
+def srrag_knn_only_gate(ctx: MethodContext, threshold: float | None = None
+                        ) -> SelfRoutingGate:
+    """``p_D`` alone (default threshold 0.5: the majority of the neighbours)."""
+    return _gate(ctx, 0.5 if threshold is None else threshold, "policy")
+
+
+def skr_gate(ctx: MethodContext, threshold: float | None = None) -> SKRGate:
+    """The SKR judger over the MiniLM datastore (default threshold 0.5: its own rule)."""
+    return SKRGate(_skr_policy(), 0.5 if threshold is None else threshold)
