@@ -12,7 +12,7 @@ saying what to do and exit with status 1.
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated, cast
+from typing import Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -141,3 +141,71 @@ def export_command(
                 stats = export(found, path, lm, fmt)
                 console.print(f"[bold]{kind}: {stats.records} records[/] from "
                               f"{stats.trajectories} trajectories ({stats.rows} rows) -> {path}")
+
+
+@deeprag_app.command("train")
+def train_command(
+    stage: Annotated[str, typer.Option(help="sft (trajectories) or dpo (decision pairs).")],
+    data: Annotated[Path, typer.Option(help="Records from 'deeprag export' (--sft or --dpo "
+                                       "file).")],
+    out: Annotated[Path, typer.Option(help="Model directory to write (replaced if it "
+                                      "exists).")],
+    model: Annotated[str, typer.Option(
+        help="'default' or an HF path/id: the model to train (for dpo, the SFT output).")
+    ] = "default",
+    lr: Annotated[float | None, typer.Option(
+        min=0.0, help="Learning rate (default: SFT 1e-5, DPO 5e-7, the authors').")] = None,
+    beta: Annotated[float, typer.Option(min=0.0, help="DPO beta.")] = 0.4,
+    epochs: Annotated[float, typer.Option(min=0.0)] = 1.0,
+    max_steps: Annotated[int, typer.Option(help="Stop after this many steps (-1: epochs).")
+                         ] = -1,
+    batch_size: Annotated[int, typer.Option(min=1)] = 1,
+    grad_accum: Annotated[int, typer.Option(min=1)] = 1,
+    seed: Annotated[int, typer.Option()] = 0,
+    style: Annotated[str, typer.Option(help="The prompt style the records were exported "
+                                       "with (written to deeprag.json).")] = "chat",
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+) -> None:
+    """Fine-tune with TRL (pip install "rag-gates[train]"): SFT on the trajectories, then
+    DPO on the step-wise decision pairs; writes a model directory that bench loads, with
+    training.json (loss per step) and loss.png."""
+    from rag_gates.deeprag.train import train_dpo, train_sft
+    from rag_gates.deeprag.trajectory import DeepRAGPrompt
+    from rag_gates.lm.defaults import load_lm
+
+    with clean_errors():
+        if stage not in ("sft", "dpo"):
+            raise ValueError(f"--stage must be sft or dpo, got {stage!r}")
+        prompt = DeepRAGPrompt.model_validate({"style": style})
+        with console.status(f"loading {model}"):
+            lm = load_lm(model, num_threads=threads)
+        common: dict[str, Any] = {"epochs": epochs, "max_steps": max_steps,
+                                  "batch_size": batch_size, "grad_accum": grad_accum,
+                                  "seed": seed, "prompt": prompt}
+        if stage == "sft":
+            done = train_sft(lm, data, out, lr=1e-5 if lr is None else lr, **common)
+        else:
+            done = train_dpo(lm, data, out, beta=beta, lr=5e-7 if lr is None else lr, **common)
+        _plot_losses(done.losses, out / "loss.png", f"DeepRAG {stage.upper()} ({model})")
+    last = f"{done.losses[-1][1]:.4f}" if done.losses else "-"
+    console.print(f"[bold]{stage}: {done.steps} steps[/] on {done.records} records, final "
+                  f"loss {last}, {done.seconds:.0f} s -> {out}")
+
+
+def _plot_losses(losses: list[tuple[int, float]], path: Path, title: str) -> None:
+    """The loss per step as a PNG (needs matplotlib, the eval extra; skipped without it)."""
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return
+    fig, ax = plt.subplots(figsize=(6, 3.5))
+    ax.plot([s for s, _ in losses], [v for _, v in losses], marker=".")
+    ax.set_xlabel("step")
+    ax.set_ylabel("training loss")
+    ax.set_title(title)
+    fig.tight_layout()
+    fig.savefig(path, dpi=120)
+    plt.close(fig)

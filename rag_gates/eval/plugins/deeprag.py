@@ -26,14 +26,12 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates.deeprag import DEMONSTRATION, DeepRAG, DeepRAGConfig, DeepRAGPrompt
+from rag_gates.deeprag.train import PROMPT_FILE
 from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
 from rag_gates.gate import Gate
 
 __all__ = ["PROMPT_FILE", "bench_prompt", "deeprag_always", "deeprag_gate", "deeprag_likelihood",
            "deeprag_method", "deeprag_never", "parse_threshold", "validate_gate"]
-
-#: The file in a model directory that names the DeepRAG prompt the model was trained with.
-PROMPT_FILE = "deeprag.json"
 
 
 def bench_prompt(lm: Any) -> DeepRAGPrompt:

@@ -1,0 +1,87 @@
+"""``train_sft`` / ``train_dpo`` (TRL) for a few steps on the tiny random-weight Llama: the
+records of the exporters train, and the result is a model directory the bench loads."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_gates.deeprag import Trajectory
+from rag_gates.deeprag.export import export_dpo, export_sft
+
+pytest.importorskip("trl", reason='needs the train extra: pip install "rag-gates[train]"')
+
+TEXT = """Question: Who was the father of the director of Jaws?
+Follow up: Who directed Jaws?
+Intermediate answer: Steven Spielberg
+Follow up: Who was the father of Steven Spielberg?
+Let's search the question in Wikipedia.
+Context:
+[1] Arnold Spielberg: Arnold Meyer Spielberg was an engineer.
+Intermediate answer: Arnold Spielberg
+So the final answer is: Arnold Spielberg"""
+
+
+class Row:
+    trajectory = Trajectory.parse(TEXT)
+
+
+def fresh() -> Any:
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(0, max_context=4096)
+    return HFWhiteBoxLM(model, tok, model_id="tiny-llama-seed0")
+
+
+def test_sft_then_dpo_make_loadable_models(tmp_path: Path) -> None:
+    import torch
+
+    from rag_gates.deeprag.train import train_dpo, train_sft
+    from rag_gates.eval.plugins.deeprag import bench_prompt
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+    lm = fresh()
+    export_sft([Row(), Row()], tmp_path / "sft.jsonl", lm)
+    export_dpo([Row()], tmp_path / "dpo.jsonl", lm)
+    before = {k: v.clone() for k, v in lm.model.state_dict().items()}
+    sft = train_sft(lm, tmp_path / "sft.jsonl", tmp_path / "sft", max_steps=2, lr=1e-3)
+    assert sft.steps == 2 and [s for s, _ in sft.losses] == [1, 2] and sft.records == 2
+    trained = HFWhiteBoxLM.from_pretrained(tmp_path / "sft")
+    changed = [k for k, v in trained.model.state_dict().items()
+               if not torch.equal(v, before[k])]
+    assert changed, "SFT changed no weight"
+    saved = json.loads((tmp_path / "sft" / "training.json").read_text())
+    assert saved["stage"] == "sft" and saved["settings"]["lr"] == 1e-3
+    assert bench_prompt(trained).demonstration is None  # deeprag.json: run without example
+    dpo = train_dpo(trained, tmp_path / "dpo.jsonl", tmp_path / "dpo", max_steps=1)
+    assert dpo.steps == 1 and dpo.records == 2 and len(dpo.losses) == 1
+    assert HFWhiteBoxLM.from_pretrained(tmp_path / "dpo").generate("hi", max_new_tokens=2)
+    with pytest.raises(FileNotFoundError, match="deeprag export"):
+        train_sft(fresh(), tmp_path / "missing.jsonl", tmp_path / "x")
+    with pytest.raises(ValueError, match="lacks"):
+        train_sft(fresh(), tmp_path / "dpo.jsonl", tmp_path / "x")
+
+
+def test_train_command(tmp_path: Path) -> None:
+    from typer.testing import CliRunner
+
+    from rag_gates.commands.deeprag import deeprag_app
+
+    lm = fresh()
+    lm.model.save_pretrained(tmp_path / "tiny")
+    lm.tokenizer.save_pretrained(tmp_path / "tiny")
+    export_sft([Row()], tmp_path / "sft.jsonl", lm)
+    result = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "sft", "--data", str(tmp_path / "sft.jsonl"), "--model",
+        str(tmp_path / "tiny"), "--out", str(tmp_path / "out"), "--max-steps", "1"])
+    assert result.exit_code == 0, result.output
+    assert "sft: 1 steps" in result.output
+    assert (tmp_path / "out" / "loss.png").stat().st_size > 0
+    bad = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "ppo", "--data", str(tmp_path / "sft.jsonl"), "--out",
+        str(tmp_path / "x")])
+    assert bad.exit_code == 1 and "sft or dpo" in bad.output
