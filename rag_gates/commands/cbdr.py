@@ -23,8 +23,9 @@ import typer
 from rich.console import Console
 
 from rag_gates.errors import RagGatesError
+from rag_gates.types import QAExample
 
-__all__ = ["cbdr_app"]
+__all__ = ["cbdr_app", "clean_errors", "load_examples"]
 
 cbdr_app = typer.Typer(
     help="CBDR: train a hidden-state confidence probe, build preference data from it, and "
@@ -42,6 +43,27 @@ def clean_errors() -> Iterator[None]:
     except (RagGatesError, FileNotFoundError, ImportError, ValueError) as exc:
         err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
+
+
+def load_examples(dataset: list[str], n: list[int], offset: int, data: Path | None
+                  ) -> list[QAExample]:
+    """The questions of ``--dataset`` (repeatable) with ``--n`` given once for all or once
+    per dataset, after ``--offset`` valid rows; a dataset with none left is an error."""
+    from rag_gates.eval.datasets import load_dataset
+
+    counts = list(n)
+    if len(counts) == 1:
+        counts *= len(dataset)
+    if len(counts) != len(dataset):
+        raise ValueError(f"give --n once, or once per --dataset ({len(dataset)} times); "
+                         f"got {len(counts)}")
+    examples: list[QAExample] = []
+    for name, count in zip(dataset, counts, strict=True):
+        load = load_dataset(name, data, n=count, offset=offset)
+        if not load.examples:
+            raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
+        examples.extend(load.examples)
+    return examples
 
 
 @cbdr_app.command("train-probe")
@@ -78,21 +100,12 @@ def train_probe_command(
     from rag_gates.cbdr.data import as_tensors, collect_probe_data, default_cache_path
     from rag_gates.cbdr.probe import ProbeConfig, default_layer, train_probe
     from rag_gates.cbdr.prompts import ProbePrompts
-    from rag_gates.eval.datasets import load_dataset
     from rag_gates.lm.defaults import load_lm
 
     with clean_errors():
         prompts = ProbePrompts.model_validate({"style": prompt_style})
         counts = list(n or [800])
-        if len(counts) == 1:
-            counts *= len(dataset)
-        if len(counts) != len(dataset):
-            raise ValueError(f"give --n once, or once per --dataset ({len(dataset)} times); "
-                             f"got {len(counts)}")
-        examples = []
-        for name, count in zip(dataset, counts, strict=True):
-            load = load_dataset(name, data, n=count, offset=offset)
-            examples.extend(load.examples)
+        examples = load_examples(dataset, counts, offset, data)
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
         chosen = default_layer(lm) if layer is None else layer

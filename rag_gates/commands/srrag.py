@@ -15,12 +15,12 @@ from __future__ import annotations
 import statistics
 import time
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
 from rich.console import Console
 
-from rag_gates.commands.cbdr import clean_errors
+from rag_gates.commands.cbdr import clean_errors, load_examples
 
 __all__ = ["srrag_app"]
 
@@ -34,25 +34,6 @@ console = Console()
 @srrag_app.callback()
 def _group() -> None:
     """SR-RAG commands (always a command group, whatever the number of commands)."""
-
-
-def _examples(dataset: list[str], n: list[int] | None, offset: int, data: Path | None,
-              default_n: int) -> list[Any]:
-    from rag_gates.eval.datasets import load_dataset
-
-    counts = list(n or [default_n])
-    if len(counts) == 1:
-        counts *= len(dataset)
-    if len(counts) != len(dataset):
-        raise ValueError(f"give --n once, or once per --dataset ({len(dataset)} times); "
-                         f"got {len(counts)}")
-    examples = []
-    for name, count in zip(dataset, counts, strict=True):
-        load = load_dataset(name, data, n=count, offset=offset)
-        if not load.examples:
-            raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
-        examples.extend(load.examples)
-    return examples
 
 
 @srrag_app.command("label")
@@ -100,7 +81,7 @@ def label_command(
             "n_retrieved": n_retrieved, "n_verbalized": n_verbalized,
             "temperature": temperature, "seed": seed, "rule": rule,
             "verbalizer": VerbalizerConfig(max_new_tokens=max_verbalize_tokens)})
-        examples = _examples(dataset, n, offset, data, 300)
+        examples = load_examples(dataset, n or [300], offset, data)
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
         labels = []

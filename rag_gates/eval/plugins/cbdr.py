@@ -21,6 +21,7 @@ from rag_gates.cbdr.pipeline import CBDRPipeline
 from rag_gates.cbdr.rerank import CrossEncoderReranker
 from rag_gates.cbdr.shipped import load_default_probe
 from rag_gates.eval.methods import MethodContext, need_retriever
+from rag_gates.eval.plugins import unit_interval_option
 
 __all__ = ["BENCH_BETA", "CANDIDATES", "RERANKER_ENV", "cbdr_ce_method", "cbdr_gate",
            "cbdr_method", "parse_beta"]
@@ -35,15 +36,7 @@ RERANKER_ENV = "RAG_GATES_CBDR_RERANKER"
 
 def parse_beta(option: str | None) -> float:
     """The beta of ``cbdr@BETA`` (default :data:`BENCH_BETA`)."""
-    if option is None:
-        return BENCH_BETA
-    try:
-        beta = float(option)
-    except ValueError:
-        raise ValueError(f"cbdr@{option}: the option is beta, a number in [0, 1]") from None
-    if not 0.0 <= beta <= 1.0:
-        raise ValueError(f"cbdr@{option}: beta must be in [0, 1]")
-    return beta
+    return unit_interval_option(option, "cbdr", "beta", BENCH_BETA)
 
 
 def _pipeline(ctx: MethodContext, base: str, reranker: Any = None) -> CBDRPipeline:

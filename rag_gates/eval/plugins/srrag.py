@@ -29,6 +29,7 @@ import os
 from typing import Any, Literal
 
 from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
+from rag_gates.eval.plugins import unit_interval_option
 from rag_gates.srrag.gate import DEFAULT_TAU, RoutingMode, SelfRoutingGate
 from rag_gates.srrag.pipeline import SRRAGPipeline
 from rag_gates.srrag.policy import (
@@ -64,15 +65,7 @@ def _close_clients() -> None:
 
 def parse_tau(option: str | None, method: str = "srrag") -> float:
     """The tau of ``srrag@TAU`` (default :data:`BENCH_TAU`), a number in [0, 1]."""
-    if option is None:
-        return BENCH_TAU
-    try:
-        tau = float(option)
-    except ValueError:
-        raise ValueError(f"{method}@{option}: the option is tau, a number in [0, 1]") from None
-    if not 0.0 <= tau <= 1.0:
-        raise ValueError(f"{method}@{option}: tau must be in [0, 1]")
-    return tau
+    return unit_interval_option(option, method, "tau", BENCH_TAU)
 
 
 def _parse_no_knn_tau(option: str | None) -> float:
