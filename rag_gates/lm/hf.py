@@ -23,8 +23,9 @@ import os
 import re
 import threading
 import time
-from collections.abc import Generator, Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Callable, Generator, Iterator, Sequence
+from contextlib import ExitStack, contextmanager, suppress
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
@@ -49,7 +50,7 @@ require("transformers", "hf")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-__all__ = ["HFWhiteBoxLM", "StreamGroup"]
+__all__ = ["Decoded", "HFWhiteBoxLM", "StreamGroup"]
 
 logger = logging.getLogger(__name__)
 
@@ -64,12 +65,15 @@ def _rotate_half(x: torch.Tensor) -> torch.Tensor:
 
 
 class _AttentionInputs:
-    """Forward pre-hooks that keep (by reference, no copy) what one attention layer was fed:
-    its normalised hidden states and rotary (cos, sin). With the cached keys, that is enough
-    to recompute the attention row of any query position without eager attention."""
+    """Forward pre-hooks that keep what one attention layer was fed: its normalised hidden
+    states and rotary (cos, sin). With the cached keys, that is enough to recompute the
+    attention row of a query position without eager attention. ``last_only`` keeps the last
+    fed position (a copy, so a long prefill's full-length tensors are not held); otherwise
+    every fed position, by reference."""
 
-    def __init__(self, layers: Sequence[int]) -> None:
+    def __init__(self, layers: Sequence[int], *, last_only: bool = True) -> None:
         self.layers = tuple(layers)
+        self.last_only = last_only
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @contextmanager
@@ -82,6 +86,8 @@ class _AttentionInputs:
                      _layer: int = layer) -> None:
                 hidden: Any = kwargs.get("hidden_states", args[0] if args else None)
                 cos, sin = kwargs["position_embeddings"]
+                if self.last_only:
+                    hidden, cos, sin = (t[:, -1:].clone() for t in (hidden, cos, sin))
                 self.inputs[_layer] = (hidden, cos, sin)
 
             handles.append(
@@ -92,6 +98,61 @@ class _AttentionInputs:
         finally:
             for h in handles:
                 h.remove()
+
+
+class _HiddenStates:
+    """Forward hooks that keep chosen hidden states of one pass, in ``output_hidden_states``
+    indexing (0 = what the first decoder layer reads, ``l`` = decoder layer ``l - 1``'s
+    output). ``last_only`` keeps the last position as a float32 copy, so a long prefill's
+    full-length states are freed as the pass goes; ``stop_after_deepest`` ends the pass once
+    the deepest layer asked for has run (raises :class:`_EarlyExit`).
+
+    The final hidden state (index ``num_layers``, after the model's last norm) is not hooked:
+    :meth:`hookable` says whether a pass can use this instead of ``output_hidden_states``.
+    """
+
+    def __init__(self, layers: Sequence[int], *, last_only: bool,
+                 stop_after_deepest: bool = False) -> None:
+        self.layers = tuple(layers)
+        self.last_only = last_only
+        self.stop_after_deepest = stop_after_deepest
+        self.states: dict[int, torch.Tensor] = {}
+
+    @staticmethod
+    def hookable(model: Any, layers: Sequence[int]) -> bool:
+        decoder = getattr(getattr(model, "model", None), "layers", None)
+        return decoder is not None and all(0 <= layer < len(decoder) for layer in layers)
+
+    def _keep(self, layer: int, value: torch.Tensor) -> None:
+        self.states[layer] = value[:, -1].to(torch.float32, copy=True) if self.last_only \
+            else value
+        if self.stop_after_deepest and layer == max(self.layers):
+            raise _EarlyExit
+
+    @contextmanager
+    def installed(self, model: Any) -> Iterator[None]:
+        decoder = model.model.layers
+        handles = []
+        for layer in self.layers:
+            if layer == 0:  # the first layer's input: the (possibly scaled) embeddings
+
+                def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
+                    hidden: Any = kwargs.get("hidden_states", args[0] if args else None)
+                    self._keep(0, hidden)
+
+                handles.append(decoder[0].register_forward_pre_hook(before, with_kwargs=True))
+            else:
+
+                def after(_module: Any, _args: Any, output: Any, *, _layer: int = layer
+                          ) -> None:
+                    self._keep(_layer, output[0] if isinstance(output, tuple) else output)
+
+                handles.append(decoder[layer - 1].register_forward_hook(after))
+        try:
+            yield
+        finally:
+            for handle in handles:
+                handle.remove()
 
 
 class HFWhiteBoxLM(BaseTextLM):
@@ -495,12 +556,48 @@ class HFWhiteBoxLM(BaseTextLM):
                 generator.manual_seed(seed)
             else:
                 generator.seed()
+
+        def choose(_position: int) -> tuple[int, torch.Tensor]:
+            logits = group.logits[0]
+            return self._choose(logits, temperature, top_p, generator), logits
+
+        done = yield from self.decode_steps(group, choose, max_new_tokens=max_new_tokens,
+                                            stops=stops, logprobs=logprobs)
+        return Generation(
+            text=done.text,
+            finish_reason=done.finish_reason,
+            logprobs=done.logprobs,
+            prompt_tokens=group.prompt_lengths[0],
+            completion_tokens=done.completion_tokens,
+            latency_ms=(time.perf_counter() - start) * 1000.0,
+        )
+
+    def decode_steps(
+        self,
+        group: StreamGroup,
+        choose: Callable[[int], tuple[int, torch.Tensor]],
+        *,
+        max_new_tokens: int,
+        stops: tuple[str, ...],
+        logprobs: int | None,
+    ) -> Generator[str, None, Decoded]:
+        """The decoding loop every generator here shares: per step, ``choose(position)``
+        returns the token and the logits it was chosen from; the token goes to every stream
+        of ``group``. Ends at end-of-sequence (that token is not appended), at the first
+        stop string (cut from the text) or after ``max_new_tokens``. Yields text pieces as
+        they become final; the :class:`Decoded` outcome is the generator's return value.
+
+        Example (greedy on one stream):
+            >>> group = lm.open_streams([prompt], reserve=16)
+            >>> pick = lambda _: (int(group.logits[0].argmax()), group.logits[0])
+            >>> done = yield from lm.decode_steps(group, pick, max_new_tokens=16, stops=(),
+            ...                                   logprobs=None)
+        """
         token_logprobs: list[TokenLogprob] = []
         cutter = StopCutter(stops)
         finish: Literal["stop", "length", "eos"] = "length"
-        for _ in range(max_new_tokens):
-            logits = group.logits[0]
-            token = self._choose(logits, temperature, top_p, generator)
+        for position in range(max_new_tokens):
+            token, logits = choose(position)
             if logprobs is not None:
                 token_logprobs.append(self._token_logprob(logits, token, logprobs))
             if token in self.eos_token_ids:
@@ -515,16 +612,13 @@ class HFWhiteBoxLM(BaseTextLM):
                 break
         if rest := cutter.flush():
             yield rest
-        text = cutter.text
         completion = len(group.generated_ids)
-        token_logprobs = token_logprobs[:completion]  # no entry for an end-of-sequence token
-        return Generation(
-            text=text,
+        return Decoded(
+            text=cutter.text,
             finish_reason=finish,
-            logprobs=token_logprobs if logprobs is not None else None,
-            prompt_tokens=group.prompt_lengths[0],
+            # No entry for an end-of-sequence token.
+            logprobs=token_logprobs[:completion] if logprobs is not None else None,
             completion_tokens=completion,
-            latency_ms=(time.perf_counter() - start) * 1000.0,
         )
 
     @staticmethod
@@ -813,32 +907,15 @@ class HFWhiteBoxLM(BaseTextLM):
     def _hidden_pass(self, ids: torch.Tensor, mask: torch.Tensor, layers: tuple[int, ...],
                      early_exit: bool) -> dict[int, torch.Tensor]:
         """Hidden states ``{layer: [batch, width, d]}`` of one padded batch."""
-        decoder = getattr(getattr(self.model, "model", None), "layers", None)
-        deepest = max(layers)
-        if not early_exit or 0 in layers or deepest >= self.num_layers or decoder is None:
+        if not early_exit or not _HiddenStates.hookable(self.model, layers):
             out = self._forward(ids, cache=None, attention_mask=mask,
                                 position_ids=self._positions(mask), output_hidden_states=True)
             return {layer: out.hidden_states[layer] for layer in layers}
-        captured: dict[int, torch.Tensor] = {}
-
-        def keep(layer: int) -> Any:
-            def hook(_module: Any, _args: Any, output: Any) -> None:
-                captured[layer] = output[0] if isinstance(output, tuple) else output
-                if layer == deepest:
-                    raise _EarlyExit
-            return hook
-
-        # hidden_states[l] is the output of decoder layer l - 1.
-        handles = [decoder[layer - 1].register_forward_hook(keep(layer)) for layer in layers]
-        try:
+        capture = _HiddenStates(layers, last_only=False, stop_after_deepest=True)
+        with capture.installed(self.model), suppress(_EarlyExit):
             self._forward(ids, cache=None, attention_mask=mask,
                           position_ids=self._positions(mask))
-        except _EarlyExit:
-            pass
-        finally:
-            for handle in handles:
-                handle.remove()
-        return captured
+        return capture.states
 
     def attention_row(
         self,
@@ -858,12 +935,35 @@ class HFWhiteBoxLM(BaseTextLM):
         if not -len(ids) <= position < len(ids):
             raise IndexError(f"position {position} outside the prompt of {len(ids)} tokens")
         group = StreamGroup(self, [ids], hidden_layers=(),
-                            attention_layers=self._check_attention_layers([layer]))
+                            attention_layers=self._check_attention_layers([layer]),
+                            keep_prompt_attention=True)
         return group.attention(0, layer, position=position % len(ids))
 
 
 class _EarlyExit(Exception):
     """Raised by a forward hook to stop a pass once the deepest needed layer has run."""
+
+
+@dataclass(frozen=True)
+class Decoded:
+    """The outcome of :meth:`HFWhiteBoxLM.decode_steps`: the kept text, why decoding ended,
+    per-token log-probabilities (when asked) and the number of tokens appended."""
+
+    text: str
+    finish_reason: Literal["stop", "length", "eos"]
+    logprobs: list[TokenLogprob] | None
+    completion_tokens: int
+
+
+@dataclass
+class _Pass:
+    """What one :class:`StreamGroup` forward pass leaves: last-position logits ``[b, vocab]``,
+    hidden states ``{layer: [b, d]}``, attention inputs per layer, and the cache."""
+
+    logits: torch.Tensor
+    hidden: dict[int, torch.Tensor]
+    attention: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
+    cache: Any
 
 
 class StreamGroup:
@@ -873,6 +973,11 @@ class StreamGroup:
     :meth:`advance`, ``logits``/``logprobs`` hold every stream's next-token distribution,
     :meth:`hidden` the chosen hidden states of the newest token, and :meth:`attention` that
     token's attention row over a stream's own tokens.
+
+    Each prompt is prefilled alone in its own cache (a short prompt costs its own tokens,
+    not the longest prompt's); the caches are then joined, left-padded, into one batch so
+    that every :meth:`advance` is one batched forward pass. Only the newest position's
+    hidden states and attention inputs are kept.
 
     Example (Tok-RAG's two streams):
         >>> g = lm.open_streams([with_passages, without_passages], attention_layers=[15])
@@ -888,44 +993,80 @@ class StreamGroup:
         *,
         hidden_layers: tuple[int, ...],
         attention_layers: tuple[int, ...],
+        keep_prompt_attention: bool = False,
     ) -> None:
         self._lm = lm
         self.prompt_lengths = [len(p) for p in prompt_ids]
         self.hidden_layers = hidden_layers
         self.attention_layers = attention_layers
         self.generated_ids: list[int] = []
-        self._capture = _AttentionInputs(attention_layers)
-        ids, mask = lm._pad(prompt_ids, lm.pad_token_id, "left")
-        self._padded = any(n != ids.shape[1] for n in self.prompt_lengths)
-        self._mask = mask
-        self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
-        self._cache = lm._new_cache()
+        if keep_prompt_attention and len(prompt_ids) != 1:
+            raise ValueError("keep_prompt_attention needs a single-stream group")
+        # Every prompt position's attention inputs only where asked (attention_row).
+        self._capture = _AttentionInputs(attention_layers, last_only=not keep_prompt_attention)
         self._pending: int | None = None
-        self._run(ids, positions=lm._positions(mask))
+        prefills = []
+        for ids in prompt_ids:
+            self._capture.inputs = {}
+            tokens = torch.tensor([list(ids)], dtype=torch.long)
+            prefills.append(self._pass(tokens, torch.arange(len(ids))[None], lm._new_cache(),
+                                       None))
+        self._logits: torch.Tensor = torch.cat([p.logits for p in prefills])
+        self._logprobs: torch.Tensor | None = None
+        self._hidden = {layer: torch.cat([p.hidden[layer] for p in prefills])
+                        for layer in prefills[0].hidden}
+        self._capture.inputs = {
+            layer: tuple(torch.cat(parts) for parts in zip(
+                *(p.attention[layer] for p in prefills), strict=True))  # type: ignore[misc]
+            for layer in prefills[0].attention
+        }
+        width = max(self.prompt_lengths)
+        self._padded = any(n != width for n in self.prompt_lengths)
+        self._mask = torch.zeros((self.n_streams, width), dtype=torch.long)
+        for row, n in enumerate(self.prompt_lengths):
+            self._mask[row, width - n:] = 1
+        self._cache = self._join([p.cache for p in prefills], width)
+        self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
         self._vocab = int(self._logits.shape[-1])
 
     @property
     def n_streams(self) -> int:
         return len(self.prompt_lengths)
 
-    def _run(self, ids: torch.Tensor, positions: torch.Tensor) -> None:
+    def _join(self, caches: list[Any], width: int) -> Any:
+        """One left-padded batch cache from the streams' own caches (zero keys and values
+        at the padding, which the mask hides)."""
+        if len(caches) == 1:
+            return caches[0]
+        layers = []
+        for index in range(len(caches[0].layers)):
+            parts = [(c.layers[index].keys, c.layers[index].values) for c in caches]
+            layers.append(tuple(
+                torch.cat([torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
+                           for t in kind])
+                for kind in zip(*parts, strict=True)))
+        return self._lm._new_cache(layers)  # type: ignore[arg-type]
+
+    def _pass(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
+              mask: torch.Tensor | None) -> _Pass:
+        """One forward pass: the last position's logits, hidden states and attention inputs
+        (the captured layers only), and the grown cache."""
         lm = self._lm
-        with self._capture.installed(lm.model) if self.attention_layers else _nullcontext():
-            out = lm._forward(
-                ids,
-                cache=self._cache,
-                # Without padding, no mask lets SDPA take its plain causal path (faster).
-                attention_mask=self._mask if self._padded else None,
-                position_ids=positions,
-                output_hidden_states=bool(self.hidden_layers),
-            )
-        self._logits: torch.Tensor = out.logits[:, -1].float()
-        self._logprobs: torch.Tensor | None = None
-        self._hidden = (
-            {layer: out.hidden_states[layer][:, -1].float() for layer in self.hidden_layers}
-            if self.hidden_layers else {}
-        )
-        self._cache = out.past_key_values
+        hooks = _HiddenStates.hookable(lm.model, self.hidden_layers)
+        hidden = _HiddenStates(self.hidden_layers, last_only=True)
+        with ExitStack() as stack:
+            if self.attention_layers:
+                stack.enter_context(self._capture.installed(lm.model))
+            if self.hidden_layers and hooks:
+                stack.enter_context(hidden.installed(lm.model))
+            out = lm._forward(ids, cache=cache, attention_mask=mask, position_ids=positions,
+                              output_hidden_states=bool(self.hidden_layers) and not hooks)
+        if self.hidden_layers and not hooks:
+            hidden.states = {layer: out.hidden_states[layer][:, -1].to(torch.float32,
+                                                                        copy=True)
+                             for layer in self.hidden_layers}
+        return _Pass(out.logits[:, -1].float(), hidden.states, dict(self._capture.inputs),
+                     out.past_key_values)
 
     def _flush(self) -> None:
         """Run the forward pass for a token appended by :meth:`advance`, if not yet run."""
@@ -937,7 +1078,11 @@ class StreamGroup:
             self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
         positions = self._next_positions[:, None].clone()
         self._next_positions += 1
-        self._run(torch.full((b, 1), token, dtype=torch.long), positions)
+        step = self._pass(torch.full((b, 1), token, dtype=torch.long), positions, self._cache,
+                          # Without padding, no mask lets SDPA take its plain causal path.
+                          self._mask if self._padded else None)
+        self._logits, self._logprobs = step.logits, None
+        self._hidden, self._cache = step.hidden, step.cache
 
     @property
     def logits(self) -> torch.Tensor:
@@ -1029,12 +1174,7 @@ class StreamGroup:
                 q = attn.q_norm(q)
             q = q * cos[stream, fed_col] + _rotate_half(q) * sin[stream, fed_col]
             keys = self._cache.layers[index].keys[stream, :, pad: col + 1]  # [kv, T, hd]
-            keys = keys.repeat_interleave(heads // kv_heads, dim=0)
-            scores = torch.einsum("hd,htd->ht", q, keys).float() * attn.scaling
+            # Query heads grouped by the key head they share (no copy of the keys).
+            scores = torch.einsum("kgd,ktd->kgt", q.view(kv_heads, heads // kv_heads, -1),
+                                  keys).reshape(heads, -1).float() * attn.scaling
             return torch.softmax(scores, dim=-1)
-
-
-@contextmanager
-def _nullcontext() -> Iterator[None]:
-    yield
-

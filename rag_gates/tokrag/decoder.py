@@ -114,6 +114,10 @@ class TokRAGDecoder(TwoStreamDecoder):
         model = self.lm.model
         self._norm: Any = getattr(getattr(model, "model", None), "norm", None)
         self._head: Any = model.get_output_embeddings()
+        # A bias-free linear head is read as its weight (see lens); anything else is called.
+        self._head_weight: torch.Tensor | None = (
+            self._head.weight.detach()
+            if type(self._head) is torch.nn.Linear and self._head.bias is None else None)
         if self._norm is None or self._head is None:
             raise WhiteBoxRequiredError(
                 f"Tok-RAG's logit lens needs the final norm (model.model.norm) and the LM head; "
@@ -141,42 +145,60 @@ class TokRAGDecoder(TwoStreamDecoder):
     def lens(self, hidden: torch.Tensor) -> torch.Tensor:
         """Logit lens: log-probabilities from hidden states ``[..., d]`` -> ``[..., vocab]``."""
         with torch.inference_mode():
-            return torch.log_softmax(self._head(self._norm(hidden)).float(), dim=-1)
+            normed = self._norm(hidden)
+            flat = normed.reshape(-1, normed.shape[-1])
+            if self._head_weight is not None:
+                # Weight-major product: reads the vocab x d head once for all rows; on CPU,
+                # F.linear costs about one head read per row for a few rows.
+                logits = torch.mm(self._head_weight, flat.t()).t()
+            else:
+                logits = self._head(flat)
+            return torch.log_softmax(logits.float(), dim=-1).reshape(*hidden.shape[:-1], -1)
+
+    def _lensed(self, streams: TwoStreams, layers: list[int]) -> dict[int, torch.Tensor]:
+        """The lens ``[2, vocab]`` at each of ``layers`` for the current step, the ones not
+        yet computed this step in one product."""
+        memo = streams.step_memo()
+        todo = [layer for layer in dict.fromkeys(layers) if ("lens", layer) not in memo]
+        if todo:
+            group = streams.group
+            lensed = self.lens(torch.stack([group.hidden(layer) for layer in todo]))
+            for layer, value in zip(todo, lensed, strict=True):
+                memo["lens", layer] = value
+        return {layer: memo["lens", layer] for layer in layers}
 
     def passage_attention(self, streams: TwoStreams, layer: int) -> torch.Tensor:
         """The newest RAG position's attention over the passage tokens at ``layer`` (heads
         averaged, not renormalised): ``f(layer)`` is its sum."""
         row = streams.group.attention(0, layer).mean(0)
-        return row[torch.tensor(streams.passage_positions)]
+        return row[streams.passage_index]
 
     def fusion_layer(self, streams: TwoStreams) -> tuple[int, dict[str, list[float]]]:
         """``l*`` by Eq. 14 over the searched layers, with ``f`` per searched layer and ``g``
         up to the first layer where it exceeds ``a`` (the lens runs layer by layer and
         stops there: on real activations that is usually the first searched layer, so a
         disagreement step costs a few lens projections, not one per layer)."""
-        group = streams.group
         g: list[float] = []
         with torch.inference_mode():
             f = [float(self.passage_attention(streams, layer).sum()) for layer in self.searched]
-            lensed: dict[int, torch.Tensor] = {}
-
-            def lens_at(layer: int) -> torch.Tensor:
-                if layer not in lensed:
-                    lensed[layer] = self.lens(group.hidden(layer))  # [2, vocab]
-                return lensed[layer]
-
+            by_attention = self.searched[max(range(len(f)), key=f.__getitem__)]
+            first = self.searched[0]
+            # The usual case (g above a at the first searched layer): its two lenses and the
+            # one at the l* it gives (which judge reads) in one product.
+            self._lensed(streams, [first - 1, first, self._snap((by_attention + first) // 2)])
             by_divergence = self.searched[-1]
             for layer in self.searched:
-                change = js_divergence(lens_at(layer - 1), lens_at(layer))  # [2]: RAG, LLM
+                lensed = self._lensed(streams, [layer - 1, layer])
+                change = js_divergence(lensed[layer - 1], lensed[layer])  # [2]: RAG, LLM
                 g.append(abs(float(change[0] - change[1])))
                 if g[-1] > self.config.a:
                     by_divergence = layer
                     break
-        by_attention = self.searched[max(range(len(f)), key=f.__getitem__)]
-        target = (by_attention + by_divergence) // 2
+        return self._snap((by_attention + by_divergence) // 2), {"f": f, "g": g}
+
+    def _snap(self, target: int) -> int:
         # With a thinned search, l* snaps down to a layer whose states were kept.
-        layer = max((x for x in self.searched if x <= target), default=self.searched[0])
-        return layer, {"f": f, "g": g}
+        return max((x for x in self.searched if x <= target), default=self.searched[0])
 
     def judge(self, streams: TwoStreams, *, layer: int | None = None) -> Judgement:
         """Tok-RAG's score at the current step (``layer`` overrides l*; it must be captured)."""
@@ -189,10 +211,10 @@ class TokRAGDecoder(TwoStreamDecoder):
             logp = group.logprobs
             emb = self._embeddings
             w = logp.exp() @ emb  # [2, d]: w_RAG, w_LLM
-            rising = int((logp[0] - self.lens(group.hidden(layer)[0])).argmax())
+            rising = int((logp[0] - self._lensed(streams, [layer])[layer][0]).argmax())
             att = self.passage_attention(streams, layer)
             att = att / att.sum().clamp_min(1e-30)
-            passage_emb = emb[torch.tensor(streams.passage_ids)]
+            passage_emb = self._passage_embeddings(streams)
             word_sim = torch.softmax(passage_emb @ emb[rising], dim=-1)
             product = att * word_sim
             renormalised = product / product.sum().clamp_min(1e-30)
@@ -206,6 +228,12 @@ class TokRAGDecoder(TwoStreamDecoder):
                          layer=layer, rising_token=rising,
                          cos_ir=cos_ren if self.config.pr_form == "renormalised" else cos_lit,
                          cos_llm=cos_llm)
+
+    def _passage_embeddings(self, streams: TwoStreams) -> torch.Tensor:
+        """The passage tokens' input embeddings, gathered once per generation."""
+        if streams.passage_embeddings is None:
+            streams.passage_embeddings = self._embeddings[torch.tensor(streams.passage_ids)]
+        return streams.passage_embeddings
 
     def _step(self, streams: TwoStreams, position: int) -> StepChoice:
         group = streams.group

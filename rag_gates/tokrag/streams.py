@@ -35,13 +35,11 @@ from rag_gates._optional import require
 from rag_gates._text import check_text
 from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.lm.base import BaseTextLM, require_white_box, validate_generation_args
-from rag_gates.lm.stops import StopCutter
 from rag_gates.prompts import format_passages, qa_prompt
 from rag_gates.types import (
     Generation,
     Passage,
     TokenChoice,
-    TokenLogprob,
     Trace,
     TraceEvent,
     TraceRecorder,
@@ -106,10 +104,26 @@ class TwoStreams:
     passage_ids: list[int]
     truncated_tokens: int = 0
     warnings: list[str] = field(default_factory=list)
+    # What a step rule reads again and again: the positions as an index, and per-step results
+    # (valid while the number of generated tokens is ``memo_step``).
+    passage_index: torch.Tensor = field(init=False, repr=False)
+    passage_embeddings: torch.Tensor | None = field(default=None, repr=False)
+    memo: dict[Any, torch.Tensor] = field(default_factory=dict, repr=False)
+    memo_step: int = field(default=-1, repr=False)
+
+    def __post_init__(self) -> None:
+        self.passage_index = torch.tensor(self.passage_positions, dtype=torch.long)
 
     @property
     def single(self) -> bool:
         return bool(self.group.n_streams == 1)
+
+    def step_memo(self) -> dict[Any, torch.Tensor]:
+        """A dict for values of the current decoding step (emptied once a token is added)."""
+        step = len(self.group.generated_ids)
+        if step != self.memo_step:
+            self.memo, self.memo_step = {}, step
+        return self.memo
 
 
 @dataclass
@@ -280,33 +294,18 @@ class TwoStreamDecoder(BaseTextLM):
               ) -> Generator[str, None, TwoStreamGeneration]:
         group = streams.group
         choices: list[TokenChoice] = []
-        token_logprobs: list[TokenLogprob] = []
-        cutter = StopCutter(stops)
-        finish = "length"
-        eos = self.lm.eos_token_ids
-        for position in range(max_new_tokens):
+
+        def choose(position: int) -> tuple[int, torch.Tensor]:
             if streams.single:
                 logits = group.logits[0]
-                token = int(logits.argmax())
-            else:
-                step = self._step(streams, position)
-                token, logits = step.token, step.logits
-                choices.append(step.choice)
-            if logprobs is not None:
-                token_logprobs.append(self.lm._token_logprob(logits, token, logprobs))
-            if token in eos:
-                finish = "eos"
-                break
-            group.advance(token)
-            piece = cutter.update(group.text)
-            if piece:
-                yield piece
-            if cutter.stopped:
-                finish = "stop"
-                break
-        if rest := cutter.flush():
-            yield rest
-        completion = len(group.generated_ids)
+                return int(logits.argmax()), logits
+            step = self._step(streams, position)
+            choices.append(step.choice)
+            return step.token, step.logits
+
+        done = yield from self.lm.decode_steps(group, choose, max_new_tokens=max_new_tokens,
+                                               stops=stops, logprobs=logprobs)
+        finish, completion = done.finish_reason, done.completion_tokens
         latency = (time.perf_counter() - start) * 1000.0
         rec = TraceRecorder()
         for warning in streams.warnings:
@@ -322,8 +321,7 @@ class TwoStreamDecoder(BaseTextLM):
                   "choices": [c.model_dump(mode="json") for c in disagreements]},
         ))
         return TwoStreamGeneration(
-            text=cutter.text, finish_reason=finish,
-            logprobs=token_logprobs[:completion] if logprobs is not None else None,
+            text=done.text, finish_reason=finish, logprobs=done.logprobs,
             prompt_tokens=group.prompt_lengths[0], completion_tokens=completion,
             latency_ms=latency, choices=choices,
             trace=rec.trace(), passages=streams.passages,

@@ -275,6 +275,32 @@ def test_stream_hidden_states_and_attention_track_the_newest_token(tiny: HFWhite
         group.attention(0, 1, position=0)  # only the newest token was fed in the last pass
 
 
+def test_streams_prefill_only_their_own_tokens(tiny: HFWhiteBoxLM) -> None:
+    # A short prompt beside a long one costs its own tokens: no forward pass over padding.
+    prompts = ["Retrieval augmented generation reads passages before it answers. " * 3,
+               PROMPTS[1]]
+    lengths = [len(tiny.encode(p)) for p in prompts]
+    fed: list[int] = []
+    handle = tiny.model.model.embed_tokens.register_forward_pre_hook(
+        lambda _m, args: fed.append(int(args[0].numel())))
+    try:
+        group = tiny.open_streams(prompts, hidden_layers=[0, 2], attention_layers=[1])
+        group.advance(group.greedy_tokens()[0])
+        group.logits  # noqa: B018 - runs the step
+    finally:
+        handle.remove()
+    assert fed == [lengths[0], lengths[1], 2]  # each prompt alone, then one batched step
+    # The short stream's prefill is exactly its run alone.
+    alone = tiny.open_streams([prompts[1]], hidden_layers=[0, 2])
+    fresh = tiny.open_streams(prompts, hidden_layers=[0, 2])
+    assert torch.equal(fresh.logits[1], alone.logits[0])
+    assert torch.equal(fresh.hidden(2)[1], alone.hidden(2)[0])
+    assert torch.equal(fresh.hidden(0)[1], alone.hidden(0)[0])
+    # Only the newest position is kept for attention: earlier rows come from attention_row.
+    with pytest.raises(IndexError):
+        tiny.open_streams(prompts, attention_layers=[1]).attention(0, 1, position=0)
+
+
 def test_stream_group_rejects_bad_tokens(tiny: HFWhiteBoxLM) -> None:
     group = tiny.open_streams([PROMPTS[0]])
     with pytest.raises(ValueError, match="vocabulary"):
