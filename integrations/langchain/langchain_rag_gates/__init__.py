@@ -10,6 +10,8 @@
   re-retrieval) on any LangChain model and retriever.
 - :class:`DeepRAGRunnable`: DeepRAG's step-by-step loop (a retrieve-or-answer decision per
   subquery) on any LangChain model and retriever, streaming its steps.
+- :class:`SelfRoutingRetriever`: SR-RAG's routing: the wrapped retriever's documents, or
+  one document of the model's own verbalized knowledge, by ``p_M * p_D >= tau``.
 - :class:`TokRAGRunnable`: Tok-RAG (or CAD / AdaCAD) decoding over ``{"question",
   "documents"}``, per-token choices in the message metadata.
 - :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
@@ -40,6 +42,7 @@ from langchain_rag_gates.language_models import LangChainTextLM, as_text_lm
 from langchain_rag_gates.quco import QuCoRunnable
 from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
 from langchain_rag_gates.runnables import GateRouter, route_by_gate
+from langchain_rag_gates.srrag import SelfRoutingRetriever
 from langchain_rag_gates.tokrag import TokRAGRunnable
 from langchain_rag_gates.tools import ClaimVerifierInput, ClaimVerifierTool
 
@@ -59,6 +62,7 @@ __all__ = [
     "LangChainRetrieverAdapter",
     "LangChainTextLM",
     "QuCoRunnable",
+    "SelfRoutingRetriever",
     "TokRAGRunnable",
     "__version__",
     "annotate_document",

@@ -195,9 +195,16 @@ class GatedRetriever(BaseRetriever):
         config = RunnableConfig(callbacks=run_manager.get_child())
         dispatch_custom_event(DECISION_EVENT, data, config=config)
         if not decision.retrieve:
-            return []
+            return self._skipped(query, data)
         docs = self.retriever.invoke(query, config=config, **inner_kwargs)
         return self._annotated(docs, data, k)
+
+    def _skipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
+        """The documents when the gate says no: none (subclasses may answer otherwise)."""
+        return []
+
+    async def _askipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
+        return self._skipped(query, data)
 
     async def _aget_relevant_documents(
         self,
@@ -214,7 +221,7 @@ class GatedRetriever(BaseRetriever):
         config = RunnableConfig(callbacks=run_manager.get_child())
         await adispatch_custom_event(DECISION_EVENT, data, config=config)
         if not decision.retrieve:
-            return []
+            return await self._askipped(query, data)
         docs = await self.retriever.ainvoke(query, config=config, **inner_kwargs)
         return self._annotated(docs, data, k)
 
