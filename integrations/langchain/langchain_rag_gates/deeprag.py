@@ -3,7 +3,7 @@ chat model or LLM and any LangChain retriever, streaming its steps."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Iterator, Mapping
+from collections.abc import AsyncIterator, Iterator
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -12,19 +12,19 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.language_models import BaseLanguageModel
-from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from langchain_core.runnables.utils import AddableDict
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from langchain_rag_gates._inputs import (
+    gather_config,
+    question_of,
+    rag_gates_retriever,
+    rag_gates_text_lm,
+)
 from langchain_rag_gates.documents import passages_to_documents
-from langchain_rag_gates.language_models import as_text_lm
-from langchain_rag_gates.retrievers import LangChainRetrieverAdapter
 from rag_gates.deeprag import DeepRAG, DeepRAGConfig, DeepRAGResult, Step
 from rag_gates.gate import Gate
-from rag_gates.lm.base import TextLM
-from rag_gates.retrieval.base import Retriever
 
 __all__ = ["STEP_EVENT", "DeepRAGRunnable"]
 
@@ -137,38 +137,11 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
     @classmethod
     def _gather_config(cls, data: Any) -> Any:
         """Move DeepRAGConfig fields given directly (``mode="always"``) into the config."""
-        if not isinstance(data, dict):
-            return data
-        direct = {k: data[k] for k in DeepRAGConfig.model_fields if k in data}
-        if not direct:
-            return data
-        rest = {k: v for k, v in data.items() if k not in direct}
-        base = rest.get("deeprag_config") or DeepRAGConfig()
-        if isinstance(base, Mapping):
-            base = DeepRAGConfig(**base)
-        rest["deeprag_config"] = DeepRAGConfig(**{**dict(base), **direct})
-        return rest
+        return gather_config(data, DeepRAGConfig, "deeprag_config")
 
     def model_post_init(self, context: Any, /) -> None:
-        if isinstance(self.llm, BaseLanguageModel):
-            lm: TextLM = as_text_lm(self.llm)
-        elif isinstance(self.llm, TextLM):
-            lm = self.llm
-        else:
-            raise TypeError(
-                f"llm must be a LangChain chat model or LLM, or a rag-gates TextLM, got "
-                f"{type(self.llm).__name__}"
-            )
-        passages: Retriever | None
-        if isinstance(self.retriever, BaseRetriever):
-            passages = LangChainRetrieverAdapter(self.retriever)
-        elif self.retriever is None or isinstance(self.retriever, Retriever):
-            passages = self.retriever
-        else:
-            raise TypeError(
-                f"retriever must be a LangChain BaseRetriever (store.as_retriever()) or a "
-                f"rag-gates Retriever, got {type(self.retriever).__name__}"
-            )
+        lm = rag_gates_text_lm(self.llm)
+        passages = rag_gates_retriever(self.retriever, optional=True)
         if self.gate is not None and not isinstance(self.gate, Gate):
             raise TypeError(f"gate must be a rag-gates Gate, got {type(self.gate).__name__}")
         config = self.deeprag_config
@@ -184,24 +157,7 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
     # ------------------------------------------------------------------ helpers
     def question_of(self, input: Any) -> str:
         """The question: the input itself, or ``input[query_key]``."""
-        if isinstance(input, str):
-            return input
-        if isinstance(input, Mapping):
-            if self.query_key not in input:
-                raise KeyError(
-                    f"DeepRAGRunnable input has no {self.query_key!r} key (keys: "
-                    f"{sorted(map(str, input))}); set query_key to the key holding the question"
-                )
-            question = input[self.query_key]
-            if not isinstance(question, str):
-                raise TypeError(
-                    f"input[{self.query_key!r}] must be a str, got {type(question).__name__}"
-                )
-            return question
-        raise TypeError(
-            f"DeepRAGRunnable takes a str or a dict with a {self.query_key!r} key, got "
-            f"{type(input).__name__}"
-        )
+        return question_of(input, self.query_key, "DeepRAGRunnable")
 
     @staticmethod
     def _rest(result: DeepRAGResult) -> AddableDict:

@@ -3,7 +3,6 @@ LangChain chat model or LLM and any LangChain retriever."""
 
 from __future__ import annotations
 
-from collections.abc import Mapping
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -12,18 +11,19 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.language_models import BaseLanguageModel
-from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict, Field, PrivateAttr, model_validator
 
+from langchain_rag_gates._inputs import (
+    gather_config,
+    question_of,
+    rag_gates_retriever,
+    rag_gates_text_lm,
+)
 from langchain_rag_gates.documents import passages_to_documents
-from langchain_rag_gates.language_models import as_text_lm
-from langchain_rag_gates.retrievers import DECISION_EVENT, LangChainRetrieverAdapter
+from langchain_rag_gates.retrievers import DECISION_EVENT
 from rag_gates.corpus.base import CorpusStats
-from rag_gates.lm.base import TextLM
 from rag_gates.quco import QuCoConfig, QuCoPipeline, QuCoResult
-from rag_gates.retrieval.base import Retriever
 
 __all__ = ["QuCoRunnable"]
 
@@ -135,37 +135,11 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
     @classmethod
     def _gather_config(cls, data: Any) -> Any:
         """Move QuCoConfig fields given directly (``tau_entity=82``) into ``quco_config``."""
-        if not isinstance(data, dict):
-            return data
-        direct = {k: data[k] for k in QuCoConfig.model_fields if k in data}
-        if not direct:
-            return data
-        rest = {k: v for k, v in data.items() if k not in direct}
-        base = rest.get("quco_config") or QuCoConfig()
-        if isinstance(base, Mapping):
-            base = QuCoConfig(**base)
-        rest["quco_config"] = QuCoConfig(**{**dict(base), **direct})
-        return rest
+        return gather_config(data, QuCoConfig, "quco_config")
 
     def model_post_init(self, context: Any, /) -> None:
-        if isinstance(self.llm, BaseLanguageModel):
-            lm: TextLM = as_text_lm(self.llm)
-        elif isinstance(self.llm, TextLM):
-            lm = self.llm
-        else:
-            raise TypeError(
-                f"llm must be a LangChain chat model or LLM, or a rag-gates TextLM, got "
-                f"{type(self.llm).__name__}"
-            )
-        if isinstance(self.retriever, BaseRetriever):
-            passages: Retriever = LangChainRetrieverAdapter(self.retriever)
-        elif isinstance(self.retriever, Retriever):
-            passages = self.retriever
-        else:
-            raise TypeError(
-                f"retriever must be a LangChain BaseRetriever (store.as_retriever()) or a "
-                f"rag-gates Retriever, got {type(self.retriever).__name__}"
-            )
+        lm = rag_gates_text_lm(self.llm)
+        passages = rag_gates_retriever(self.retriever)
         if not isinstance(self.stats, CorpusStats):
             raise TypeError(
                 f"stats must be a rag_gates.corpus.CorpusStats (load_corpus_stats(), "
@@ -182,24 +156,7 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
     # ------------------------------------------------------------------ helpers
     def question_of(self, input: Any) -> str:
         """The question: the input itself, or ``input[query_key]``."""
-        if isinstance(input, str):
-            return input
-        if isinstance(input, Mapping):
-            if self.query_key not in input:
-                raise KeyError(
-                    f"QuCoRunnable input has no {self.query_key!r} key (keys: "
-                    f"{sorted(map(str, input))}); set query_key to the key holding the question"
-                )
-            question = input[self.query_key]
-            if not isinstance(question, str):
-                raise TypeError(
-                    f"input[{self.query_key!r}] must be a str, got {type(question).__name__}"
-                )
-            return question
-        raise TypeError(
-            f"QuCoRunnable takes a str or a dict with a {self.query_key!r} key, got "
-            f"{type(input).__name__}"
-        )
+        return question_of(input, self.query_key, "QuCoRunnable")
 
     @staticmethod
     def output_of(result: QuCoResult) -> dict[str, Any]:

@@ -13,8 +13,7 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM
 from llama_index.core.prompts.mixin import PromptMixinType
 from llama_index.core.schema import QueryBundle
-from llama_index.llms.rag_gates.text_lm import as_text_lm
-from llama_index.retrievers.rag_gates.adapter import LlamaIndexRetrieverAdapter
+from llama_index.query_engine.rag_gates._inputs import rag_gates_retriever, rag_gates_text_lm
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, passages_to_nodes
 from llama_index.retrievers.rag_gates.gated import GateDecisionEvent
 
@@ -129,23 +128,8 @@ class QuCoQueryEngine(BaseQueryEngine):
         callback_manager: CallbackManager | None = None,
         **overrides: Any,
     ) -> None:
-        if isinstance(llm, LLM):
-            lm: TextLM = as_text_lm(llm)
-        elif isinstance(llm, TextLM):
-            lm = llm
-        else:
-            raise TypeError(
-                f"llm must be a LlamaIndex LLM or a rag-gates TextLM, got {type(llm).__name__}"
-            )
-        if isinstance(retriever, LlamaIndexBaseRetriever):
-            passages: Retriever = LlamaIndexRetrieverAdapter(retriever)
-        elif isinstance(retriever, Retriever):
-            passages = retriever
-        else:
-            raise TypeError(
-                f"retriever must be a LlamaIndex BaseRetriever (index.as_retriever()) or a "
-                f"rag-gates Retriever, got {type(retriever).__name__}"
-            )
+        lm = rag_gates_text_lm(llm)
+        passages = rag_gates_retriever(retriever)
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
         super().__init__(callback_manager=callback_manager)
