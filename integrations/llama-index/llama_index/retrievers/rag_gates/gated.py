@@ -148,14 +148,23 @@ class GatedRetriever(BaseRetriever):
     ) -> list[NodeWithScore]:
         return [annotate_node(n, key=self.annotation_key, value=data) for n in nodes]
 
+    def _skipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                 ) -> list[NodeWithScore]:
+        """The nodes when the gate says no: none (subclasses may answer otherwise)."""
+        return []
+
+    async def _askipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                        ) -> list[NodeWithScore]:
+        return self._skipped(query_bundle, data)
+
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         data = self._record(query_bundle, self.gate.decide(query_bundle.query_str))
         if not data["retrieve"]:
-            return []
+            return self._skipped(query_bundle, data)
         return self._annotated(self.retriever.retrieve(query_bundle), data)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
         data = self._record(query_bundle, await self.gate.adecide(query_bundle.query_str))
         if not data["retrieve"]:
-            return []
+            return await self._askipped(query_bundle, data)
         return self._annotated(await self.retriever.aretrieve(query_bundle), data)

@@ -1,0 +1,98 @@
+"""``SelfRoutingRetriever``: SR-RAG's routing as a LlamaIndex retriever.
+
+Per query, a gate (SR-RAG's :class:`~rag_gates.srrag.SelfRoutingGate`: ``p_M * p_D >= tau``)
+routes either to the wrapped retriever or to the model's own knowledge: then the model writes
+a background document (GenRead) and that one node comes back, marked
+``metadata["source"] = "parametric"``. Any query engine gains SR-RAG's routing with one swap
+of its retriever.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from llama_index.core.base.base_retriever import BaseRetriever
+from llama_index.core.callbacks import CallbackManager
+from llama_index.core.schema import NodeWithScore, QueryBundle
+from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node, passage_to_node
+from llama_index.retrievers.rag_gates.gated import GatedRetriever
+from pydantic import JsonValue
+
+from rag_gates.gate import Gate
+
+__all__ = ["SelfRoutingRetriever"]
+
+
+class SelfRoutingRetriever(GatedRetriever):
+    """Retrieved nodes, or one node of the model's own verbalized knowledge.
+
+    For each query the gate decides on ``query_bundle.query_str`` (``gate.decide``;
+    ``gate.adecide`` on the async path):
+
+    * retrieval: the wrapped retriever's nodes, as annotated copies (as
+      :class:`GatedRetriever`);
+    * no retrieval: the verbalizer writes the model's background document for the query and
+      it comes back as one node with ``metadata["source"] = "parametric"``,
+      ``metadata["hit_token_cap"]`` and the decision under ``metadata["rag_gates"]``
+      (excluded from LLM and embedding metadata).
+
+    Each decision (with ``p_M``, ``p_D`` and the neighbours that voted in its evidence) is
+    dispatched as a :class:`~llama_index.retrievers.rag_gates.GateDecisionEvent` and kept in
+    :attr:`last_decision`. The wrapped retriever's nodes are never modified.
+
+    Args:
+        retriever (BaseRetriever): The LlamaIndex retriever to route to.
+        gate (Gate): Usually a ``rag_gates.srrag.SelfRoutingGate``; any rag-gates gate routes
+            the same way.
+        verbalizer (Verbalizer | None): Writes the parametric node; default a
+            ``rag_gates.srrag.Verbalizer`` on ``gate.lm``.
+        annotation_key (str): Node metadata key for the decision. Defaults to ``"rag_gates"``.
+        callback_manager (CallbackManager | None): LlamaIndex callback manager.
+
+    Example:
+        >>> from llama_index.core.query_engine import RetrieverQueryEngine
+        >>> from llama_index.retrievers.rag_gates import SelfRoutingRetriever
+        >>> from rag_gates.srrag import SelfRoutingGate, SourcePolicy
+        >>> policy = SourcePolicy.open_existing(lm, path="~/.cache/rag-gates/srrag/policy")
+        >>> retriever = SelfRoutingRetriever(index.as_retriever(similarity_top_k=3),
+        ...                                  gate=SelfRoutingGate(lm, policy, tau=0.1))
+        >>> engine = RetrieverQueryEngine.from_args(retriever=retriever, llm=llm)
+        >>> response = engine.query("Who wrote Hamlet?")
+        >>> response.source_nodes[0].metadata.get("source")   # 'parametric' when routed so
+    """
+
+    def __init__(
+        self,
+        retriever: BaseRetriever,
+        gate: Gate,
+        verbalizer: Any = None,
+        annotation_key: str = ANNOTATION_KEY,
+        callback_manager: CallbackManager | None = None,
+        **kwargs: Any,
+    ) -> None:
+        super().__init__(retriever, gate, annotation_key=annotation_key,
+                         callback_manager=callback_manager, **kwargs)
+        if verbalizer is None:
+            lm = getattr(gate, "lm", None)
+            if lm is None:
+                raise ValueError(
+                    f"gate {getattr(gate, 'name', type(gate).__name__)!r} has no model to "
+                    "verbalize with: pass verbalizer=Verbalizer(lm)")
+            from rag_gates.srrag.verbalizer import Verbalizer
+
+            verbalizer = Verbalizer(lm)
+        elif not callable(getattr(verbalizer, "verbalize", None)):
+            raise TypeError(f"verbalizer must be a rag_gates.srrag.Verbalizer, got "
+                            f"{type(verbalizer).__name__}")
+        self.verbalizer = verbalizer
+
+    def _node(self, passage: Any, data: dict[str, JsonValue]) -> list[NodeWithScore]:
+        return [annotate_node(passage_to_node(passage), key=self.annotation_key, value=data)]
+
+    def _skipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                 ) -> list[NodeWithScore]:
+        return self._node(self.verbalizer.verbalize(query_bundle.query_str), data)
+
+    async def _askipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                        ) -> list[NodeWithScore]:
+        return self._node(await self.verbalizer.averbalize(query_bundle.query_str), data)

@@ -1,0 +1,119 @@
+"""SelfRoutingRetriever: SR-RAG routing over a real BM25 retriever, a tiny random-weight model
+(plumbing), LlamaIndex instrumentation, and a RetrieverQueryEngine."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import pytest
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events.base import BaseEvent
+from llama_index.core.query_engine import RetrieverQueryEngine
+from llama_index.core.schema import QueryBundle
+from llama_index.retrievers.rag_gates import (
+    GateDecisionEvent,
+    PassageRetriever,
+    SelfRoutingRetriever,
+)
+from pydantic import Field
+
+from rag_gates.retrieval.bm25 import BM25Retriever
+from rag_gates.srrag import HiddenStateKeys, PolicyEntry, SelfRoutingGate, SourcePolicy, Verbalizer
+from rag_gates.testing import tiny_lm
+from rag_gates.types import Passage
+
+Q = "Who wrote Hamlet?"
+CORPUS = [Passage(id="p1", title="Hamlet", text="William Shakespeare wrote Hamlet."),
+          Passage(id="p2", title="France", text="The capital of France is Paris."),
+          Passage(id="p3", text="The quick brown fox jumps over the lazy dog.")]
+
+
+class Collector(BaseEventHandler):
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+
+@pytest.fixture(scope="module")
+def lm() -> Any:
+    return tiny_lm(seed=0, max_context=1024)
+
+
+@pytest.fixture(scope="module")
+def bm25() -> PassageRetriever:
+    return PassageRetriever(BM25Retriever.from_passages(CORPUS), similarity_top_k=2)
+
+
+def routed(lm: Any, bm25: PassageRetriever, tau: float) -> SelfRoutingRetriever:
+    return SelfRoutingRetriever(bm25, SelfRoutingGate(lm, mode="model", tau=tau, layer=2),
+                                verbalizer=Verbalizer(lm, max_new_tokens=6))
+
+
+def test_retrieval_route_returns_annotated_copies(lm: Any, bm25: PassageRetriever) -> None:
+    retriever = routed(lm, bm25, 0.0)
+    plain = bm25.retrieve(Q)
+    nodes = retriever.retrieve(Q)
+    assert [n.node.node_id for n in nodes] == [n.node.node_id for n in plain]
+    assert nodes[0].node.node_id == "p1"
+    assert nodes[0].node.metadata["rag_gates"]["gate"] == "srrag-no-knn"
+    assert "rag_gates" not in plain[0].node.metadata
+
+
+async def test_parametric_route_returns_one_verbalized_node(lm: Any,
+                                                            bm25: PassageRetriever) -> None:
+    retriever = routed(lm, bm25, 1.5)  # p_M never reaches 1.5: always verbalize
+    collector = Collector()
+    dispatcher = get_dispatcher("llama_index.retrievers.rag_gates.gated")
+    dispatcher.add_event_handler(collector)
+    try:
+        (node,) = retriever.retrieve(Q)
+    finally:
+        dispatcher.event_handlers.remove(collector)
+    expected = Verbalizer(lm, max_new_tokens=6).verbalize(Q)
+    assert node.node.get_content() == expected.text and node.node.node_id == expected.id
+    assert node.node.metadata["source"] == "parametric"
+    assert node.node.metadata["rag_gates"]["retrieve"] is False
+    assert "rag_gates" in node.node.excluded_llm_metadata_keys
+    (event,) = [e for e in collector.events if isinstance(e, GateDecisionEvent)]
+    assert event.retrieve is False and retriever.last_decision == event.gate_decision()
+    (anode,) = await retriever.aretrieve(QueryBundle(Q))
+    assert anode.node.get_content() == expected.text
+
+
+def test_drops_into_a_query_engine_with_the_product_gate(lm: Any,
+                                                        bm25: PassageRetriever) -> None:
+    from llama_index.llms.rag_gates import RagGatesLLM
+
+    policy = SourcePolicy.open(HiddenStateKeys(lm, layer=2), path=":memory:")
+    policy.add_questions([PolicyEntry(id="1", question="Who wrote Macbeth?",
+                                      source="parametric")])
+    # p_D = 0 (the one neighbour prefers the model's knowledge): verbalize, at any tau > 0.
+    retriever = SelfRoutingRetriever(bm25, SelfRoutingGate(lm, policy, tau=0.05),
+                                     verbalizer=Verbalizer(lm, max_new_tokens=6))
+    engine = RetrieverQueryEngine.from_args(retriever=retriever,
+                                            llm=RagGatesLLM(lm=lm, max_new_tokens=4))
+    response = engine.query(Q)
+    (source,) = response.source_nodes
+    assert source.node.metadata["source"] == "parametric"
+    assert source.node.metadata["rag_gates"]["evidence"]["p_datastore"] == 0.0
+    assert isinstance(response.response, str)
+    policy.close()
+
+
+def test_a_gate_without_a_model_needs_a_verbalizer(bm25: PassageRetriever) -> None:
+    from rag_gates.gate import BaseGate
+
+    class Always(BaseGate):
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
+            return 1.0, {}
+
+    with pytest.raises(ValueError, match="pass verbalizer=Verbalizer"):
+        SelfRoutingRetriever(bm25, Always(0.5))
+    with pytest.raises(TypeError, match="Verbalizer"):
+        SelfRoutingRetriever(bm25, Always(0.5), verbalizer=object())
