@@ -129,7 +129,7 @@ def train_sft(lm: Any, records: str | Path, out: str | Path, *, lr: float = 1e-5
               grad_accum: int = 1, seed: int = 0, prompt: DeepRAGPrompt | None = None
               ) -> Training:
     """Supervised fine-tuning on ``export_sft`` records (passages already masked)."""
-    require("trl", "train")
+    require("trl", "trl")
     datasets = require("datasets", "train")
     from trl import SFTConfig, SFTTrainer
 
@@ -156,7 +156,7 @@ def train_dpo(lm: Any, pairs: str | Path, out: str | Path, *, beta: float = 0.4,
               ) -> Training:
     """DPO on ``export_dpo`` pairs: the path's decision marker over the other, after the
     same history. No length limit, so the decision tokens at the end are never cut."""
-    require("trl", "train")
+    require("trl", "trl")
     datasets = require("datasets", "train")
     from trl import DPOConfig, DPOTrainer
 

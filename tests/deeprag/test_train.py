@@ -12,7 +12,7 @@ import pytest
 from rag_gates.deeprag import Trajectory
 from rag_gates.deeprag.export import export_dpo, export_sft
 
-pytest.importorskip("trl", reason='needs the train extra: pip install "rag-gates[train]"')
+pytest.importorskip("trl", reason='needs the trl extra: pip install "rag-gates[trl]"')
 
 TEXT = """Question: Who was the father of the director of Jaws?
 Follow up: Who directed Jaws?
