@@ -1,4 +1,5 @@
-"""Tiny random-weight models for plumbing tests (sub-second, offline, deterministic).
+"""Tiny random-weight models for plumbing tests (sub-second, offline, deterministic), and
+:class:`VerifyReviseScript`, the scripted policy of the self-verifying agent tests.
 
 Not for quality claims: the weights are random. Use the embedded SmolLM2 for those.
 
@@ -11,12 +12,24 @@ Example:
 
 from __future__ import annotations
 
+import json
+from collections.abc import Sequence
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from rag_gates._optional import require
+from rag_gates.extract.sentences import split_sentences
+from rag_gates.tools import SEARCH_DOCUMENTS_NAME, VERIFY_CLAIMS_NAME
 
-__all__ = ["TINY_CHAT_TEMPLATE", "save_tiny_lm", "tiny_lm", "tiny_model_and_tokenizer"]
+__all__ = [
+    "TINY_CHAT_TEMPLATE",
+    "ScriptedTurn",
+    "VerifyReviseScript",
+    "save_tiny_lm",
+    "tiny_lm",
+    "tiny_model_and_tokenizer",
+]
 
 TINY_CHAT_TEMPLATE = (
     "{% for message in messages %}<|im_start|>{{ message['role'] }}\n"
@@ -100,3 +113,85 @@ def save_tiny_lm(directory: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@dataclass(frozen=True)
+class ScriptedTurn:
+    """One turn of :class:`VerifyReviseScript`: text, and the tool call it makes (if any)."""
+
+    content: str
+    tool: str | None = None
+    args: dict[str, Any] = field(default_factory=dict)
+
+
+@dataclass(frozen=True)
+class VerifyReviseScript:
+    """The policy of a scripted tool-calling model, for tests of self-verifying agents.
+
+    A test fixture, not a model: a framework's chat-model subclass in a test asks it for the
+    next turn given the tool results so far, so the agent loop, the tools and the verifier
+    (all real) are exercised deterministically. The policy reacts to what the tools return:
+
+    1. write ``draft`` and call ``verify_claims`` on it;
+    2. if the verifier flags a claim (and fewer than ``max_searches`` searches were made),
+       call ``search_documents`` with the verifier's first query;
+    3. if the search retrieved documents, revise: the sentence of the flagged claim is
+       replaced by the first sentence of the first document that names the claim's head
+       (title or text; else the first document), then call ``verify_claims`` on the revision;
+    4. otherwise (nothing flagged, the gate declined, or the searches are used up) answer
+       with the current text.
+
+    Example:
+        >>> script = VerifyReviseScript(draft="Ed Wood was born in Paris.")
+        >>> script.next_turn([]).args
+        {'text': 'Ed Wood was born in Paris.'}
+    """
+
+    draft: str
+    max_searches: int = 1
+    verify_tool: str = VERIFY_CLAIMS_NAME
+    search_tool: str = SEARCH_DOCUMENTS_NAME
+
+    def answer(self, tool_results: Sequence[tuple[str, str]]) -> str:
+        """The current text after these ``(tool name, content)`` results: the draft, revised
+        once per search that retrieved documents after a flagged verification."""
+        text, report = self.draft, None
+        for name, content in tool_results:
+            if name == self.verify_tool:
+                report = json.loads(content)
+            elif name == self.search_tool and report and report["flagged"]:
+                found = json.loads(content)
+                if found["retrieved"] and found["documents"]:
+                    text = revise(text, report["flagged"][0], found["documents"])
+        return text
+
+    def next_turn(self, tool_results: Sequence[tuple[str, str]]) -> ScriptedTurn:
+        """The next turn given every ``(tool name, content)`` result so far, in order."""
+        text = self.answer(tool_results)
+        if not tool_results:
+            return ScriptedTurn(text, self.verify_tool, {"text": text})
+        name, content = tool_results[-1]
+        searches = sum(n == self.search_tool for n, _ in tool_results)
+        if name == self.verify_tool:
+            report = json.loads(content)
+            if report["flagged"] and searches < self.max_searches:
+                return ScriptedTurn("", self.search_tool, {"query": report["queries"][0]})
+        elif name == self.search_tool and text != self.answer(tool_results[:-1]):
+            return ScriptedTurn(text, self.verify_tool, {"text": text})
+        return ScriptedTurn(text)
+
+
+def revise(text: str, flag: dict[str, Any], documents: Sequence[dict[str, Any]]) -> str:
+    """``text`` with the sentence of the flagged claim ``flag`` (``head``, ``tail``) replaced
+    by the first sentence of the first document naming the head (see
+    :class:`VerifyReviseScript`)."""
+    head = str(flag["head"]).lower()
+    tail = str(flag.get("tail") or "").lower()
+    sentences = split_sentences(text) or [text]
+    target = next((i for i, s in enumerate(sentences) if head in s.lower() and tail in s.lower()),
+                  next((i for i, s in enumerate(sentences) if head in s.lower()),
+                       len(sentences) - 1))
+    source = next((d for d in documents
+                   if head in f"{d.get('title') or ''} {d['text']}".lower()), documents[0])
+    sentences[target] = (split_sentences(source["text"]) or [source["text"]])[0]
+    return " ".join(sentences)

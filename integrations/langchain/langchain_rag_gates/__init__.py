@@ -14,7 +14,8 @@
   one document of the model's own verbalized knowledge, by ``p_M * p_D >= tau``.
 - :class:`TokRAGRunnable`: Tok-RAG (or CAD / AdaCAD) decoding over ``{"question",
   "documents"}``, per-token choices in the message metadata.
-- :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification).
+- :class:`ClaimVerifierTool`: QuCo's claim verifier as a tool (agent self-verification);
+  :class:`GatedRetrieverTool`: a gated retriever as a tool that says what its gate decided.
 - :class:`ConfidenceGainReranker`: CBDR's confidence-gain reranker (or a cross-encoder
   fine-tuned on it, or any rag-gates reranker) as a document compressor.
 - :class:`LangChainRetrieverAdapter`: any LangChain retriever as a rag-gates ``Retriever``.
@@ -44,7 +45,13 @@ from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAda
 from langchain_rag_gates.runnables import GateRouter, route_by_gate
 from langchain_rag_gates.srrag import SelfRoutingRetriever
 from langchain_rag_gates.tokrag import TokRAGRunnable
-from langchain_rag_gates.tools import ClaimVerifierInput, ClaimVerifierTool
+from langchain_rag_gates.tools import (
+    ClaimVerifierInput,
+    ClaimVerifierTool,
+    GatedRetrieval,
+    GatedRetrieverInput,
+    GatedRetrieverTool,
+)
 
 try:
     __version__ = metadata.version("langchain-rag-gates")
@@ -58,7 +65,10 @@ __all__ = [
     "ConfidenceGainReranker",
     "DeepRAGRunnable",
     "GateRouter",
+    "GatedRetrieval",
     "GatedRetriever",
+    "GatedRetrieverInput",
+    "GatedRetrieverTool",
     "LangChainRetrieverAdapter",
     "LangChainTextLM",
     "QuCoRunnable",

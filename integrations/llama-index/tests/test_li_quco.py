@@ -108,22 +108,6 @@ class FixedTextLLM(CustomLLM):
         yield self.complete(prompt, formatted=formatted)
 
 
-@pytest.fixture(scope="session")
-def corpus_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
-    """The real dataset corpus-statistics index, built from examples/data in a private
-    RAG_GATES_HOME (about 2-7 s, one cpu)."""
-    from rag_gates.corpus.tokenizer import CorpusTokenizer
-    from rag_gates.eval.corpus import load_corpus_stats
-
-    # The embedded model's tokenizer, resolved from the user's cache before HOME moves.
-    tokenizer = CorpusTokenizer.resolve(None)
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("RAG_GATES_HOME", str(tmp_path_factory.mktemp("rag-gates-home")))
-        stats = load_corpus_stats(path=SLICES, tokenizer=tokenizer)
-    yield stats
-    stats.close()
-
-
 @pytest.fixture(scope="module")
 def index() -> VectorStoreIndex:
     from llama_index.embeddings.huggingface import HuggingFaceEmbedding
