@@ -204,6 +204,8 @@ class SelectiveRetrievalMethod:
             raise ValueError("selective needs a gate: selective@GATE, e.g. selective@quco or "
                              "selective@cascade(quco,cbdr,0.2,0.8)")
         self.ctx = ctx
+        # The full name: records of selective@A and selective@B in one run stay apart.
+        self.name = f"selective@{ctx.option}"
         self.retriever = need_retriever(ctx, self.name)
         self.gate = make_gate(ctx.option, ctx)
 

@@ -297,6 +297,15 @@ def test_selective_names_are_checked_before_any_model_loads() -> None:
         "no-rag", "selective@cascade(quco,cbdr,0.2,0.8)", "single"]
 
 
+def test_two_selective_methods_in_one_run_are_both_answered(
+        tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    names = ["selective@first-token-prob:0", "selective@first-token-prob:2"]
+    summary = run_bench(_config(methods=names, n=2), tmp_path / "run", lm=tiny, retriever=bm25)
+    assert set(summary) == set(names)
+    assert summary[names[0]]["retrievals_per_question"] == 1.0
+    assert summary[names[1]]["retrievals_per_question"] == 0.0
+
+
 def test_eval_gate_scores_a_composite_gate(tiny: Any, bm25: BM25Retriever,
                                            tmp_path: Path) -> None:
     config = GateEvalConfig(gate="cascade(first-token-prob,answer-logprob,0.0,0.5)",
