@@ -75,3 +75,26 @@ def test_build_policy_from_labels(model: Path, tmp_path: Path,
     refused = runner.invoke(srrag_app, ["build-policy", "--labels", str(foreign), "--model",
                                         str(model), "--path", str(tmp_path / "p2")])
     assert refused.exit_code == 1 and "preferences of 'someone-else'" in refused.output
+
+
+def test_routing_auroc_scores_gates_against_the_labels(model: Path, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_gates.srrag.labels import read_labels
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    labels = tmp_path / "labels.jsonl"
+    assert runner.invoke(srrag_app, label_args(model, labels)).exit_code == 0
+    store = tmp_path / "policy"
+    assert runner.invoke(srrag_app, ["build-policy", "--labels", str(labels), "--model",
+                                     str(model), "--path", str(store)]).exit_code == 0
+    _, rows = read_labels(labels)
+    monkeypatch.setenv("RAG_GATES_SRRAG_POLICY", str(store))
+    scored = runner.invoke(srrag_app, [
+        "routing-auroc", "--labels", str(labels), "--model", str(model), "--gate",
+        "srrag-no-knn", "--gate", "srrag-knn-only", "--out", str(tmp_path / "auroc.json")])
+    assert scored.exit_code == 0, scored.output
+    report = json.loads((tmp_path / "auroc.json").read_text())
+    assert report["questions"] == 3 and set(report["gates"]) == {"srrag-no-knn",
+                                                                "srrag-knn-only"}
+    assert report["retrieval_better_share"] == sum(r.source == "retrieval" for r in rows) / 3
+    assert "AUROC" in scored.output
