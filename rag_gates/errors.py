@@ -8,6 +8,11 @@ __all__ = [
     "ModelNotFoundError",
     "ProbeMismatchError",
     "RagGatesError",
+    "ServerError",
+    "ServerReplyError",
+    "ServerRequestError",
+    "ServerTimeoutError",
+    "ServerUnavailableError",
     "WhiteBoxRequiredError",
 ]
 
@@ -35,3 +40,24 @@ class ProbeMismatchError(RagGatesError, ValueError):
 class ArtifactError(RagGatesError, ValueError):
     """A saved artifact (a probe, an index, a cache, a run directory) is damaged, incomplete
     or foreign; the message names the file and what to do (usually: rebuild or retrain it)."""
+
+
+class ServerError(RagGatesError, RuntimeError):
+    """A model server (OpenAI-compatible API) could not give an answer; the message names the
+    endpoint (never the API key) and what to try."""
+
+
+class ServerRequestError(ServerError, ValueError):
+    """The server refused the request (HTTP 4xx other than 408/429): fix the request."""
+
+
+class ServerReplyError(ServerError):
+    """The server answered, but not in the OpenAI API's shape (a malformed reply)."""
+
+
+class ServerUnavailableError(ServerError):
+    """The server kept failing (connection errors, 429, 5xx) after every retry."""
+
+
+class ServerTimeoutError(ServerError, TimeoutError):
+    """No answer within the call's total timeout (retries included)."""

@@ -36,7 +36,6 @@ import concurrent.futures
 import contextlib
 import contextvars
 import logging
-import random
 import re
 import threading
 import time
@@ -47,6 +46,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._http import RETRY_STATUS, LoopThread, backoff_delay, retry_after_seconds
 from rag_gates._optional import require
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import (
@@ -78,7 +78,6 @@ DEFAULT_URL = "https://api.infini-gram.io/"
 API_MAX_DIFF_TOKENS = 1000
 API_MAX_CLAUSE_FREQ = 500_000
 API_MAX_TERMS_PER_CLAUSE = 4
-_RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
 _OPERATOR_CUT = re.compile(r" (?=(?:AND|OR) )")
 _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
     "rag_gates_hosted_deadline", default=None)
@@ -116,29 +115,6 @@ class HostedConfig(BaseModel):
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
 
 
-class _Loop:
-    """A private asyncio loop on a daemon thread, shared by every call of one client."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self.thread = threading.Thread(target=self._run, name="rag-gates-hosted", daemon=True)
-        self.thread.start()
-
-    def _run(self) -> None:
-        asyncio.set_event_loop(self.loop)
-        self.loop.run_forever()
-
-    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return asyncio.run_coroutine_threadsafe(coro, self.loop)
-
-    def stop(self) -> None:
-        if self.loop.is_running():
-            self.loop.call_soon_threadsafe(self.loop.stop)
-        self.thread.join(timeout=5)
-        if not self.loop.is_running():
-            self.loop.close()
-
-
 def split_operator_words(phrase: str) -> list[str]:
     """Cut a phrase before each `` AND ``/`` OR `` so no piece can be parsed as an operator."""
     return _OPERATOR_CUT.split(phrase)
@@ -167,7 +143,7 @@ class HostedInfiniGram(CorpusStats):
         self.index = index
         self.tokenizer = CorpusTokenizer.resolve(tokenizer) if tokenizer is not None else None
         self._lock = threading.Lock()
-        self._runner: _Loop | None = None
+        self._runner: LoopThread | None = None
         self._client: Any = None
         self._requests: asyncio.Semaphore | None = None
         self._items: asyncio.Semaphore | None = None
@@ -192,13 +168,13 @@ class HostedInfiniGram(CorpusStats):
                 "tokenizer": self.tokenizer.sha256()[:16] if self.tokenizer else None}
 
     # ----------------------------------------------------------------------------- plumbing
-    def _loop(self) -> _Loop:
+    def _loop(self) -> LoopThread:
         if self._closed:
             raise CorpusError("this HostedInfiniGram client was closed")
         with self._lock:
             if self._runner is None:
-                self._runner = _Loop()
-                weakref.finalize(self, _Loop.stop, self._runner)
+                self._runner = LoopThread("rag-gates-hosted")
+                weakref.finalize(self, LoopThread.stop, self._runner)
             return self._runner
 
     def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
@@ -251,10 +227,8 @@ class HostedInfiniGram(CorpusStats):
                 _DEADLINE.reset(token)
 
     def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        cap = self.config.backoff_max
-        if retry_after is not None:
-            return min(cap, max(0.0, retry_after))
-        return min(cap, self.config.backoff_base * (2 ** attempt)) * random.uniform(0.5, 1.0)
+        return backoff_delay(attempt, retry_after, self.config.backoff_base,
+                             self.config.backoff_max)
 
     async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One logical request: bounded retries with backoff, within the item's deadline."""
@@ -272,12 +246,9 @@ class HostedInfiniGram(CorpusStats):
                     self.requests_sent += 1
                     reply = await asyncio.wait_for(
                         client.post(self.config.url, json=payload, timeout=per_try), per_try)
-                if reply.status_code in _RETRY_STATUS or reply.status_code >= 500:
+                if reply.status_code in RETRY_STATUS or reply.status_code >= 500:
                     last = f"HTTP {reply.status_code}"
-                    header = reply.headers.get("Retry-After")
-                    if header is not None:
-                        with contextlib.suppress(ValueError):
-                            retry_after = float(header)
+                    retry_after = retry_after_seconds(reply.headers)
                 elif reply.status_code >= 400:
                     raise HostedQueryError(
                         f"{self.config.url} refused the query (HTTP {reply.status_code}): "

@@ -15,7 +15,7 @@ import queue
 import threading
 from abc import ABC, abstractmethod
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeAlias, runtime_checkable
+from typing import TYPE_CHECKING, Any, Literal, Protocol, TypeAlias, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -30,12 +30,15 @@ if TYPE_CHECKING:  # pragma: no cover
 
 __all__ = [
     "BaseTextLM",
+    "Capabilities",
     "ContinuationScore",
     "FormattedPrompt",
     "Prompt",
     "TextLM",
     "WhiteBoxLM",
     "as_messages",
+    "capabilities_of",
+    "require_capabilities",
     "require_white_box",
     "validate_generation_args",
     "validate_prompt",
@@ -219,15 +222,106 @@ class WhiteBoxLM(TextLM, Protocol):
     def open_streams(self, prompts: Sequence[Prompt], **kwargs: Any) -> StreamGroup: ...
 
 
-def require_white_box(lm: object, method: str) -> WhiteBoxLM:
-    """Return ``lm`` if it is a WhiteBoxLM, else raise an error naming what to pass instead."""
+Capability = Literal["logprobs", "score", "next_token", "hidden_states", "attention",
+                     "streams"]
+_WHITE_BOX: tuple[Capability, ...] = ("hidden_states", "attention", "streams")
+
+
+class Capabilities(BaseModel):
+    """What a model can do for a method, declared by the model (``lm.capabilities``).
+
+    Text generation is always there. ``next_token`` is ``"full"`` (a whole-vocabulary
+    distribution), ``"top-k"`` (the ``top_logprobs`` most likely tokens, e.g. from a server)
+    or ``"none"``. ``notes`` says, per capability, how it was found or why it is missing (a
+    served model's prompt log-probabilities are probed, not trusted: see
+    :class:`~rag_gates.lm.openai_compat.OpenAICompatibleLM`).
+
+    Example:
+        >>> Capabilities(logprobs=True, top_logprobs=20, next_token="top-k").has("score")
+        False
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    logprobs: bool = Field(False, description="Log-probabilities of generated tokens.")
+    top_logprobs: int = Field(0, ge=0, description="Most alternatives per generated token.")
+    next_token: Literal["full", "top-k", "none"] = Field(
+        "none", description="Next-token distribution: whole vocabulary, top-k, or none.")
+    score: bool = Field(False, description="Teacher-forced score(prompt, continuations).")
+    hidden_states: bool = Field(False, description="Hidden states of any layer.")
+    attention: bool = Field(False, description="Attention rows.")
+    streams: bool = Field(False, description="Lockstep decoding streams (open_streams).")
+    notes: dict[str, str] = Field(default_factory=dict,
+                                  description="Per capability: how it was found, or why not.")
+
+    def has(self, capability: Capability) -> bool:
+        """Whether the model offers ``capability``."""
+        if capability == "next_token":
+            return self.next_token != "none"
+        return bool(getattr(self, capability))
+
+    def offered(self) -> list[str]:
+        """Names of what the model offers, text first."""
+        names = ["text", "logprobs", "score", "next_token", "hidden_states", "attention",
+                 "streams"]
+        return [n for n in names if n == "text" or self.has(n)]  # type: ignore[arg-type]
+
+
+def capabilities_of(lm: object) -> Capabilities:
+    """The capabilities ``lm`` declares; for a model that declares none, what its type shows
+    (a :class:`WhiteBoxLM` offers everything, a TextLM with ``supports_logprobs`` logprobs)."""
+    declared = getattr(lm, "capabilities", None)
+    if isinstance(declared, Capabilities):
+        return declared
+    if isinstance(lm, WhiteBoxLM):
+        return Capabilities(logprobs=True, top_logprobs=20, next_token="full", score=True,
+                            hidden_states=True, attention=True, streams=True)
+    logprobs = bool(getattr(lm, "supports_logprobs", False))
+    return Capabilities(logprobs=logprobs, top_logprobs=20 if logprobs else 0)
+
+
+def require_capabilities(lm: object, component: str, *needs: Capability,
+                         instead: str | None = None) -> Capabilities:
+    """Check, when a component is built, that ``lm`` offers everything in ``needs``.
+
+    Raises :class:`WhiteBoxRequiredError` naming what is missing, why (the model's own note,
+    e.g. a server whose prompt log-probabilities failed the probe), and what would work
+    instead: ``instead`` (another component that works with this model), and the same
+    weights loaded in process.
+
+    Example:
+        >>> require_capabilities(lm, "DeepRAG likelihood decisions", "score")  # doctest: +SKIP
+    """
+    caps = capabilities_of(lm)
+    missing = [n for n in needs if not caps.has(n)]
+    if not missing:
+        return caps
+    name = getattr(lm, "model_id", None) or type(lm).__name__
+    why = "; ".join(f"{n}: {caps.notes[n]}" for n in missing if n in caps.notes)
+    message = (f"{component} needs {', '.join(missing)}, which {type(lm).__name__} "
+               f"({name}) does not offer (it offers {', '.join(caps.offered())})"
+               + (f" [{why}]" if why else "") + ". ")
+    if instead:
+        message += f"With this model use {instead} instead; or pass "
+    else:
+        message += "Pass "
+    message += ("a white-box model with the same weights in process: "
+                "rag_gates.lm.load_lm('default') or HFWhiteBoxLM.from_pretrained('<hf id or "
+                "path>').")
+    raise WhiteBoxRequiredError(message)
+
+
+def require_white_box(lm: object, method: str, *, instead: str | None = None) -> WhiteBoxLM:
+    """Return ``lm`` if it is a WhiteBoxLM, else raise :class:`WhiteBoxRequiredError` saying
+    what it lacks and what to pass (or, with ``instead``, which component works with it)."""
     if isinstance(lm, WhiteBoxLM):
         return lm
-    raise WhiteBoxRequiredError(
-        f"{method} reads logits/hidden states, but {type(lm).__name__} is text-only. "
-        "Pass a white-box model, e.g. rag_gates.lm.load_lm('default') or "
-        "HFWhiteBoxLM.from_pretrained('<hf id or path>')."
-    )
+    caps = capabilities_of(lm)
+    missing = [n for n in ("score", "next_token", *_WHITE_BOX) if not caps.has(n)]
+    require_capabilities(lm, f"{method} reads logits/hidden states; it",
+                         *(missing or _WHITE_BOX), instead=instead)
+    raise WhiteBoxRequiredError(  # declares every capability but is no WhiteBoxLM
+        f"{method} needs a WhiteBoxLM; {type(lm).__name__} lacks its methods")
 
 
 class BaseTextLM(ABC):

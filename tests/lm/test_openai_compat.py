@@ -1,0 +1,264 @@
+"""OpenAICompatibleLM's protocol handling, against replies recorded from llama-cpp-python's
+server running the embedded SmolLM2 GGUF (tests/lm/replay_server.py). The live-server
+comparison with HFWhiteBoxLM is tests/server/ (``make test-server``)."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import os
+import time
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rag_gates.errors import (
+    ContextLengthError,
+    ServerError,
+    ServerReplyError,
+    ServerTimeoutError,
+    ServerUnavailableError,
+    WhiteBoxRequiredError,
+)
+from rag_gates.lm.base import capabilities_of, require_capabilities, require_white_box
+from rag_gates.lm.openai_compat import PROBE_RAW, OpenAICompatibleLM
+from tests.lm.replay_server import ReplayServer
+
+UPSTREAM = os.environ.get("RAG_GATES_RECORD_UPSTREAM")
+FAST = {"backoff_base": 0.0, "backoff_max": 0.0}
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ReplayServer]:
+    with ReplayServer(upstream=UPSTREAM) as s:
+        if UPSTREAM:
+            from rag_gates.lm import load_default_tokenizer
+
+            s.chat_template = load_default_tokenizer().chat_template
+        yield s
+
+
+@pytest.fixture(autouse=True)
+def _reset(server: ReplayServer) -> Iterator[None]:
+    yield
+    server.faults.clear()
+    server.transform = None
+
+
+@pytest.fixture(scope="module")
+def chat_lm(server: ReplayServer) -> Iterator[OpenAICompatibleLM]:
+    with OpenAICompatibleLM(server.url, chat_template=server.chat_template, **FAST) as lm:
+        yield lm
+
+
+@pytest.fixture(scope="module")
+def raw_lm(server: ReplayServer) -> Iterator[OpenAICompatibleLM]:
+    with OpenAICompatibleLM(server.url, chat=False, **FAST) as lm:
+        yield lm
+
+
+def test_probe_finds_llamacpp_raw_prompts_shifted_and_chat_prompts_aligned(
+        chat_lm: OpenAICompatibleLM) -> None:
+    assert chat_lm.alignment == {"raw": "shifted", "chat": "aligned"}
+    caps = chat_lm.capabilities
+    assert caps.score and caps.logprobs and caps.next_token == "top-k"
+    assert not (caps.hidden_states or caps.attention or caps.streams)
+    assert "raw prompts: shifted" in caps.notes["score"]
+    assert "chat prompts: aligned" in caps.notes["score"]
+    assert chat_lm.model_name and chat_lm.model_name.endswith(".gguf")  # from GET /models
+
+
+def test_generate_with_logprobs_matches_the_recorded_tokens(chat_lm: OpenAICompatibleLM
+                                                            ) -> None:
+    g = chat_lm.generate("What is the capital of France?", max_new_tokens=6, logprobs=3)
+    assert g.text and g.logprobs is not None and len(g.logprobs) == g.completion_tokens == 6
+    assert "".join(t.token for t in g.logprobs) == g.text
+    for t in g.logprobs:
+        assert len(t.top_logprobs) == 3
+        values = [a.logprob for a in t.top_logprobs]
+        assert values == sorted(values, reverse=True) and t.logprob <= values[0] + 1e-9
+    assert g.finish_reason == "length" and g.prompt_tokens > 10
+
+
+def test_stop_strings_cut_text_and_logprobs(raw_lm: OpenAICompatibleLM) -> None:
+    full = raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0)
+    assert full.text.startswith(" Paris")
+    cut = raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0, stop=["."])
+    assert cut.text == " Paris" and cut.finish_reason == "stop"
+    # The token that completed the stop string keeps its entry, as in HFWhiteBoxLM.
+    assert [t.token for t in cut.logprobs or []] == [" Paris", "."]
+    # More stop strings than the server takes: the rest are cut here.
+    many = OpenAICompatibleLM(raw_lm.base_url, chat=False, probe=False, max_stop_strings=0)
+    assert many.generate(PROBE_RAW, max_new_tokens=8, stop=["is"]).text == " Par"
+
+
+def test_stream_joins_to_the_generated_text(raw_lm: OpenAICompatibleLM) -> None:
+    whole = raw_lm.generate(PROBE_RAW, max_new_tokens=8)
+    stream = raw_lm.stream(PROBE_RAW, max_new_tokens=8)
+    pieces = list(stream)
+    assert len(pieces) > 1 and "".join(pieces) == whole.text
+    cut = list(raw_lm.stream(PROBE_RAW, max_new_tokens=8, stop=["."]))
+    assert "".join(cut) == " Paris"
+
+
+async def test_async_generate_and_stream(raw_lm: OpenAICompatibleLM) -> None:
+    whole = raw_lm.generate(PROBE_RAW, max_new_tokens=8)
+    gens = await asyncio.gather(*(raw_lm.agenerate(PROBE_RAW, max_new_tokens=8)
+                                  for _ in range(3)))
+    assert {g.text for g in gens} == {whole.text}
+    assert "".join([p async for p in raw_lm.astream(PROBE_RAW, max_new_tokens=8)]) == whole.text
+
+
+async def test_concurrency_is_bounded(server: ReplayServer) -> None:
+    lm = OpenAICompatibleLM(server.url, chat=False, probe=False, max_concurrency=2)
+    server.max_in_flight = 0
+    for _ in range(6):
+        server.faults.append(("sleep", 0.1))
+    gens = await asyncio.gather(*(lm.agenerate(PROBE_RAW, max_new_tokens=8) for _ in range(6)))
+    assert len({g.text for g in gens}) == 1
+    assert server.max_in_flight == 2
+    lm.close()
+
+
+def test_top_next_tokens_is_the_first_tokens_distribution(raw_lm: OpenAICompatibleLM) -> None:
+    top = raw_lm.top_next_tokens(PROBE_RAW, k=5)
+    assert len(top) == 5 and top[0].token == " Paris"
+    assert abs(top[0].logprob - raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0)
+               .logprobs[0].logprob) < 1e-6  # type: ignore[index]
+
+
+def test_score_on_aligned_chat_prompts_agrees_with_generation(chat_lm: OpenAICompatibleLM
+                                                              ) -> None:
+    q = "What is the capital of France?"
+    g = chat_lm.generate(q, max_new_tokens=6, logprobs=0)
+    [s] = chat_lm.score(q, [g.text])
+    assert s.tokens == [t.token for t in g.logprobs or []]
+    assert s.logprobs == pytest.approx([t.logprob for t in g.logprobs or []], abs=0.05)
+
+
+def test_shifted_raw_scores_are_corrected_or_refused(raw_lm: OpenAICompatibleLM) -> None:
+    g = raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0)
+    [paris] = raw_lm.score(PROBE_RAW, [" Paris"])
+    assert paris.tokens == [" Paris"]
+    assert paris.logprobs[0] == pytest.approx(g.logprobs[0].logprob, abs=0.05)  # type: ignore[index]
+    with pytest.raises(ServerError, match="not among the previous position's top 20"):
+        raw_lm.score(PROBE_RAW, [" Rome"])
+
+
+def test_chat_endpoint_without_template(server: ReplayServer) -> None:
+    lm = OpenAICompatibleLM(server.url, **FAST)  # chat prompts go to /chat/completions
+    g = lm.generate("What is the capital of France?", max_new_tokens=5, logprobs=2)
+    assert g.text and g.logprobs and len(g.logprobs[0].top_logprobs) == 2
+    with pytest.raises(WhiteBoxRequiredError, match="chat_template="):
+        lm.score("What is the capital of France?", [" Paris"])
+    lm.close()
+
+
+@pytest.mark.parametrize(("edit", "expected"), [("missing", "missing"), ("wrong", "mismatch")])
+def test_probe_disables_score_when_echo_is_missing_or_wrong(
+        server: ReplayServer, edit: str, expected: str, caplog: pytest.LogCaptureFixture) -> None:
+    def transform(path: str, payload: Any, reply: Any) -> Any:
+        if payload and payload.get("echo"):
+            lp = reply["choices"][0]["logprobs"]
+            if edit == "missing":
+                lp["token_logprobs"] = [None] * len(lp["token_logprobs"])
+            else:  # values that fit neither reading
+                lp["token_logprobs"] = [None if v is None else v - 1.0
+                                        for v in lp["token_logprobs"]]
+                lp["top_logprobs"] = [None if d is None else {k: v - 1.0 for k, v in d.items()}
+                                      for d in lp["top_logprobs"]]
+        return reply
+
+    server.transform = transform
+    with caplog.at_level(logging.WARNING):
+        lm = OpenAICompatibleLM(server.url, chat=False, **FAST)
+    assert lm.alignment == {"raw": expected} and not lm.capabilities.score
+    assert "score() on raw prompts disabled" in caplog.text
+    with pytest.raises(WhiteBoxRequiredError, match="not available"):
+        lm.score(PROBE_RAW, [" Paris"])
+    lm.close()
+
+
+def test_components_check_capabilities_at_construction(chat_lm: OpenAICompatibleLM) -> None:
+    caps = capabilities_of(chat_lm)
+    assert caps.offered() == ["text", "logprobs", "score", "next_token"]
+    require_capabilities(chat_lm, "a likelihood gate", "score", "logprobs")
+    with pytest.raises(WhiteBoxRequiredError) as info:
+        require_white_box(chat_lm, "the CBDR probe", instead="CrossEncoderReranker")
+    message = str(info.value)
+    assert "hidden_states" in message and "CrossEncoderReranker" in message
+    assert "offers text, logprobs, score, next_token" in message
+
+
+# ------------------------------------------------------------------------------ faults
+def _plain(server: ReplayServer, **kw: Any) -> OpenAICompatibleLM:
+    # A model name given: no GET /models before the request a test breaks.
+    return OpenAICompatibleLM(server.url, chat=False, probe=False, model="smollm2",
+                              **{**FAST, **kw})
+
+
+def test_retries_429_and_5xx_then_succeeds(server: ReplayServer) -> None:
+    lm = _plain(server)
+    expected = lm.generate(PROBE_RAW, max_new_tokens=8).text
+    sent = lm.requests_sent
+    server.faults.extend([("status", 429), ("status", 503), ("drop", None)])
+    assert lm.generate(PROBE_RAW, max_new_tokens=8).text == expected
+    assert lm.requests_sent - sent == 4
+
+
+def test_gives_up_after_the_retries(server: ReplayServer) -> None:
+    lm = _plain(server, max_retries=2)
+    server.faults.extend([("status", 500)] * 3)
+    with pytest.raises(ServerUnavailableError, match="after 3 attempt"):
+        lm.generate(PROBE_RAW, max_new_tokens=8)
+
+
+@pytest.mark.parametrize("fault", [("malformed", None), ("body", b'{"choices": []}'),
+                                   ("body", b'{"choices": [{"finish_reason": "stop"}]}')])
+def test_malformed_reply_is_a_clear_error(server: ReplayServer, fault: Any) -> None:
+    server.faults.append(fault)
+    with pytest.raises(ServerReplyError, match="/completions"):
+        _plain(server).generate(PROBE_RAW, max_new_tokens=8)
+
+
+def test_context_length_refusal(server: ReplayServer) -> None:
+    server.faults.append(("refuse", b'{"error": {"message": "Requested tokens (9000) exceed '
+                                    b'context window of 2048"}}'))
+    with pytest.raises(ContextLengthError, match="too long"):
+        _plain(server).generate(PROBE_RAW, max_new_tokens=8)
+
+
+def test_total_timeout(server: ReplayServer) -> None:
+    lm = _plain(server, timeout=0.5, attempt_timeout=0.3, max_retries=5)
+    server.faults.extend([("sleep", 1.0)] * 6)
+    start = time.monotonic()
+    with pytest.raises(ServerTimeoutError):
+        lm.generate(PROBE_RAW, max_new_tokens=8)
+    assert time.monotonic() - start < 1.5
+
+
+def test_api_key_is_sent_and_never_shown(server: ReplayServer, monkeypatch: pytest.MonkeyPatch,
+                                         caplog: pytest.LogCaptureFixture) -> None:
+    secret = "sk-test-0123456789abcdef"
+    monkeypatch.setenv("RAG_GATES_TEST_KEY", secret)
+    lm = _plain(server, api_key_env="RAG_GATES_TEST_KEY", max_retries=1)
+    lm.generate(PROBE_RAW, max_new_tokens=8)
+    assert server.headers_seen[-1].get("Authorization") == f"Bearer {secret}"
+    server.faults.extend([("status", 500)] * 2)
+    with caplog.at_level(logging.DEBUG), pytest.raises(ServerUnavailableError) as info:
+        lm.generate(PROBE_RAW, max_new_tokens=8)
+    shown = str(info.value) + repr(lm) + caplog.text + lm.config.model_dump_json()
+    assert secret not in shown
+
+
+def test_bad_arguments_fail_before_any_request(server: ReplayServer) -> None:
+    lm = _plain(server, max_top_logprobs=5)
+    sent = lm.requests_sent
+    with pytest.raises(ValueError, match="max_top_logprobs"):
+        lm.generate(PROBE_RAW, logprobs=6)
+    with pytest.raises(ValueError, match="empty"):
+        lm.generate("  ")
+    with pytest.raises(ValueError, match="http"):
+        OpenAICompatibleLM("127.0.0.1:8000/v1", probe=False)
+    assert lm.requests_sent == sent
