@@ -192,7 +192,8 @@ class SourcePolicy:
     """
 
     def __init__(self, client: Any, collection: str, keys: KeyFunction, *, k: int = DEFAULT_K,
-                 location: str = ":memory:") -> None:
+                 location: str = ":memory:", distance: Distance = "cosine",
+                 cache: bool | None = None) -> None:
         if isinstance(k, bool) or not isinstance(k, int) or k < 1:
             raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.client = client
@@ -200,6 +201,17 @@ class SourcePolicy:
         self.key_function = keys
         self.k = k
         self.location = location
+        self.distance = distance
+        if cache is None:  # local mode admits one client, so a copy of it cannot go stale
+            options = getattr(client, "init_options", None) or {}
+            cache = options.get("url") is None and (
+                options.get("path") is not None or options.get("location") == ":memory:")
+        self.cache = bool(cache)
+        """Search an in-process copy of the keys (one matrix product, as the paper's GPU
+        index) instead of asking Qdrant: the default in local mode, whose own search
+        re-normalises every stored vector per query; refreshed after this instance's edits,
+        or by :meth:`refresh` after another client's."""
+        self._matrix: tuple[Any, list[dict[str, Any]]] | None = None
 
     # ------------------------------------------------------------------ opening
     @staticmethod
@@ -316,7 +328,7 @@ class SourcePolicy:
                 f"the datastore {collection!r} at {location} was built with other keys "
                 f"({said}); rebuild it for this model and layer (rag-gates srrag build-policy "
                 "--replace ...) or open another collection")
-        return cls(client, collection, keys, k=k, location=location)
+        return cls(client, collection, keys, k=k, location=location, distance=distance)
 
     @property
     def identity(self) -> dict[str, JsonValue]:
@@ -335,6 +347,7 @@ class SourcePolicy:
             if len(vector) != dim:
                 raise ValueError(f"key {i} has {len(vector)} dimensions; this datastore "
                                  f"takes {dim}")
+        self._matrix = None
         for lo in range(0, len(entries), 256):
             self._call("add to", lambda lo=lo: self.client.upsert(self.collection, points=[
                 models.PointStruct(id=_point_id(e.dataset, e.id), vector=v,
@@ -358,6 +371,7 @@ class SourcePolicy:
         """Remove questions by ``(dataset, id)`` (or ``id`` alone for dataset ``""``)."""
         models = require("qdrant_client.models", "qdrant")
         points = [_point_id(*(i if isinstance(i, tuple) else ("", i))) for i in ids]
+        self._matrix = None
         if points:
             self._call("delete from", lambda: self.client.delete(
                 self.collection, points_selector=models.PointIdsList(points=points)))
@@ -377,11 +391,15 @@ class SourcePolicy:
         """The ``k`` nearest labelled questions to ``key`` and their votes."""
         k = self.k if k is None else k
         vector = [float(x) for x in key]
-        hits = self._call("search", lambda: self.client.query_points(
-            self.collection, query=vector, limit=k, with_payload=True).points)
-        neighbours = [Neighbour(id=h.payload["id"], dataset=h.payload.get("dataset", ""),
-                                question=h.payload["question"], source=h.payload["source"],
-                                similarity=float(h.score)) for h in hits]
+        if self.cache and self.distance == "cosine":
+            hits = self._cached_search(vector, k)
+        else:
+            hits = [(h.payload, float(h.score)) for h in self._call(
+                "search", lambda: self.client.query_points(
+                    self.collection, query=vector, limit=k, with_payload=True).points)]
+        neighbours = [Neighbour(id=payload["id"], dataset=payload.get("dataset", ""),
+                                question=payload["question"], source=payload["source"],
+                                similarity=score) for payload, score in hits]
         retrieval = sum(1 for n in neighbours if n.source == RETRIEVAL)
         return PolicyVote(k=k, found=len(neighbours), retrieval=retrieval,
                           parametric=sum(1 for n in neighbours if n.source == PARAMETRIC),
@@ -390,6 +408,38 @@ class SourcePolicy:
     def vote_question(self, question: str, k: int | None = None) -> PolicyVote:
         """:meth:`vote` with the key function's key for ``question``."""
         return self.vote(self.key_function.keys([question])[0], k)
+
+    def refresh(self) -> None:
+        """Drop the in-process copy of the keys; the next vote reads the collection again."""
+        self._matrix = None
+
+    def _cached_search(self, vector: list[float], k: int) -> list[tuple[dict[str, Any], float]]:
+        np = require("numpy", "qdrant")
+        if self._matrix is None:
+            rows: list[Any] = []
+            payloads: list[dict[str, Any]] = []
+            offset = None
+            while True:
+                points, offset = self._call("read", lambda o=offset: self.client.scroll(
+                    self.collection, limit=1024, offset=o, with_payload=True,
+                    with_vectors=True))
+                rows.extend(p.vector for p in points)
+                payloads.extend(p.payload for p in points)
+                if offset is None:
+                    break
+            matrix = np.asarray(rows, dtype=np.float32).reshape(len(rows),
+                                                                self.key_function.dim)
+            norms = np.linalg.norm(matrix, axis=1, keepdims=True)
+            self._matrix = (matrix / np.where(norms > 0, norms, 1.0), payloads)
+        matrix, payloads = self._matrix
+        if not payloads:
+            return []
+        query = np.asarray(vector, dtype=np.float32)
+        query /= max(float(np.linalg.norm(query)), 1e-12)
+        scores = matrix @ query
+        top = np.argpartition(-scores, min(k, len(scores)) - 1)[:k]
+        top = top[np.argsort(-scores[top], kind="stable")]
+        return [(payloads[i], float(scores[i])) for i in top]
 
     def close(self) -> None:
         self.client.close()

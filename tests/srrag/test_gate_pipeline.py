@@ -76,6 +76,7 @@ def test_fails_closed_on_an_empty_or_broken_datastore(tiny: Any) -> None:
     d = SelfRoutingGate(tiny, empty, tau=0.9).decide(Q)
     assert d.retrieve and "datastore is empty" in d.reason
     empty.client.delete_collection(empty.collection)  # the collection vanished under us
+    empty.refresh()  # (an edit by other means than this SourcePolicy: re-read)
     broken = SelfRoutingGate(tiny, empty, tau=0.9).decide(Q)
     assert broken.retrieve and "lookup failed" in broken.reason
     assert "srrag-policy" in str(broken.evidence["lookup_error"])

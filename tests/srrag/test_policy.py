@@ -96,3 +96,23 @@ def test_unreachable_server_names_the_url(tiny: Any) -> None:
     url = f"http://127.0.0.1:{port}"
     with pytest.raises(PolicyStoreError, match=f"cannot reach the Qdrant server at {url}"):
         SourcePolicy.open(HiddenStateKeys(tiny, layer=2), url=url)
+
+
+def test_in_process_search_agrees_with_qdrant(tiny: Any) -> None:
+    keys = HiddenStateKeys(tiny, layer=2)
+    cached = SourcePolicy.open(keys, path=":memory:", k=3)
+    assert cached.cache  # local mode: searched in process
+    cached.add_questions(ENTRIES)
+    plain = SourcePolicy(cached.client, cached.collection, keys, k=3, cache=False)
+    for q in ["Who wrote Hamlet?", "Is Paris in France?", "Do scientists use recall?"]:
+        a, b = cached.vote_question(q), plain.vote_question(q)
+        assert [(n.id, n.source) for n in a.neighbours] == \
+            [(n.id, n.source) for n in b.neighbours]
+        assert [n.similarity for n in a.neighbours] == \
+            pytest.approx([n.similarity for n in b.neighbours], abs=1e-5)
+    # Another client's edit is seen after refresh(); this instance's own edits at once.
+    plain.delete([("popqa", "1")])
+    assert cached.vote_question("Who wrote Hamlet?").neighbours[0].id == "1"  # stale copy
+    cached.refresh()
+    assert "1" not in {n.id for n in cached.vote_question("Who wrote Hamlet?").neighbours}
+    cached.close()
