@@ -474,11 +474,13 @@ class HFWhiteBoxLM(BaseTextLM):
     ) -> StreamGroup:
         """Prefill several prompts for lockstep decoding of one shared generated suffix.
 
-        Each prompt keeps its own KV cache (one left-padded batch); every
-        :meth:`StreamGroup.advance` appends the same token to all streams in one batched
-        forward pass. ``hidden_layers`` and ``attention_layers`` choose what each step keeps
-        for inspection (hidden-state indices as in ``output_hidden_states``, 0 = embeddings;
-        attention layers 0-based decoder layers). ``reserve`` = tokens you plan to generate.
+        Each prompt is prefilled alone (its own tokens only, no padding), then the caches
+        are joined into one left-padded batch: every :meth:`StreamGroup.advance` appends the
+        same token to all streams in one batched forward pass. ``hidden_layers`` and
+        ``attention_layers`` choose what each step keeps of the newest token for inspection
+        (hidden-state indices as in ``output_hidden_states``, 0 = embeddings; attention
+        layers 0-based decoder layers; a prompt position's row: :meth:`attention_row`).
+        ``reserve`` = tokens you plan to generate.
         """
         if isinstance(prompts, str) or not isinstance(prompts, Sequence) or not prompts:
             raise TypeError("prompts must be a non-empty list of prompts (one per stream)")
@@ -1025,7 +1027,7 @@ class StreamGroup:
         self._mask = torch.zeros((self.n_streams, width), dtype=torch.long)
         for row, n in enumerate(self.prompt_lengths):
             self._mask[row, width - n:] = 1
-        self._cache = self._join([p.cache for p in prefills], width)
+        self._cache = self._join(prefills, width)
         self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
         self._vocab = int(self._logits.shape[-1])
 
@@ -1033,19 +1035,27 @@ class StreamGroup:
     def n_streams(self) -> int:
         return len(self.prompt_lengths)
 
-    def _join(self, caches: list[Any], width: int) -> Any:
+    def _join(self, prefills: list[_Pass], width: int) -> Any:
         """One left-padded batch cache from the streams' own caches (zero keys and values
-        at the padding, which the mask hides)."""
-        if len(caches) == 1:
-            return caches[0]
+        at the padding, which the mask hides). Each stream's layer is released once copied, so
+        the streams' caches and the joined one are never all held in full at once."""
+        if len(prefills) == 1:
+            return prefills[0].cache
+        parts = [[(layer.keys, layer.values) for layer in p.cache.layers] for p in prefills]
+        for p in prefills:
+            p.cache = None
         layers = []
-        for index in range(len(caches[0].layers)):
-            parts = [(c.layers[index].keys, c.layers[index].values) for c in caches]
-            layers.append(tuple(
-                torch.cat([torch.nn.functional.pad(t, (0, 0, width - t.shape[2], 0))
-                           for t in kind])
-                for kind in zip(*parts, strict=True)))
-        return self._lm._new_cache(layers)  # type: ignore[arg-type]
+        while parts[0]:
+            pairs = [stream.pop(0) for stream in parts]  # the stream's reference goes
+            joined = []
+            for kind in (0, 1):  # keys, values
+                first = pairs[0][kind]
+                out = first.new_zeros((len(pairs), first.shape[1], width, first.shape[3]))
+                for row, pair in enumerate(pairs):
+                    out[row, :, width - pair[kind].shape[2]:] = pair[kind][0]
+                joined.append(out)
+            layers.append((joined[0], joined[1]))
+        return self._lm._new_cache(layers)
 
     def _pass(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
               mask: torch.Tensor | None) -> _Pass:
@@ -1139,8 +1149,9 @@ class StreamGroup:
         """Attention probabilities ``[heads, position+1]`` of a query over a stream's tokens.
 
         ``position`` indexes the stream's own tokens (prompt then generated); default: the
-        newest token, the only one available after :meth:`advance`. Columns follow the same
-        indexing (column ``j`` = the stream's token ``j``).
+        newest token, the only one a group opened by :meth:`HFWhiteBoxLM.open_streams` keeps
+        (:meth:`HFWhiteBoxLM.attention_row` reads any prompt position). Columns follow the
+        same indexing (column ``j`` = the stream's token ``j``).
         """
         self._flush()
         index = layer % self._lm.num_layers
