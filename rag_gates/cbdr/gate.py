@@ -71,7 +71,9 @@ class CBDRGate(BaseGate):
 
     def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float = 0.5, *,
                  batch_size: int = 8) -> None:
-        self.lm = require_white_box(lm, "CBDRGate")
+        self.lm = require_white_box(
+            lm, "CBDRGate", instead="QuCoGate (text only) to decide, and CrossEncoderReranker "
+            "to rerank")
         if not isinstance(probe, ConfidenceProbe):
             raise TypeError(f"probe must be a ConfidenceProbe, got {type(probe).__name__}; "
                             "load one with ConfidenceProbe.load(directory, lm=lm)")

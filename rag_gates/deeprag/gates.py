@@ -25,7 +25,7 @@ from pydantic import JsonValue
 
 from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
 from rag_gates.gate import BaseGate
-from rag_gates.lm.base import Prompt, WhiteBoxLM, require_white_box
+from rag_gates.lm.base import Prompt, capabilities_of, require_white_box
 
 __all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate"]
 
@@ -81,7 +81,8 @@ class MarkerLikelihoodGate(BaseGate):
     """Retrieve when ``log p(retrieve marker) - log p(direct marker) >= threshold``, both
     read right after the subquery line.
 
-    A white-box model (``score``) gives the teacher-forced log-probability of each whole
+    A model with ``score`` (white-box, or a served model whose prompt log-probabilities passed
+    the probe: see ``lm.capabilities``) gives the teacher-forced log-probability of each whole
     marker (``Let's search the question in Wikipedia.`` vs ``Intermediate answer:``). A
     text-only model that returns log-probabilities gives the first token's: the best of its
     top-20 alternatives that begins each marker (a marker missing from the top 20 counts at
@@ -102,7 +103,7 @@ class MarkerLikelihoodGate(BaseGate):
 
     def __init__(self, lm: Any, threshold: float = 0.0) -> None:
         super().__init__(threshold)
-        if isinstance(lm, WhiteBoxLM):
+        if capabilities_of(lm).has("score"):  # in process, or a server whose probe passed
             self.method = "score"
         elif getattr(lm, "supports_logprobs", False):
             self.method = "top_logprobs"

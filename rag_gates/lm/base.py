@@ -299,7 +299,8 @@ def require_capabilities(lm: object, component: str, *needs: Capability,
     name = getattr(lm, "model_id", None) or type(lm).__name__
     why = "; ".join(f"{n}: {caps.notes[n]}" for n in missing if n in caps.notes)
     message = (f"{component} needs {', '.join(missing)}, which {type(lm).__name__} "
-               f"({name}) does not offer (it offers {', '.join(caps.offered())})"
+               f"({name}) does not offer: it is text-only here (it offers "
+               f"{', '.join(caps.offered())})"
                + (f" [{why}]" if why else "") + ". ")
     if instead:
         message += f"With this model use {instead} instead; or pass "

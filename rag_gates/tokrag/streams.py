@@ -165,7 +165,9 @@ class TwoStreamDecoder(BaseTextLM):
 
     def __init__(self, lm: Any, *, dataset: str | None = None) -> None:
         method = type(self).__name__
-        white_box = require_white_box(lm, method)
+        white_box = require_white_box(
+            lm, method, instead="one answer over the passages (QuCoPipeline, or generate() with "
+            "a prompt that holds them)")
         model = getattr(white_box, "model", None)
         if model is None or not hasattr(model, "get_input_embeddings") or not hasattr(
             white_box, "tokenizer"

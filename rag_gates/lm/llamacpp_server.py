@@ -1,0 +1,86 @@
+"""Start llama.cpp's OpenAI-compatible server (llama-cpp-python) on 127.0.0.1 for a GGUF file,
+by default the embedded SmolLM2: for tests, benchmarks and trying a served model locally.
+
+``pip install "llama-cpp-python[server]"`` builds llama.cpp from source (about 16 CPU-minutes
+here; pip caches the wheel). ``--logits_all true`` is needed for log-probabilities.
+
+Example:
+    >>> with llamacpp_server() as url:                                    # doctest: +SKIP
+    ...     lm = OpenAICompatibleLM(url)
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+from rag_gates._optional import require
+from rag_gates.errors import ServerUnavailableError
+
+__all__ = ["free_port", "llamacpp_server"]
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that nothing listens on now."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@contextmanager
+def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | None = None,
+                    threads: int = 1, n_ctx: int = 2048, startup_timeout: float = 120.0,
+                    log: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """Run ``python -m llama_cpp.server`` on 127.0.0.1 and yield its ``/v1`` URL; the server
+    is stopped when the block ends. ``threads`` bounds its CPU use; its output goes to
+    ``log`` (default: a temporary file, quoted in the error if it fails to start)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ImportError('the llama.cpp server is not installed: pip install '
+                          '"llama-cpp-python[server]"')
+    httpx = require("httpx", "api")
+    if gguf is None:
+        from rag_gates.lm.defaults import default_gguf_path
+
+        gguf = default_gguf_path()
+    port = port or free_port()
+    log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="llama-server-",
+                                                           suffix=".log")[1])
+    url = f"http://127.0.0.1:{port}/v1"
+    with log_path.open("wb") as out:
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
+             "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", str(n_ctx),
+             "--n_threads", str(threads), "--n_threads_batch", str(threads)],
+            stdout=out, stderr=subprocess.STDOUT,
+            env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+    try:
+        deadline = time.monotonic() + startup_timeout
+        while True:
+            if proc.poll() is not None or time.monotonic() > deadline:
+                tail = log_path.read_text(errors="replace")[-2000:]
+                raise ServerUnavailableError(
+                    f"the llama.cpp server for {gguf} "
+                    + (f"exited ({proc.returncode})" if proc.returncode is not None else
+                       f"did not answer in {startup_timeout:.0f} s") + f"; its log: {tail}")
+            try:
+                if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
+                    break
+            except httpx.TransportError:
+                pass
+            time.sleep(0.5)
+        yield url
+    finally:
+        proc.terminate()
+        try:
+            proc.wait(timeout=20)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()

@@ -1,0 +1,152 @@
+"""OpenAICompatibleLM against llama.cpp's server (llama-cpp-python) running the embedded
+SmolLM2 GGUF, compared with HFWhiteBoxLM on the same weights.
+
+Tolerance: transformers dequantises the Q4_1 GGUF to float32, so both hold the same weight
+values; llama.cpp multiplies with quantised activations (8-bit blocks against the 4-bit
+weights), which moves a log-probability by about 0.01-0.02 nats typically and by up to 0.41
+on some tokens (measured: benchmarks/results/served_lm.json). So the median difference must
+stay under MEDIAN_TOL and every one under MAX_TOL, and greedy texts may part only where the
+in-process model had a near tie (the served token within MAX_TOL of its top token).
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Iterator
+from typing import Any
+
+import pytest
+
+from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
+from rag_gates.deeprag.gates import MarkerLikelihoodGate
+from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.lm.openai_compat import PROBE_RAW, OpenAICompatibleLM
+
+pytestmark = pytest.mark.server
+
+MEDIAN_TOL = 0.05
+MAX_TOL = 0.5
+QUESTIONS = [
+    "What is the capital of France?",
+    "Who wrote Hamlet?",
+    "What is the largest planet in the solar system?",
+    "How many legs does a spider have?",
+    "What language is spoken in Brazil?",
+    "Who painted the Mona Lisa?",
+]
+
+
+@pytest.fixture(scope="module")
+def served(llama_server: str, smol: Any) -> Iterator[OpenAICompatibleLM]:
+    with OpenAICompatibleLM(llama_server, chat_template=smol.tokenizer.chat_template) as lm:
+        yield lm
+
+
+def _common_prefix(a: list[str], b: list[str]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _check_close(diffs: list[float]) -> None:
+    assert diffs
+    diffs = sorted(diffs)
+    assert diffs[len(diffs) // 2] <= MEDIAN_TOL, diffs
+    assert diffs[-1] <= MAX_TOL, diffs
+
+
+def test_probe_finds_raw_prompts_shifted_and_chat_prompts_aligned(
+        served: OpenAICompatibleLM) -> None:
+    assert served.alignment == {"raw": "shifted", "chat": "aligned"}
+    assert served.capabilities.offered() == ["text", "logprobs", "score", "next_token"]
+
+
+def test_greedy_generation_and_logprobs_agree_with_hf(served: OpenAICompatibleLM,
+                                                      smol: Any) -> None:
+    same_text, diffs = 0, []
+    for q in QUESTIONS:
+        mine = served.generate(q, max_new_tokens=8, logprobs=0)
+        ref = smol.generate(q, max_new_tokens=8, logprobs=5)
+        a, b = mine.logprobs or [], ref.logprobs or []
+        n = _common_prefix([t.token for t in a], [t.token for t in b])
+        same_text += mine.text == ref.text
+        diffs += [abs(x.logprob - y.logprob) for x, y in zip(a[:n], b[:n], strict=True)]
+        if n < min(len(a), len(b)):  # they parted: only at a near tie of the in-process model
+            alternatives = {t.token: t.logprob for t in b[n].top_logprobs}
+            assert a[n].token in alternatives, (q, n, a[n].token, alternatives)
+            assert b[n].logprob - alternatives[a[n].token] <= MAX_TOL, (q, n, alternatives)
+    _check_close(diffs)
+    print(f"identical greedy texts: {same_text}/{len(QUESTIONS)}")
+
+
+def test_score_agrees_with_hf_on_chat_prompts(served: OpenAICompatibleLM, smol: Any) -> None:
+    q = "What is the capital of France?"
+    continuations = ["Paris", "The capital of France is Paris.", "London is the capital."]
+    mine = served.score(q, continuations)
+    ref = smol.score(q, continuations)
+    diffs = []
+    for m, r in zip(mine, ref, strict=True):
+        assert m.tokens == r.tokens
+        diffs += [abs(x - y) for x, y in zip(m.logprobs, r.logprobs, strict=True)]
+    _check_close(diffs)
+    # The ranking a likelihood gate reads is the same.
+    assert [s.total for s in mine].index(max(s.total for s in mine)) == \
+        [s.total for s in ref].index(max(s.total for s in ref))
+
+
+def test_shift_corrected_raw_score_agrees_with_hf(llama_server: str, smol: Any) -> None:
+    with OpenAICompatibleLM(llama_server, chat=False) as raw:
+        [mine] = raw.score(PROBE_RAW, [" Paris"])
+    [ref] = smol.score(PROBE_RAW, [" Paris"], chat_template=False)
+    assert mine.tokens == ref.tokens == [" Paris"]
+    _check_close([abs(mine.logprobs[0] - ref.logprobs[0])])
+
+
+def test_next_token_distribution_agrees_with_hf(served: OpenAICompatibleLM, smol: Any) -> None:
+    q = "Who wrote Hamlet?"
+    mine = served.top_next_tokens(q, k=5)
+    ref = smol.top_next_tokens(q, k=5)
+    theirs = {t.token: t.logprob for t in ref}
+    assert set(theirs) & {t.token for t in mine} and len(set(theirs) & {t.token for t in mine}
+                                                          ) >= 4
+    _check_close([abs(t.logprob - theirs[t.token]) for t in mine if t.token in theirs])
+
+
+def test_stream_and_async(served: OpenAICompatibleLM) -> None:
+    # llama.cpp's greedy text can differ between two identical requests (its prompt cache
+    # changes the arithmetic, and near ties flip), so each reply is checked on its own.
+    q = "Name three colours."
+    stream = served.stream(q, max_new_tokens=12, stop=["\n"])
+    pieces: list[str] = []
+    while True:
+        try:
+            pieces.append(next(stream))
+        except StopIteration as done:
+            result = done.value
+            break
+    assert len(pieces) > 1 and "".join(pieces) == result.text and "\n" not in result.text
+    early = served.stream(q, max_new_tokens=64)
+    next(early)
+    early.close()  # closes the connection; the server is free for the next request
+
+    async def three() -> list[str]:
+        gens = await asyncio.gather(*(served.agenerate(q, max_new_tokens=12, stop=["\n"])
+                                      for _ in range(3)))
+        return [g.text for g in gens]
+
+    texts = asyncio.run(three())
+    assert len(texts) == 3 and all(t and "\n" not in t for t in texts)
+
+
+def test_methods_take_or_refuse_a_served_model(served: OpenAICompatibleLM) -> None:
+    with pytest.raises(WhiteBoxRequiredError, match="AnswerLogprobGate"):
+        FirstTokenProbGate(served)
+    decision = AnswerLogprobGate(served, max_new_tokens=4).decide("Who wrote Hamlet?")
+    assert decision.evidence["tokens"] == 4
+    gate = MarkerLikelihoodGate(served)
+    assert gate.method == "score"  # the probe passed for chat prompts
+    d = gate.decide("Who directed Jaws?", prompt=[
+        {"role": "user", "content": "Answer step by step.\nQuestion: Who directed Jaws?"},
+        {"role": "assistant", "content": "Follow up: Who directed Jaws?\n"}])
+    assert d.evidence["method"] == "score" and d.score == d.score  # finite, not NaN
