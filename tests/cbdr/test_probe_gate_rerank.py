@@ -108,7 +108,7 @@ def test_training_learns_a_real_signal_and_keeps_the_best_dev_epoch(tiny: Any) -
 # ---------------------------------------------------------------------- gate
 def test_gate_refuses_text_only_models_and_bad_beta(tiny: Any, probe: ConfidenceProbe) -> None:
     with pytest.raises(WhiteBoxRequiredError,
-                       match=r"does not offer.*Pass a white-box model"):
+                       match=r"does not offer.*white-box model"):
         CBDRGate(TextOnly(), probe)
     with pytest.raises(ValueError, match=r"beta is a confidence in \[0, 1\]"):
         CBDRGate(tiny, probe, beta=1.5)
