@@ -50,7 +50,7 @@ require("transformers", "hf")
 import torch  # noqa: E402
 import transformers  # noqa: E402
 
-__all__ = ["Decoded", "HFWhiteBoxLM", "StreamGroup"]
+__all__ = ["Decoded", "HFWhiteBoxLM", "StreamGroup", "weight_major"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,6 +62,30 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torc
 def _rotate_half(x: torch.Tensor) -> torch.Tensor:
     half = x.shape[-1] // 2
     return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def weight_major(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
+    """``x @ weight.T`` for a few rows ``x [..., d]`` of a large ``weight [out, d]``, as
+    ``(weight @ x.T).T``: on CPU, F.linear reads the weight about once per row when there
+    are a few rows (SmolLM2's 49k x 576 head: 34.6 ms for 2 rows vs 16.0 ms for 1), this
+    product reads it once. Same values up to float rounding."""
+    flat = x.reshape(-1, x.shape[-1])
+    return torch.mm(weight, flat.t()).t().reshape(*x.shape[:-1], weight.shape[0])
+
+
+@contextmanager
+def _weight_major_head(model: Any) -> Iterator[None]:
+    """During a pass over several rows, the LM head (a bias-free ``nn.Linear`` only) runs
+    as :func:`weight_major`; what the model does with the logits afterwards is untouched."""
+    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
+    if type(head) is not torch.nn.Linear or head.bias is not None:
+        yield
+        return
+    head.forward = lambda x: weight_major(x, head.weight)  # instance attribute, removed below
+    try:
+        yield
+    finally:
+        del head.forward
 
 
 class _AttentionInputs:
@@ -1065,6 +1089,9 @@ class StreamGroup:
         hooks = _HiddenStates.hookable(lm.model, self.hidden_layers)
         hidden = _HiddenStates(self.hidden_layers, last_only=True)
         with ExitStack() as stack:
+            if ids.shape[0] > 1:  # a lockstep step: the head once for all streams
+                stack.enter_context(lm._lock)
+                stack.enter_context(_weight_major_head(lm.model))
             if self.attention_layers:
                 stack.enter_context(self._capture.installed(lm.model))
             if self.hidden_layers and hooks:

@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._optional import require
 from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.lm.hf import weight_major
 from rag_gates.tokrag.streams import StepChoice, TwoStreamDecoder, TwoStreams, js_divergence
 
 require("torch", "hf")
@@ -146,14 +147,10 @@ class TokRAGDecoder(TwoStreamDecoder):
         """Logit lens: log-probabilities from hidden states ``[..., d]`` -> ``[..., vocab]``."""
         with torch.inference_mode():
             normed = self._norm(hidden)
-            flat = normed.reshape(-1, normed.shape[-1])
-            if self._head_weight is not None:
-                # Weight-major product: reads the vocab x d head once for all rows; on CPU,
-                # F.linear costs about one head read per row for a few rows.
-                logits = torch.mm(self._head_weight, flat.t()).t()
-            else:
-                logits = self._head(flat)
-            return torch.log_softmax(logits.float(), dim=-1).reshape(*hidden.shape[:-1], -1)
+            # The vocab x d head read once for all rows (see weight_major).
+            logits = (weight_major(normed, self._head_weight) if self._head_weight is not None
+                      else self._head(normed))
+            return torch.log_softmax(logits.float(), dim=-1)
 
     def _lensed(self, streams: TwoStreams, layers: list[int]) -> dict[int, torch.Tensor]:
         """The lens ``[2, vocab]`` at each of ``layers`` for the current step, the ones not
