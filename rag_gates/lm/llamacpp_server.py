@@ -18,14 +18,14 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping, Sequence
 from contextlib import contextmanager
 from pathlib import Path
 
 from rag_gates._optional import require
 from rag_gates.errors import ServerUnavailableError
 
-__all__ = ["free_port", "llamacpp_server"]
+__all__ = ["child_server", "free_port", "llamacpp_server"]
 
 
 def free_port() -> int:
@@ -36,38 +36,26 @@ def free_port() -> int:
 
 
 @contextmanager
-def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | None = None,
-                    threads: int = 1, n_ctx: int = 2048, startup_timeout: float = 120.0,
-                    log: str | os.PathLike[str] | None = None) -> Iterator[str]:
-    """Run ``python -m llama_cpp.server`` on 127.0.0.1 and yield its ``/v1`` URL; the server
-    is stopped when the block ends. ``threads`` bounds its CPU use; its output goes to
-    ``log`` (default: a temporary file, quoted in the error if it fails to start)."""
-    if importlib.util.find_spec("llama_cpp") is None:
-        raise ImportError('the llama.cpp server is not installed: pip install '
-                          '"llama-cpp-python[server]"')
+def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 120.0,
+                 log: str | os.PathLike[str] | None = None,
+                 env: Mapping[str, str] | None = None) -> Iterator[str]:
+    """Run an HTTP server ``command`` in a child process, wait until ``GET {url}/models``
+    answers 200, yield ``url``, and stop the child when the block ends (terminate, then kill
+    after 20 s). Output goes to ``log`` (default: a temporary file, quoted in the error when
+    the child exits or does not answer in ``startup_timeout`` seconds)."""
     httpx = require("httpx", "api")
-    if gguf is None:
-        from rag_gates.lm.defaults import default_gguf_path
-
-        gguf = default_gguf_path()
-    port = port or free_port()
-    log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="llama-server-",
+    log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="rag-gates-server-",
                                                            suffix=".log")[1])
-    url = f"http://127.0.0.1:{port}/v1"
     with log_path.open("wb") as out:
-        proc = subprocess.Popen(
-            [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
-             "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", str(n_ctx),
-             "--n_threads", str(threads), "--n_threads_batch", str(threads)],
-            stdout=out, stderr=subprocess.STDOUT,
-            env={**os.environ, "OMP_NUM_THREADS": str(threads)})
+        proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT,
+                                env=dict(env) if env is not None else None)
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:
                 tail = log_path.read_text(errors="replace")[-2000:]
                 raise ServerUnavailableError(
-                    f"the llama.cpp server for {gguf} "
+                    f"the server {' '.join(command[:4])} ... "
                     + (f"exited ({proc.returncode})" if proc.returncode is not None else
                        f"did not answer in {startup_timeout:.0f} s") + f"; its log: {tail}")
             try:
@@ -84,3 +72,26 @@ def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | N
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+
+
+@contextmanager
+def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | None = None,
+                    threads: int = 1, n_ctx: int = 2048, startup_timeout: float = 120.0,
+                    log: str | os.PathLike[str] | None = None) -> Iterator[str]:
+    """Run ``python -m llama_cpp.server`` on 127.0.0.1 and yield its ``/v1`` URL; the server
+    is stopped when the block ends. ``threads`` bounds its CPU use; its output goes to
+    ``log`` (see :func:`child_server`)."""
+    if importlib.util.find_spec("llama_cpp") is None:
+        raise ImportError('the llama.cpp server is not installed: pip install '
+                          '"llama-cpp-python[server]"')
+    if gguf is None:
+        from rag_gates.lm.defaults import default_gguf_path
+
+        gguf = default_gguf_path()
+    port = port or free_port()
+    command = [sys.executable, "-m", "llama_cpp.server", "--model", str(gguf), "--host",
+               "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", str(n_ctx),
+               "--n_threads", str(threads), "--n_threads_batch", str(threads)]
+    with child_server(command, f"http://127.0.0.1:{port}/v1", startup_timeout=startup_timeout,
+                      log=log, env={**os.environ, "OMP_NUM_THREADS": str(threads)}) as url:
+        yield url

@@ -1,0 +1,43 @@
+"""child_server: the start/wait/stop of a local model server, on tiny stand-in servers."""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+import httpx
+import pytest
+
+from rag_gates.errors import ServerUnavailableError
+from rag_gates.lm.llamacpp_server import child_server, free_port
+
+SERVES_MODELS = """
+import sys
+from http.server import BaseHTTPRequestHandler, HTTPServer
+class H(BaseHTTPRequestHandler):
+    def do_GET(self):
+        body = b'{"data": [{"id": "m"}]}' if self.path == "/v1/models" else b"{}"
+        self.send_response(200 if self.path == "/v1/models" else 404)
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+HTTPServer(("127.0.0.1", int(sys.argv[1])), H).serve_forever()
+"""
+
+
+def test_waits_for_the_server_and_stops_it(tmp_path: Path) -> None:
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    with child_server([sys.executable, "-c", SERVES_MODELS, str(port)], url,
+                      startup_timeout=30, log=tmp_path / "log") as got:
+        assert got == url
+        assert httpx.get(f"{url}/models").json()["data"][0]["id"] == "m"
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/models", timeout=2)
+
+
+def test_a_child_that_exits_is_an_error_with_its_log(tmp_path: Path) -> None:
+    command = [sys.executable, "-c", "print('no model file here'); raise SystemExit(3)"]
+    with pytest.raises(ServerUnavailableError, match=r"exited \(3\).*no model file here"), \
+            child_server(command, f"http://127.0.0.1:{free_port()}/v1", log=tmp_path / "log"):
+        pass
