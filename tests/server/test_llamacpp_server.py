@@ -7,7 +7,8 @@ weights), which moves a log-probability: over 50 HotpotQA prompts the median dif
 0.015-0.018 nats, the p95 0.12-0.15 and the largest 0.34 (benchmarks/results/served_lm.json);
 0.41 was seen on one first token ("The" after "What is the capital of France?"). So the
 median difference must stay under MEDIAN_TOL and every one under MAX_TOL, and greedy texts may
-part only where the in-process model had a near tie (the served token within MAX_TOL of its top token).
+part only where the in-process model had a near tie (the served token within MAX_TOL of its
+top token).
 """
 
 from __future__ import annotations
