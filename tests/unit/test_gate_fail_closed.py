@@ -1,7 +1,8 @@
 """The fail-closed rule of the Gate protocol: a gate that cannot decide retrieves, says why,
 and its decision stays valid JSON. Every gate in the tree is checked, on real faults: a model
 or probe with NaN weights, a probe with zero feature spread, an answer with no tokens, a
-corpus backend answering a non-finite count."""
+corpus backend answering a non-finite count, an empty kNN datastore, a subquery with no
+decision marker."""
 
 from __future__ import annotations
 
@@ -111,7 +112,6 @@ def _quco(tiny: Any) -> BaseGate:
     return QuCoGate(NonFiniteCounts(), tau_entity=10)
 
 
-# (case id, gate class name, builder, the raw score the fault produces)
 def _composite(kind: str, lm: Any) -> BaseGate:
     from rag_gates.gate import AllOf, AnyOf, Cascade, Weighted
 
@@ -125,26 +125,65 @@ def _composite(kind: str, lm: Any) -> BaseGate:
     return Weighted([other, broken], weights=[1.0, 1.0])
 
 
-CASES: list[tuple[str, str, Callable[[Any], BaseGate], str]] = [
-    ("cbdr-probe-nan-weights", "CBDRGate", _cbdr(nan_weights=True), "nan"),
-    ("cbdr-probe-zero-std", "CBDRGate", _cbdr(zero_std=True), "nan"),
-    ("first-token-prob-nan-model", "FirstTokenProbGate", _first_token, "nan"),
-    ("answer-logprob-nan-model", "AnswerLogprobGate", _answer_logprob_nan, "nan"),
-    ("answer-logprob-empty-answer", "AnswerLogprobGate", _answer_logprob_empty, "inf"),
-    ("quco-nan-count", "QuCoGate", _quco, "nan"),
+def _empty_policy(tiny: Any) -> Any:
+    from rag_gates.srrag import HiddenStateKeys, SourcePolicy
+
+    return SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=":memory:")
+
+
+def _skr(tiny: Any) -> BaseGate:
+    from rag_gates.srrag import SKRGate
+
+    return SKRGate(_empty_policy(tiny), prior=(1, 1))
+
+
+def _self_routing(tiny: Any) -> BaseGate:
+    from rag_gates.srrag import SelfRoutingGate
+
+    return SelfRoutingGate(tiny, _empty_policy(tiny), tau=0.5)
+
+
+def _marker(tiny: Any) -> BaseGate:
+    from rag_gates.deeprag.gates import MarkerGate
+
+    return MarkerGate()
+
+
+def _marker_likelihood(tiny: Any) -> BaseGate:
+    from rag_gates.deeprag.gates import MarkerLikelihoodGate
+
+    return MarkerLikelihoodGate(nan_weights_lm(), threshold=0.0)
+
+
+#: The prompt DeepRAG hands its likelihood gate: it ends right after the subquery's line.
+SUBQUERY_PROMPT = f"Question: {QUESTION}\nFollow up: Who wrote Hamlet?\n"
+
+# (case id, gate class name, builder, the raw score the fault produces, the signals the
+# gate's caller passes with the query)
+CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
+    ("cbdr-probe-nan-weights", "CBDRGate", _cbdr(nan_weights=True), "nan", {}),
+    ("cbdr-probe-zero-std", "CBDRGate", _cbdr(zero_std=True), "nan", {}),
+    ("first-token-prob-nan-model", "FirstTokenProbGate", _first_token, "nan", {}),
+    ("answer-logprob-nan-model", "AnswerLogprobGate", _answer_logprob_nan, "nan", {}),
+    ("answer-logprob-empty-answer", "AnswerLogprobGate", _answer_logprob_empty, "inf", {}),
+    ("quco-nan-count", "QuCoGate", _quco, "nan", {}),
     # Composites: a sub-gate that cannot decide makes the whole decision retrieve.
-    ("all-of-nan-sub-gate", "AllOf", lambda lm: _composite("all", lm), "nan"),
-    ("any-of-nan-sub-gate", "AnyOf", lambda lm: _composite("any", lm), "nan"),
-    ("cascade-nan-cheap-gate", "Cascade", lambda lm: _composite("cascade", lm), "nan"),
-    ("weighted-nan-sub-gate", "Weighted", lambda lm: _composite("weighted", lm), "nan"),
+    ("all-of-nan-sub-gate", "AllOf", lambda lm: _composite("all", lm), "nan", {}),
+    ("any-of-nan-sub-gate", "AnyOf", lambda lm: _composite("any", lm), "nan", {}),
+    ("cascade-nan-cheap-gate", "Cascade", lambda lm: _composite("cascade", lm), "nan", {}),
+    ("weighted-nan-sub-gate", "Weighted", lambda lm: _composite("weighted", lm), "nan", {}),
+    # SR-RAG: an empty kNN datastore gives no vote.
+    ("skr-empty-datastore", "SKRGate", _skr, "nan", {}),
+    ("srrag-empty-datastore", "SelfRoutingGate", _self_routing, "nan", {}),
+    # DeepRAG: no marker written; a model whose marker log-probabilities are NaN.
+    ("deeprag-no-marker", "MarkerGate", _marker, "nan", {"written": None}),
+    ("deeprag-likelihood-nan-model", "MarkerLikelihoodGate", _marker_likelihood, "nan",
+     {"prompt": SUBQUERY_PROMPT}),
 ]
 
-#: Gates whose fail-closed behaviour is tested in their own package's tests
-#: (SelfRoutingGate: tests/srrag/test_gate_pipeline.py; MarkerGate: tests/deeprag/test_agent.py)
-#: or not yet with a non-finite score (SKRGate, MarkerLikelihoodGate, ConstantGate). Listed so
-#: that a new gate class still fails the coverage test below until it is added somewhere.
-COVERED_ELSEWHERE = {"SelfRoutingGate", "MarkerGate", "SKRGate", "MarkerLikelihoodGate",
-                     "ConstantGate"}
+#: ConstantGate (DeepRAG's always / never) scores a constant: it cannot be undecided. Listed
+#: so that a new gate class still fails the coverage test below until it is added here.
+COVERED_ELSEWHERE = {"ConstantGate"}
 
 
 def assert_fails_closed(d: GateDecision, raw: str) -> None:
@@ -160,14 +199,16 @@ def assert_fails_closed(d: GateDecision, raw: str) -> None:
     assert recorder.trace().decisions() == [d]
 
 
-@pytest.mark.parametrize(("case", "cls", "build", "raw"), CASES, ids=[c[0] for c in CASES])
+@pytest.mark.parametrize(("case", "cls", "build", "raw", "signals"), CASES,
+                         ids=[c[0] for c in CASES])
 def test_a_gate_that_cannot_decide_retrieves_and_says_why(
-        tiny: Any, case: str, cls: str, build: Callable[[Any], BaseGate], raw: str) -> None:
+        tiny: Any, case: str, cls: str, build: Callable[[Any], BaseGate], raw: str,
+        signals: dict[str, Any]) -> None:
     gate = build(tiny)
     assert type(gate).__name__ == cls
-    assert_fails_closed(gate.decide(QUESTION), raw)
-    assert_fails_closed(asyncio.run(gate.adecide(QUESTION)), raw)
-    for d in gate.decide_batch([QUESTION, "What is the capital of Peru?"]):
+    assert_fails_closed(gate.decide(QUESTION, **signals), raw)
+    assert_fails_closed(asyncio.run(gate.adecide(QUESTION, **signals)), raw)
+    for d in gate.decide_batch([QUESTION, "What is the capital of Peru?"], **signals):
         assert_fails_closed(d, raw)
 
 
@@ -182,6 +223,7 @@ def test_cbdr_prefill_fails_closed_too(tiny: Any) -> None:
 def test_every_gate_in_the_tree_is_covered() -> None:
     # Import every module that defines gates, then walk BaseGate's subclasses.
     for module in ("rag_gates.cbdr.gate", "rag_gates.eval.gates", "rag_gates.quco.gate",
+                   "rag_gates.srrag.gate", "rag_gates.srrag.skr", "rag_gates.deeprag.gates",
                    "langchain_rag_gates", "llama_index.retrievers.rag_gates",
                    "llama_index.query_engine.rag_gates"):
         importlib.import_module(module)
@@ -192,7 +234,7 @@ def test_every_gate_in_the_tree_is_covered() -> None:
     shipped = {c.__name__ for c in walk(BaseGate)
                if c.__module__.startswith(("rag_gates", "langchain_rag_gates", "llama_index"))
                and not c.__name__.startswith("_")}  # private bases of the composites
-    assert shipped - COVERED_ELSEWHERE == {cls for _, cls, _, _ in CASES}
+    assert shipped - COVERED_ELSEWHERE == {cls for _, cls, _, _, _ in CASES}
 
 
 def test_non_finite_evidence_is_made_json_safe_and_finite_scores_decide_as_before() -> None:
