@@ -8,6 +8,9 @@ One interface, :class:`CorpusStats`, three implementations:
 * :class:`HostedInfiniGram`: the public infini-gram API (trillions of tokens) over HTTP;
 * :class:`CachedCorpusStats`: a persistent SQLite cache in front of either.
 
+:func:`serve_index` / ``rag-gates index serve`` shares one local index over HTTP in the hosted
+API's protocol, so many processes query it through :class:`HostedInfiniGram`.
+
 Every answer is a frozen pydantic model (:class:`CountResult`, :class:`CooccurrenceResult`)
 with the value, an ``approximate`` flag, the backend, the index and the latency. Phrases are
 always matched literally (``"Tom AND Jerry"`` is never an AND query).
@@ -46,6 +49,7 @@ from rag_gates.corpus.errors import (
 )
 from rag_gates.corpus.hosted import HostedConfig, HostedInfiniGram
 from rag_gates.corpus.local import IndexStats, LocalConfig, LocalInfiniGram
+from rag_gates.corpus.serve import IndexServer, ServeConfig, serve_index
 from rag_gates.corpus.tokenizer import CorpusTokenizer
 from rag_gates.corpus.types import (
     CaseMode,
@@ -81,15 +85,18 @@ __all__ = [
     "IndexBuildError",
     "IndexExistsError",
     "IndexNotFoundError",
+    "IndexServer",
     "IndexStats",
     "InvalidPhraseError",
     "LocalConfig",
     "LocalInfiniGram",
     "PhraseTooLongError",
     "Scope",
+    "ServeConfig",
     "SpaceMode",
     "UnsupportedScopeError",
     "Window",
     "build_index",
     "default_cache_path",
+    "serve_index",
 ]

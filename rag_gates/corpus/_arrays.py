@@ -10,7 +10,7 @@ import numpy as np
 
 from rag_gates.corpus.errors import CorruptIndexError
 
-__all__ = ["Shard", "ranks_to_ptrs", "verify_suffix_array", "window_doc_hits"]
+__all__ = ["Shard", "ranks_to_ptrs", "verify_suffix_array", "window_doc_hits", "window_hits"]
 
 NDArray = np.ndarray[Any, Any]
 
@@ -138,23 +138,31 @@ class Shard:
         return np.concatenate(found) if found else np.empty(0, dtype=np.int64)
 
 
-def window_doc_hits(p_small: NDArray, d_small: NDArray, p_large: NDArray, d_large: NDArray,
-                    window_bytes: int) -> NDArray:
-    """Documents where some small-side occurrence has a large-side one within the window.
+def window_hits(p_small: NDArray, d_small: NDArray, p_large: NDArray, d_large: NDArray,
+                window_bytes: int) -> NDArray:
+    """For each small-side occurrence: is a large-side one in the same document with its start
+    at most ``window_bytes`` away? (A boolean mask over ``p_small``.)
 
     Occurrences of one document are contiguous in sorted order, so checking the nearest
     large-side occurrence on each side of every small-side one is enough.
     """
     if p_small.size == 0 or p_large.size == 0:
-        return np.empty(0, dtype=np.int64)
+        return np.zeros(p_small.size, dtype=bool)
     order = np.argsort(p_large, kind="stable")
     pl, dl = p_large[order], d_large[order]
     idx = np.searchsorted(pl, p_small, side="left")
     last = pl.size - 1
     ri = np.minimum(idx, last)
-    hit = (idx <= last) & (dl[ri] == d_small) & (pl[ri] - p_small <= window_bytes)
+    hit: NDArray = (idx <= last) & (dl[ri] == d_small) & (pl[ri] - p_small <= window_bytes)
     li = np.maximum(idx - 1, 0)
     hit |= (idx >= 1) & (dl[li] == d_small) & (p_small - pl[li] <= window_bytes)
+    return hit
+
+
+def window_doc_hits(p_small: NDArray, d_small: NDArray, p_large: NDArray, d_large: NDArray,
+                    window_bytes: int) -> NDArray:
+    """Documents where some small-side occurrence has a large-side one within the window."""
+    hit = window_hits(p_small, d_small, p_large, d_large, window_bytes)
     return np.unique(d_small[hit])
 
 

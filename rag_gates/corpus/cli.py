@@ -7,6 +7,7 @@ Registered by the main CLI as ``app.add_typer(index_app, name="index")``::
     rag-gates index count DIR PHRASE [--json]
     rag-gates index cooc DIR A B [--window N] [--json]
     rag-gates index from-datasets [--datasets hotpotqa,2wiki] [--data PATH] [--case C]
+    rag-gates index serve DIR --port P [--host 127.0.0.1] [--name NAME]
 
 Every expected failure (missing or corrupt index, bad phrase, existing target) prints one
 line saying what to do and exits with status 1; no traceback.
@@ -235,3 +236,50 @@ def cooc(
         f"[bold]{answer.value:,}[/] documents with {answer.a!r} and {answer.b!r} within {where} "
         f"[dim]({answer.a!r}: {answer.a_count:,}, {answer.b!r}: {answer.b_count:,} occurrences; "
         f"{answer.latency_ms:.2f} ms)[/]", highlight=False, soft_wrap=True)
+
+
+@index_app.command()
+def serve(
+    index: Annotated[Path, typer.Argument(help="Index directory (fixed for the server's life).")],
+    port: Annotated[int, typer.Option(min=0, max=65535, help="Port (0: a free one).")] = 8765,
+    host: Annotated[str, typer.Option(help="Address to listen on; 127.0.0.1 keeps it to this "
+                                           "machine.")] = "127.0.0.1",
+    name: Annotated[str | None, typer.Option(
+        help="Index name clients send (default: the index's own name).")] = None,
+    workers: Annotated[int, typer.Option(min=1, max=256, help="Lookups computed at once.")
+                       ] = 4,
+    request_timeout: Annotated[float, typer.Option(min=0.001, help="Seconds per lookup before "
+                                                                   "a 503.")] = 10.0,
+    max_body_bytes: Annotated[int, typer.Option(min=256, help="Larger bodies get a 413.")
+                              ] = 64 * 1024,
+) -> None:
+    """Serve a local index over HTTP in the hosted infini-gram API's protocol, so many
+    processes share it: HostedInfiniGram(NAME, tokenizer=DIR/tokenizer.json, url=URL).
+    Ctrl-C or SIGTERM stops it cleanly."""
+    import signal
+    import threading
+
+    from rag_gates.corpus.serve import IndexServer
+
+    with _clean_errors():
+        try:
+            server = IndexServer(index, host=host, port=port, index_name=name, workers=workers,
+                                 request_timeout=request_timeout,
+                                 max_body_bytes=max_body_bytes)
+        except OSError as exc:  # port in use, address not available
+            raise ValueError(f"cannot listen on {host}:{port}: {exc.strerror or exc}") from exc
+    stop = threading.Event()
+    previous = {sig: signal.signal(sig, lambda *_: stop.set())
+                for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        server.start()
+        typer.echo(f"serving {server.index_name!r} ({index}) at {server.url}", err=True)
+        typer.echo(f"  HostedInfiniGram({server.index_name!r}, "
+                   f"tokenizer={str(index / 'tokenizer.json')!r}, url={server.url!r})", err=True)
+        while not stop.wait(0.5):
+            pass
+    finally:
+        server.close()
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        typer.echo("stopped", err=True)

@@ -31,6 +31,7 @@ import os
 import shutil
 import threading
 import time
+from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -369,7 +370,7 @@ class LocalInfiniGram(CorpusStats):
                       window: int | None, strategy: str) -> tuple[int, int, int]:
         import numpy as np
 
-        from rag_gates.corpus._arrays import ranks_to_ptrs, window_doc_hits
+        from rag_gates.corpus._arrays import window_doc_hits
 
         fa = [self._find(ids) for ids in va]
         fb = [self._find(ids) for ids in vb]
@@ -389,21 +390,10 @@ class LocalInfiniGram(CorpusStats):
                 small, large, large_ids, c_large = seg_a, seg_b, vb, cb
             else:
                 small, large, large_ids, c_large = seg_b, seg_a, va, ca
-
-            def ptrs_of(segments: list[tuple[int, int]], sh: Shard = shard) -> Any:
-                parts = [ranks_to_ptrs(sh.sa, sh.ptr_size, lo, hi) for lo, hi in segments]
-                return np.concatenate(parts)
-
-            p_small = ptrs_of(small)
+            p_small = _ptrs_of(shard, small)
             d_small = shard.doc_of(p_small)
             docs = np.unique(d_small)
-            use_scan = strategy == "scan"
-            if strategy == "auto":
-                starts, ends = shard.doc_token_ranges(docs)
-                scan_cost = int((ends - starts).sum()) * len(large_ids) + 20 * docs.size
-                use_scan = scan_cost < 4 * c_large
-            possible = [ids for ids in large_ids if min(ids) >= 0]
-            p_large = shard.scan(docs, possible) if use_scan else ptrs_of(large)
+            p_large = _partners(shard, docs, large, large_ids, c_large, strategy)
             d_large = shard.doc_of(p_large)
             if window is None:
                 total += int(np.intersect1d(docs, d_large).size)
@@ -412,8 +402,97 @@ class LocalInfiniGram(CorpusStats):
                                              window * shard.width).size)
         return total, na, nb
 
+    # ----------------------------------------------------------------------------- raw ids
+    def index_ids(self, token_ids: Sequence[int]) -> tuple[int, ...]:
+        """The index's ids for a sequence of the tokenizer's ids (what a client of the hosted
+        protocol sends). On a lower-cased index the ids are decoded, lower-cased and encoded
+        again, so a cased query matches as :meth:`count` would match its text; an id the
+        corpus never used maps to -1 (it cannot occur)."""
+        ids = [int(i) for i in token_ids]
+        if self.lowercase and ids:
+            text = self.tokenizer.decode(ids)
+            if "\ufffd" not in text and text.lower() != text:  # only whole characters
+                ids = self.tokenizer.encode(text.lower())
+        if self._lookup is None:
+            return tuple(ids)
+        lookup = self._lookup
+        return tuple(int(lookup[i]) if 0 <= i < lookup.size else -1 for i in ids)
+
+    def count_ids(self, token_ids: Sequence[int]) -> int:
+        """Occurrences of exactly this id sequence (the tokenizer's ids; one variant)."""
+        ids = self.index_ids(token_ids)
+        return int(self._find(ids).cnt) if ids else 0
+
+    def cnf_occurrences(self, cnf: Sequence[Sequence[Sequence[int]]], window: int,
+                        max_clause_freq: int | None = None) -> tuple[int, bool]:
+        """The hosted API's AND query, computed exactly: occurrences of the rarest clause (a
+        clause matches any of its terms; rarest per shard, as the engine does) that have an
+        occurrence of every other clause starting at most ``window`` tokens away in the same
+        document. Terms are the tokenizer's ids. Above ``max_clause_freq`` matches the rarest
+        clause is subsampled evenly and the count scaled; the flag says so. Returns
+        ``(count, approximate)``. Unlike the engine's ``count_cnf``, a pair is never dropped
+        because a third occurrence nearby lies in another document."""
+        import numpy as np
+
+        from rag_gates.corpus._arrays import window_hits
+
+        clauses = [[self.index_ids(t) for t in clause if t] for clause in cnf]
+        finds = [[self._find(ids) for ids in clause] for clause in clauses]
+        if not finds or any(sum(int(f.cnt) for f in fs) == 0 for fs in finds):
+            return 0, False
+        if len(finds) == 1:
+            return sum(int(f.cnt) for f in finds[0]), False
+        total, approximate = 0.0, False
+        for s, shard in enumerate(self._shards):
+            segments = [[f.segment_by_shard[s] for f in fs] for fs in finds]
+            counts = [sum(hi - lo for lo, hi in seg) for seg in segments]
+            if min(counts) == 0:
+                continue
+            order = sorted(range(len(counts)), key=counts.__getitem__)
+            anchor = _ptrs_of(shard, segments[order[0]])
+            factor = 1.0
+            if max_clause_freq is not None and anchor.size > max_clause_freq:
+                # Evenly spaced over suffix order: spread over the whole shard, deterministic.
+                pick = np.linspace(0, anchor.size - 1, max_clause_freq).astype(np.int64)
+                factor, anchor = anchor.size / max_clause_freq, anchor[pick]
+                approximate = True
+            d_anchor = shard.doc_of(anchor)
+            docs = np.unique(d_anchor)
+            keep = np.ones(anchor.size, dtype=bool)
+            for c in order[1:]:
+                other = _partners(shard, docs, segments[c], clauses[c], counts[c],
+                                  self.config.strategy)
+                keep &= window_hits(anchor, d_anchor, other, shard.doc_of(other),
+                                    window * shard.width)
+            total += int(keep.sum()) * factor
+        return int(total), approximate
+
     def close(self) -> None:
         self._closed = True
         self._engine_obj = None
         self._cpp = None
         self._shards = []
+
+
+def _ptrs_of(shard: Shard, segments: Sequence[tuple[int, int]]) -> Any:
+    """Byte offsets of every match in these suffix-array segments of one shard."""
+    import numpy as np
+
+    from rag_gates.corpus._arrays import ranks_to_ptrs
+
+    parts = [ranks_to_ptrs(shard.sa, shard.ptr_size, lo, hi) for lo, hi in segments]
+    return np.concatenate(parts) if parts else np.empty(0, dtype=np.int64)
+
+
+def _partners(shard: Shard, docs: Any, segments: Sequence[tuple[int, int]],
+              variants: Sequence[tuple[int, ...]], count: int, strategy: str) -> Any:
+    """Byte offsets of the other side's matches: every one ('map'), or only those inside
+    ``docs`` found by scanning their tokens ('scan'); 'auto' picks the cheaper."""
+    use_scan = strategy == "scan"
+    if strategy == "auto":
+        starts, ends = shard.doc_token_ranges(docs)
+        scan_cost = int((ends - starts).sum()) * len(variants) + 20 * docs.size
+        use_scan = scan_cost < 4 * count
+    if use_scan:
+        return shard.scan(docs, [ids for ids in variants if ids and min(ids) >= 0])
+    return _ptrs_of(shard, segments)

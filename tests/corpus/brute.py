@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import itertools
 import unicodedata
 from collections.abc import Callable, Sequence
+from typing import Any
 
 
 def doc_tokens(texts: Sequence[str], encode: Callable[[str], list[int]]) -> list[list[int]]:
@@ -59,3 +61,23 @@ def window_cooccurrence(docs: list[list[int]], va: list[tuple[int, ...]],
         if any(abs(x - y) <= window for x in pa for y in pb):
             hits += 1
     return hits
+
+
+def window_occurrences(docs: list[list[int]], va: list[tuple[int, ...]],
+                       vb: list[tuple[int, ...]], window: int) -> int:
+    """The hosted API's AND query: occurrences of the rarer phrase (over the whole corpus)
+    with an occurrence of the other starting at most ``window`` tokens away in the same
+    document."""
+    found = [(positions(d, va), positions(d, vb)) for d in docs]
+    a_rarer = sum(len(a) for a, _ in found) <= sum(len(b) for _, b in found)
+    return sum(1 for pa, pb in found
+               for x in (pa if a_rarer else pb)
+               if any(abs(x - y) <= window for y in (pb if a_rarer else pa)))
+
+
+def index_docs(local: Any) -> list[list[int]]:
+    """Each document's tokens read straight from a one-shard index (separator dropped)."""
+    (shard,) = local._shards
+    tokens = [int(t) for t in shard.tokens]
+    starts = [int(o) // shard.width for o in shard.od] + [len(tokens)]
+    return [tokens[s + 1:e] for s, e in itertools.pairwise(starts)]
