@@ -303,9 +303,9 @@ def percentiles(values_ms: list[float]) -> dict[str, float]:
             "max_ms": ordered[-1], "n": n}
 
 
-def timed_rounds(items: list[Any], run: Any, rounds: int, seed: int) -> dict[str, Any]:
-    per_round = []
-    load_before = os.getloadavg()[0]
+def round_times(items: list[Any], run: Any, rounds: int, seed: int) -> list[list[float]]:
+    """Per-round lists of per-call latencies (ms), each round in its own shuffled order."""
+    out = []
     for r in range(rounds):
         order = items[:]
         random.Random(seed + r).shuffle(order)
@@ -314,7 +314,13 @@ def timed_rounds(items: list[Any], run: Any, rounds: int, seed: int) -> dict[str
             start = time.perf_counter()
             run(item)
             times.append((time.perf_counter() - start) * 1000.0)
-        per_round.append(percentiles(times))
+        out.append(times)
+    return out
+
+
+def timed_rounds(items: list[Any], run: Any, rounds: int, seed: int) -> dict[str, Any]:
+    load_before = os.getloadavg()[0]
+    per_round = [percentiles(times) for times in round_times(items, run, rounds, seed)]
     return {"p50_ms": statistics.median(r["p50_ms"] for r in per_round),
             "p99_ms": statistics.median(r["p99_ms"] for r in per_round),
             "load_average_1min": [load_before, os.getloadavg()[0]], "rounds": per_round}

@@ -109,6 +109,11 @@ class HostedConfig(BaseModel):
     case: CaseMode = Field("sensitive", description="Case handling (see CaseMode).")
     spaces: SpaceMode = Field("both", description="Variants; needs a tokenizer (without one "
                                                   "the server's own tokenization is used).")
+    lowercase: bool = Field(False, description="The index holds lower-cased text (a "
+                                               "`rag-gates index serve` of an index built "
+                                               "with lowercase=True): phrases are lower-cased "
+                                               "before tokenizing, as LocalInfiniGram does, so "
+                                               "counts match it exactly.")
     max_phrase_chars: int = Field(1000, ge=1, le=1000, description="The API's limit.")
     max_phrase_tokens: int = Field(500, ge=1, le=500, description="The API's limit.")
     user_agent: str = Field("rag-gates", description="User-Agent header.")
@@ -149,6 +154,7 @@ class HostedInfiniGram(CorpusStats):
         self._items: asyncio.Semaphore | None = None
         self._ids_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._closed = False
+        self._warned_lowercase = False
         self.requests_sent = 0
 
     # ----------------------------------------------------------------------------- identity
@@ -162,7 +168,8 @@ class HostedInfiniGram(CorpusStats):
 
     def options_key(self) -> dict[str, Any]:
         return {"case": self.config.case, "spaces": self.config.spaces if self.tokenizer else
-                "server", "max_clause_freq": self.config.max_clause_freq,
+                "server", **({"lowercase": True} if self.config.lowercase else {}),
+                "max_clause_freq": self.config.max_clause_freq,
                 "document_window": self.config.document_window,
                 "document_scope": self.config.document_scope,
                 "tokenizer": self.tokenizer.sha256()[:16] if self.tokenizer else None}
@@ -264,6 +271,13 @@ class HostedInfiniGram(CorpusStats):
                             f"{self.index!r}: {data['error']}")
                     if isinstance(data, dict) and type(data.get("count")) is int and \
                             data["count"] >= 0:
+                        if data.get("lowercase") is True and not self.config.lowercase and \
+                                not self._warned_lowercase:
+                            self._warned_lowercase = True
+                            logger.warning(
+                                "%s serves a lower-cased index; pass lowercase=True to "
+                                "HostedInfiniGram for counts equal to the local backend's",
+                                self.config.url)
                         return data
                     last = f"malformed reply: {reply.text[:200]!r}"
             except (TimeoutError, httpx.TimeoutException):
@@ -293,7 +307,7 @@ class HostedInfiniGram(CorpusStats):
 
     def _local_variants(self, text: str) -> list[tuple[str, tuple[int, ...]]]:
         assert self.tokenizer is not None
-        forms = surface_forms(text, self.config.case, self.config.spaces)
+        forms = surface_forms(text, self.config.case, self.config.spaces, self.config.lowercase)
         return token_variants(forms, self.tokenizer.encode, self.config.max_phrase_tokens)
 
     async def _server_ids(self, form: str) -> tuple[tuple[int, ...], int | None]:
@@ -327,7 +341,7 @@ class HostedInfiniGram(CorpusStats):
     async def _variants(self, text: str) -> list[tuple[str, tuple[int, ...], int | None]]:
         if self.tokenizer is not None:
             return [(form, ids, None) for form, ids in self._local_variants(text)]
-        forms = surface_forms(text, self.config.case, "none")
+        forms = surface_forms(text, self.config.case, "none", self.config.lowercase)
         out = []
         seen: set[tuple[int, ...]] = set()
         for form, (ids, count) in zip(forms, await asyncio.gather(
@@ -351,7 +365,8 @@ class HostedInfiniGram(CorpusStats):
             return int(reply["count"]), bool(reply.get("approx", False))
 
         answers = await asyncio.gather(*(one(ids, known) for _, ids, known in variants))
-        approximate = any(a for _, a in answers) or self.config.case == "insensitive"
+        approximate = any(a for _, a in answers) or (self.config.case == "insensitive"
+                                                      and not self.config.lowercase)
         return CountResult(
             value=sum(v for v, _ in answers), approximate=approximate,
             backend=self.backend_name, index=self.index,
@@ -362,7 +377,7 @@ class HostedInfiniGram(CorpusStats):
         start = time.perf_counter()
         requested = parse_scope(scope)
         window = window_tokens(requested)
-        approximate = self.config.case == "insensitive"
+        approximate = self.config.case == "insensitive" and not self.config.lowercase
         if window is None:
             if self.config.document_scope == "error":
                 raise UnsupportedScopeError(

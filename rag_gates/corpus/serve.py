@@ -25,7 +25,10 @@ Counts are exact (a suffix-array lookup). The AND query counts occurrences of th
 clause with an occurrence of every other clause starting within ``max_diff_tokens`` tokens in
 the same document, computed exactly (:meth:`LocalInfiniGram.cnf_occurrences`): the public
 engine's undercount on short documents does not happen here. On a lower-cased index, ids are
-decoded, lower-cased and encoded again, so cased clients match.
+decoded, lower-cased and encoded again, so cased clients still find matches; for counts equal
+to the local backend's, give the client ``lowercase=True`` (otherwise " Romeo" and "Romeo",
+two variants it keeps apart, both become "romeo"'s matches and are summed). Count replies
+carry ``"lowercase"`` so a client can tell.
 
 Safety: the index is fixed when the server starts; no path or file name from a request is ever
 opened (a request can only name the served index, and unknown fields are refused). Bodies are
@@ -300,8 +303,9 @@ class IndexServer:
             count, approx = self.stats.cnf_occurrences(
                 query_ids, window=options["max_diff_tokens"],
                 max_clause_freq=options["max_clause_freq"])
-            return {"count": count, "approx": approx}
-        return {"count": self.stats.count_ids(query_ids), "approx": False}
+            return {"count": count, "approx": approx, "lowercase": self.stats.lowercase}
+        return {"count": self.stats.count_ids(query_ids), "approx": False,
+                "lowercase": self.stats.lowercase}
 
     def _tokens(self, query_ids: Any) -> Any:
         backend = self.tokenizer.backend

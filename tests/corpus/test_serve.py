@@ -219,16 +219,24 @@ def test_close_is_clean_and_idempotent(wiki_index: Path) -> None:
 
 
 def test_lower_cased_index_answers_cased_clients(tmp_path: Path, tokenizer_path: Path,
-                                                 wiki_rows: list[dict[str, str]]) -> None:
+                                                 wiki_rows: list[dict[str, str]],
+                                                 caplog: pytest.LogCaptureFixture) -> None:
     rows = [{"id": r["title"], "title": r["title"], "text": r["text"]} for r in wiki_rows[:80]]
     index = tmp_path / "lower"
     build_index(write_jsonl(tmp_path / "l.jsonl", rows), index, tokenizer=tokenizer_path,
                 cpus=1, lowercase=True)
     local = LocalInfiniGram(index)
     phrases = real_phrases(wiki_rows[:80], 20)
-    with serve_index(index) as server, hosted(server, index / "tokenizer.json") as remote:
-        for phrase in phrases:
-            assert remote.count(phrase).value == local.count(phrase).value, phrase
+    phrases += ["Romeo", "Ian Watkins", "American", "The"]
+    with serve_index(index) as server:
+        with hosted(server, index / "tokenizer.json", lowercase=True) as remote:
+            for phrase in phrases:
+                assert remote.count(phrase).value == local.count(phrase).value, phrase
+        # A client that does not know still finds the matches (ids are lower-cased by the
+        # server), and is told to say so.
+        with hosted(server, index / "tokenizer.json") as unaware:
+            assert unaware.count("American").value >= local.count("American").value > 0
+        assert "pass lowercase=True" in caplog.text
 
 
 def test_cli_serves_until_sigterm(wiki_index: Path, tmp_path: Path) -> None:
