@@ -9,7 +9,9 @@ model's teacher-forced score() of the in-process model's answer (echoed prompt
 log-probabilities, probed aligned for chat prompts), compared token by token with the
 in-process log-probabilities. Reports agreement of first tokens and whole texts, and
 |delta log p| (median, p95, max) for generated tokens on the common prefix and for scored
-tokens. The server runs on one thread (--threads).
+tokens; then the tails, where quantisation moves log-probabilities most: the top-5 next-token
+distribution after the prompt (by the in-process rank) and the teacher-forced score of the
+gold answer, which the model mostly finds unlikely. The server runs on one thread (--threads).
 """
 
 from __future__ import annotations
@@ -49,6 +51,8 @@ def main() -> None:
     per: list[dict[str, Any]] = []
     gen_d: list[float] = []
     score_d: list[float] = []
+    top_d: dict[int, list[float]] = {rank: [] for rank in range(5)}
+    gold_d: list[float] = []
     start = time.perf_counter()
     with llamacpp_server(threads=args.threads) as url, \
             OpenAICompatibleLM(url, chat_template=hf.tokenizer.chat_template) as served:
@@ -74,6 +78,16 @@ def main() -> None:
                     d = [abs(x - y.logprob) for x, y in zip(s.logprobs, b, strict=False)]
                     score_d += d
                     scored = max(d)
+            theirs = hf.top_next_tokens(prompt, k=5)
+            served_top = {t.token: t.logprob for t in served.top_next_tokens(prompt, k=5)}
+            for rank, t in enumerate(theirs):
+                if t.token in served_top:
+                    top_d[rank].append(abs(served_top[t.token] - t.logprob))
+            [g_served] = served.score(prompt, [row["answer"]])
+            [g_hf] = hf.score(prompt, [row["answer"]])
+            if g_served.tokens == g_hf.tokens:
+                gold_d += [abs(x - y) for x, y in zip(g_served.logprobs, g_hf.logprobs,
+                                                      strict=True)]
             per.append({"question": row["question"], "served": mine.text, "hf": ref.text,
                         "first_token_same": bool(a and b and a[0].token == b[0].token),
                         "text_same": mine.text == ref.text, "common_prefix_tokens": n,
@@ -90,6 +104,10 @@ def main() -> None:
         "text_agreement": sum(p["text_same"] for p in per) / len(per),
         "generated_logprob_abs_diff": _quantiles(gen_d) if gen_d else None,
         "scored_logprob_abs_diff": _quantiles(score_d) if score_d else None,
+        "next_token_top5_abs_diff_by_rank": {str(r + 1): _quantiles(v)
+                                             for r, v in top_d.items() if v},
+        "next_token_top5_abs_diff": _quantiles([x for v in top_d.values() for x in v]),
+        "gold_answer_scored_abs_diff": _quantiles(gold_d) if gold_d else None,
         "served_generate_s_median": statistics.median(p["served_s"] for p in per),
         "hf_generate_s_median": statistics.median(p["hf_s"] for p in per),
         "wall_s": time.perf_counter() - start,

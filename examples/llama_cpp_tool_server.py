@@ -36,11 +36,8 @@ import functools
 import json
 import os
 import re
-import socket
-import subprocess
 import sys
 import time
-import urllib.request
 import uuid
 from collections.abc import Iterator
 from pathlib import Path
@@ -243,36 +240,15 @@ def add_client_arguments(parser: argparse.ArgumentParser, free_help: str) -> Non
 def local_server(port: int | None = None, *, startup_s: float = 180.0,
                  extra_args: tuple[str, ...] = ()) -> Iterator[str]:
     """Run this server in a child process (one thread) and yield its base URL
-    (``http://127.0.0.1:PORT/v1``); the child is stopped on exit."""
-    if port is None:
-        with socket.socket() as probe:
-            probe.bind(("127.0.0.1", 0))
-            port = probe.getsockname()[1]
-    base_url = f"http://127.0.0.1:{port}/v1"
-    child = subprocess.Popen([sys.executable, __file__, "--port", str(port), *extra_args],
-                             env={**os.environ, "OMP_NUM_THREADS": "1"})
-    try:
-        deadline = time.monotonic() + startup_s
-        while True:
-            if child.poll() is not None:
-                raise RuntimeError(f"the tool server exited with code {child.returncode}; run "
-                                   f"{Path(__file__).name} by hand to see why")
-            try:
-                with urllib.request.urlopen(f"{base_url}/models", timeout=2):
-                    break
-            except OSError:
-                if time.monotonic() > deadline:
-                    raise TimeoutError(f"the tool server did not answer on {base_url} "
-                                       f"within {startup_s:.0f} s") from None
-                time.sleep(0.5)
+    (``http://127.0.0.1:PORT/v1``); the child is stopped on exit (its log is quoted in the
+    error if it exits or does not answer in ``startup_s`` seconds)."""
+    from rag_gates.lm.llamacpp_server import child_server, free_port
+
+    port = port or free_port()
+    with child_server([sys.executable, __file__, "--port", str(port), *extra_args],
+                      f"http://127.0.0.1:{port}/v1", startup_timeout=startup_s,
+                      env={**os.environ, "OMP_NUM_THREADS": "1"}) as base_url:
         yield base_url
-    finally:
-        child.terminate()
-        try:
-            child.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            child.kill()
-            child.wait()
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -291,17 +291,24 @@ def bench(
     methods: Annotated[str, typer.Option(help="Comma-separated method names.")] = "no-rag,single",
     n: Annotated[int, typer.Option(min=1, help="Number of questions.")] = 200,
     offset: Annotated[int, typer.Option(min=0, help="Questions skipped first.")] = 0,
-    model: Annotated[str, typer.Option(help="'default' or an HF path/id.")] = "default",
+    model: Annotated[str, typer.Option(
+        help="'default', an HF path/id (in process), or openai:URL[#model-name] (a model "
+             "behind an OpenAI-compatible server; API key from $OPENAI_API_KEY).")
+    ] = "default",
     retriever: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
     k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 48,
     data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
                                                            "choice).")] = None,
+    concurrency: Annotated[int, typer.Option(
+        min=1, max=64, help="Questions answered at once (a served model only; the server "
+                            "batches them). In-process models answer one at a time.")] = 1,
 ) -> None:
     """Run methods over a dataset: one JSON line per answer, resumable, summary at the end."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
+    from rag_gates.errors import ServerError, WhiteBoxRequiredError
     from rag_gates.eval.methods import split_method_list
     from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
 
@@ -310,7 +317,8 @@ def bench(
         config = BenchConfig(dataset=dataset, methods=split_method_list(methods),
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
                              max_new_tokens=max_new_tokens,
-                             data_path=str(data) if data else None, threads=threads)
+                             data_path=str(data) if data else None, threads=threads,
+                             concurrency=concurrency)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -323,8 +331,9 @@ def bench(
 
         try:
             summary = run_bench(config, out, progress=progress)
-        except (ValueError, FileNotFoundError, ConfigMismatchError) as exc:
-            console.print(f"[red]error:[/] {exc}")
+        except (ValueError, FileNotFoundError, ConfigMismatchError, WhiteBoxRequiredError,
+                ServerError) as exc:
+            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
             raise typer.Exit(2) from exc
     console.print((out / "summary.md").read_text())
     console.print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")

@@ -104,7 +104,11 @@ class ConfidenceProbe:
         return self.config.prompts
 
     def check_compatible(self, lm: Any) -> None:
-        """Raise :class:`ProbeMismatchError` unless ``lm`` is the model the probe was trained on."""
+        """Raise :class:`ProbeMismatchError` unless ``lm`` is the model the probe was trained on
+        (and :class:`WhiteBoxRequiredError` first for a model without hidden states, such as a
+        served one: no probe could be read there, whatever model it was trained on)."""
+        require_white_box(lm, "the CBDR probe", instead="QuCoGate (text only) to decide, and "
+                          "CrossEncoderReranker to rerank")
         model_id = getattr(lm, "model_id", None)
         if model_id != self.config.model_id:
             raise ProbeMismatchError(

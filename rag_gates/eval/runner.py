@@ -7,6 +7,15 @@ same configuration again resumes: finished (question, method) pairs are skipped,
 cut short by an interruption is dropped and redone. A directory made by a different
 configuration is refused rather than mixed.
 
+A served model (``model="openai:URL[#model-name]"``, an :class:`OpenAICompatibleLM`) can answer
+``concurrency`` questions at once (a thread pool; the client bounds the requests in flight),
+so the server can batch them; lines are written in question order whatever order they finish
+in, so a run at any concurrency has the same lines as a sequential one. ``config.json`` then
+also records the endpoint and the model name the server reported (never an API key: it is read
+from the environment, and a URL carrying credentials is refused). An in-process model answers
+one question at a time: its forward passes are serialised, so ``concurrency > 1`` is refused
+with one that is not served.
+
 Example:
     >>> from rag_gates.eval.runner import BenchConfig, run_bench
     >>> cfg = BenchConfig(dataset="hotpotqa", methods=["no-rag", "single"], n=200)
@@ -15,16 +24,18 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import json
 import logging
 import os
 import statistics
 import time
-from collections.abc import Callable, Sequence
+from collections import deque
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from rag_gates._io import write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
@@ -52,6 +63,22 @@ logger = logging.getLogger(__name__)
 
 CONFIG, RESULTS, SUMMARY_JSON, SUMMARY_MD = ("config.json", "results.jsonl", "summary.json",
                                              "summary.md")
+SERVED_PREFIX = "openai:"
+
+
+def check_served_spec(spec: str) -> None:
+    """Refuse an ``openai:URL`` whose URL carries credentials or a query string: the run
+    directory records the spec, and an API key belongs in the environment."""
+    from urllib.parse import urlsplit
+
+    parts = urlsplit(spec.removeprefix(SERVED_PREFIX).partition("#")[0])
+    if parts.scheme not in ("http", "https") or not parts.netloc:
+        raise ValueError(f"expected 'openai:http(s)://HOST[:PORT]/PATH[#model-name]', got "
+                         f"{spec!r}")
+    if parts.username is not None or parts.password is not None or parts.query:
+        raise ValueError(
+            "the model URL must not carry credentials or a query string (the run directory "
+            "records it); put the API key in the environment variable OPENAI_API_KEY")
 
 
 class ConfigMismatchError(ValueError):
@@ -80,6 +107,27 @@ class BenchConfig(BaseModel):
     threads: int | None = Field(
         None, ge=1, exclude=True,
         description="torch threads for the model (not part of the run's identity).")
+    concurrency: int = Field(
+        1, ge=1, le=64, exclude=True,
+        description="Questions answered at once; above 1 only with a served model "
+                    "('openai:URL[#model-name]'). Not part of the run's identity.")
+
+    @field_validator("model")
+    @classmethod
+    def _no_credentials(cls, value: str) -> str:
+        if value.startswith(SERVED_PREFIX):
+            check_served_spec(value)
+        return value
+
+    @model_validator(mode="after")
+    def _concurrency_needs_a_server(self) -> BenchConfig:
+        if self.concurrency > 1 and not self.model.startswith(SERVED_PREFIX):
+            raise ValueError(
+                f"concurrency {self.concurrency} needs a served model (--model "
+                "openai:URL[#model-name]): an in-process model runs one forward pass at a time, "
+                "so questions would only wait for each other. Use --concurrency 1, or serve the "
+                "model (e.g. llama.cpp's or vLLM's OpenAI-compatible server)")
+        return self
 
 
 class RunRecord(BaseModel):
@@ -153,10 +201,13 @@ def _read_run_config(path: Path) -> dict[str, Any]:
     return existing
 
 
-def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str) -> None:
+def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
+                 served: dict[str, Any] | None = None, write: bool = True) -> None:
+    """Check that the run directory holds this configuration (or nothing); with ``write``,
+    store it (methods joined with earlier ones; ``served``: the served model's endpoint and
+    name, which must match an earlier run's)."""
     path = run_dir / CONFIG
     existing = _read_run_config(path) if path.is_file() else None
-    run_dir.mkdir(parents=True, exist_ok=True)
     methods = list(config.methods)
     if existing is not None:
         before = {k: v for k, v in existing["config"].items() if k != "methods"}
@@ -170,9 +221,22 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str) -> None:
                 f"{run_dir} holds a run with a different configuration (was, now): {diff}. "
                 "Use a new --out directory."
             )
+        before_served = existing.get("served")
+        if served is not None and before_served is not None and any(
+                before_served.get(k) != served.get(k) for k in ("endpoint", "model_name")):
+            raise ConfigMismatchError(
+                f"{run_dir} was answered by model {before_served.get('model_name')!r} at "
+                f"{before_served.get('endpoint')!r}; the server now reports "
+                f"{served.get('model_name')!r} at {served.get('endpoint')!r}. Use a new --out "
+                "directory (or name the model: openai:URL#model-name)")
         methods = list(dict.fromkeys(existing["config"].get("methods", []) + methods))
-    stored = {"config": {**config.model_dump(), "methods": methods},
-              "data_fingerprint": fingerprint}
+    if not write:
+        return
+    run_dir.mkdir(parents=True, exist_ok=True)
+    stored: dict[str, Any] = {"config": {**config.model_dump(), "methods": methods},
+                              "data_fingerprint": fingerprint}
+    if served is not None:
+        stored["served"] = served
     write_text_atomic(path, json.dumps(stored, indent=2))
 
 
@@ -189,6 +253,53 @@ def _record(example: QAExample, method: Method, dataset: str) -> RunRecord:
         generated_tokens=trace.generated_tokens, wall_s=wall,
         trace=trace.model_dump(mode="json"), meta=dict(example.meta),
     )
+
+
+def _answers(pool: concurrent.futures.ThreadPoolExecutor,
+             todo: list[tuple[QAExample, Method]], config: BenchConfig) -> Iterator[RunRecord]:
+    """Records of ``todo`` in order, computed ``config.concurrency`` at a time."""
+    if config.concurrency == 1:
+        for example, method in todo:
+            yield _record(example, method, config.dataset)
+        return
+    window: deque[concurrent.futures.Future[RunRecord]] = deque()
+    pending = iter(todo)
+    try:
+        for example, method in pending:
+            window.append(pool.submit(_record, example, method, config.dataset))
+            if len(window) >= 2 * config.concurrency:  # a bounded read-ahead
+                yield window.popleft().result()
+        while window:
+            yield window.popleft().result()
+    finally:  # an error or an interruption: start nothing new
+        for future in window:
+            future.cancel()
+
+
+def load_bench_lm(config: BenchConfig) -> Any:
+    """The run's model: ``openai:URL[#model-name]`` (an OpenAICompatibleLM allowing
+    ``concurrency`` requests at once) or ``default`` / an HF path or id (in process)."""
+    if config.model.startswith(SERVED_PREFIX):
+        from rag_gates.lm.openai_compat import OpenAICompatibleLM
+
+        return OpenAICompatibleLM.from_spec(config.model,
+                                            max_concurrency=max(4, config.concurrency))
+    from rag_gates.lm.defaults import load_lm
+
+    return load_lm(config.model, num_threads=config.threads)
+
+
+def served_info(lm: Any) -> dict[str, Any] | None:
+    """Endpoint, model name and capabilities of a served model (None for an in-process one):
+    what ``config.json`` records. No header, and so no API key, is part of it."""
+    from rag_gates.lm.openai_compat import OpenAICompatibleLM
+
+    if not isinstance(lm, OpenAICompatibleLM):
+        return None
+    return {"endpoint": lm.base_url, "model_name": lm.model_name,
+            "api_key_env": lm.config.api_key_env,
+            "capabilities": lm.capabilities.offered(),
+            "prompt_logprob_alignment": dict(lm.alignment)}
 
 
 def summarize(records: Sequence[RunRecord], methods: Sequence[str] | None = None
@@ -259,15 +370,16 @@ def run_bench(
             f"no valid question in {data.path}{after}: {len(data.skipped)} lines skipped as "
             f"malformed (first: {data.skipped[:3]}); check that it is a {config.dataset} file")
     run_path = Path(run_dir)
-    _prepare_dir(run_path, config, data.fingerprint)
-    results = run_path / RESULTS
-    _repair_tail(results)
-    records = read_records(run_path)
-    done = {(r.id, r.method) for r in records}
+    # A mismatched directory is refused before any model loads; it is written once the
+    # methods are built (a method refusing this model leaves no trace in it).
+    _prepare_dir(run_path, config, data.fingerprint, write=False)
     if lm is None:
-        from rag_gates.lm.defaults import load_lm
-
-        lm = load_lm(config.model, num_threads=config.threads)
+        lm = load_bench_lm(config)
+    served = served_info(lm)
+    if config.concurrency > 1 and served is None:
+        raise ValueError(
+            f"concurrency {config.concurrency} needs a served model (OpenAICompatibleLM); "
+            f"{type(lm).__name__} runs one forward pass at a time: use concurrency 1")
     needs_retrieval = any(m != "no-rag" for m in config.methods)
     if retriever is None and needs_retrieval:
         from rag_gates.eval.corpus import load_retriever
@@ -276,20 +388,27 @@ def run_bench(
     ctx = MethodContext(lm=lm, retriever=retriever, dataset=config.dataset, k=config.k,
                         max_new_tokens=config.max_new_tokens)
     methods = [make_method(name, ctx) for name in config.methods]
+    _prepare_dir(run_path, config, data.fingerprint, served=served)
+    results = run_path / RESULTS
+    _repair_tail(results)
+    records = read_records(run_path)
+    done = {(r.id, r.method) for r in records}
     total = len(data.examples) * len(methods)
-    with results.open("a", encoding="utf-8") as out:
-        for example in data.examples:
-            for method in methods:
-                if (example.id, method.name) in done:
-                    continue
-                record = _record(example, method, config.dataset)
-                out.write(record.model_dump_json() + "\n")
-                out.flush()
-                os.fsync(out.fileno())
-                records.append(record)
-                done.add((example.id, method.name))
-                if progress is not None:
-                    progress(len(done), total, summarize(records, config.methods))
+    todo = [(example, method) for example in data.examples for method in methods
+            if (example.id, method.name) not in done]
+    with results.open("a", encoding="utf-8") as out, \
+            concurrent.futures.ThreadPoolExecutor(
+                config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
+        # At most `concurrency` questions are answered at once; lines are written in
+        # question order (a finished answer waits for the ones before it).
+        for record in _answers(pool, todo, config):
+            out.write(record.model_dump_json() + "\n")
+            out.flush()
+            os.fsync(out.fileno())
+            records.append(record)
+            done.add((record.id, record.method))
+            if progress is not None:
+                progress(len(done), total, summarize(records, config.methods))
     summary = summarize(records)  # every method of the run, including earlier extensions
     run_config = config.model_copy(
         update={"methods": list(dict.fromkeys(r.method for r in records))})

@@ -3,12 +3,16 @@ SmolLM2 GGUF, compared with HFWhiteBoxLM on the same weights.
 
 Tolerance: transformers dequantises the Q4_1 GGUF to float32, so both hold the same weight
 values; llama.cpp multiplies with quantised activations (8-bit blocks against the 4-bit
-weights), which moves a log-probability: over 50 HotpotQA prompts the median difference was
-0.015-0.018 nats, the p95 0.12-0.15 and the largest 0.34 (benchmarks/results/served_lm.json);
-0.41 was seen on one first token ("The" after "What is the capital of France?"). So the
-median difference must stay under MEDIAN_TOL and every one under MAX_TOL, and greedy texts may
-part only where the in-process model had a near tie (the served token within MAX_TOL of its
-top token).
+weights), which moves a log-probability, and by how much depends on the CPU kernels the build
+compiled (one build passed where another, on a CI machine, did not). Measured over 50 HotpotQA
+prompts (benchmarks/results/served_lm.json): likely tokens (generated, or scored where the
+model would write them) differ by a median of 0.017-0.019 nats, p95 0.13-0.15, max 0.33;
+the tail moves more: the top-5 next tokens by a median of 0.073 (max 0.45), a gold answer the
+model finds unlikely by a median of 0.049 (p95 0.30, max 0.84). So likely tokens must stay
+within MEDIAN_TOL / MAX_TOL and tail tokens within TAIL_MEDIAN_TOL / TAIL_MAX_TOL; a
+misaligned reading (the shift llama-cpp-python has on raw prompts) moves them by nats, far
+past either. Greedy texts may part only where the in-process model had a near tie (the served
+token within MAX_TOL of its top token).
 """
 
 from __future__ import annotations
@@ -28,6 +32,8 @@ pytestmark = pytest.mark.server
 
 MEDIAN_TOL = 0.05
 MAX_TOL = 0.5
+TAIL_MEDIAN_TOL = 0.15
+TAIL_MAX_TOL = 1.0
 QUESTIONS = [
     "What is the capital of France?",
     "Who wrote Hamlet?",
@@ -51,11 +57,12 @@ def _common_prefix(a: list[str], b: list[str]) -> int:
     return n
 
 
-def _check_close(diffs: list[float]) -> None:
+def _check_close(diffs: list[float], median_tol: float = MEDIAN_TOL,
+                 max_tol: float = MAX_TOL) -> None:
     assert diffs
     diffs = sorted(diffs)
-    assert diffs[len(diffs) // 2] <= MEDIAN_TOL, diffs
-    assert diffs[-1] <= MAX_TOL, diffs
+    assert diffs[len(diffs) // 2] <= median_tol, diffs
+    assert diffs[-1] <= max_tol, diffs
 
 
 def test_probe_finds_raw_prompts_shifted_and_chat_prompts_aligned(
@@ -91,7 +98,8 @@ def test_score_agrees_with_hf_on_chat_prompts(served: OpenAICompatibleLM, smol: 
     for m, r in zip(mine, ref, strict=True):
         assert m.tokens == r.tokens
         diffs += [abs(x - y) for x, y in zip(m.logprobs, r.logprobs, strict=True)]
-    _check_close(diffs)
+    # "London is the capital." is a continuation the model would not write: tail tolerance.
+    _check_close(diffs, max_tol=TAIL_MAX_TOL)
     # The ranking a likelihood gate reads is the same.
     assert [s.total for s in mine].index(max(s.total for s in mine)) == \
         [s.total for s in ref].index(max(s.total for s in ref))
@@ -112,7 +120,8 @@ def test_next_token_distribution_agrees_with_hf(served: OpenAICompatibleLM, smol
     theirs = {t.token: t.logprob for t in ref}
     assert set(theirs) & {t.token for t in mine} and len(set(theirs) & {t.token for t in mine}
                                                           ) >= 4
-    _check_close([abs(t.logprob - theirs[t.token]) for t in mine if t.token in theirs])
+    _check_close([abs(t.logprob - theirs[t.token]) for t in mine if t.token in theirs],
+                 TAIL_MEDIAN_TOL, TAIL_MAX_TOL)
 
 
 def test_stream_and_async(served: OpenAICompatibleLM) -> None:
@@ -152,3 +161,30 @@ def test_methods_take_or_refuse_a_served_model(served: OpenAICompatibleLM) -> No
         {"role": "user", "content": "Answer step by step.\nQuestion: Who directed Jaws?"},
         {"role": "assistant", "content": "Follow up: Who directed Jaws?\n"}])
     assert d.evidence["method"] == "score" and d.score == d.score  # finite, not NaN
+
+
+def test_quco_and_deeprag_likelihood_run_end_to_end_from_the_bench(
+        llama_server: str, tmp_path: Any) -> None:
+    """The issue's bar for serving: QuCo-RAG and DeepRAG in likelihood mode, each from one
+    ``rag-gates bench --model openai:URL`` run, answer real HotpotQA questions through the
+    server, two at a time, and the run directory records the server, not a key."""
+    import json
+    from pathlib import Path
+
+    from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+
+    slices = Path(__file__).resolve().parents[2] / "examples" / "data"
+    config = BenchConfig(dataset="hotpotqa", methods=["quco", "deeprag-likelihood"], n=2,
+                         max_new_tokens=12, data_path=str(slices),
+                         model=f"openai:{llama_server}", concurrency=2)
+    summary = run_bench(config, tmp_path / "run")
+    records = read_records(tmp_path / "run")
+    assert sorted((r.id, r.method) for r in records) == sorted(
+        {(r.id, m) for r in records for m in ("quco", "deeprag-likelihood")})
+    assert len(records) == 4 and all(r.prediction.strip() for r in records)
+    assert all(r.llm_calls >= 1 for r in records)
+    # DeepRAG's likelihood mode scored its markers through the server's echo.
+    assert summary["deeprag-likelihood"]["questions"] == 2
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    assert stored["served"]["endpoint"] == llama_server
+    assert "score" in stored["served"]["capabilities"]

@@ -1,0 +1,129 @@
+"""``rag-gates bench --model openai:URL --concurrency N``: the bench over a served model,
+against replies recorded from llama-cpp-python's server running the embedded SmolLM2 GGUF
+(tests/lm/replay_server.py; re-record with RAG_GATES_RECORD_UPSTREAM=http://127.0.0.1:PORT/v1
+while such a server runs)."""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+from pydantic import ValidationError
+
+from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.eval.corpus import corpus_passages
+from rag_gates.eval.runner import BenchConfig, load_bench_lm, read_records, run_bench
+from rag_gates.retrieval.bm25 import BM25Retriever
+from tests.lm.replay_server import ReplayServer
+
+SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
+RECORDING = Path(__file__).parent / "data" / "bench-llamacpp-0.3.36.json"
+UPSTREAM = os.environ.get("RAG_GATES_RECORD_UPSTREAM")
+SECRET = "sk-test-not-a-real-key-4f1c"
+
+
+@pytest.fixture(scope="module")
+def server() -> Iterator[ReplayServer]:
+    with ReplayServer(RECORDING, upstream=UPSTREAM) as s:
+        yield s
+
+
+@pytest.fixture(scope="module")
+def bm25() -> BM25Retriever:
+    return BM25Retriever.from_passages(corpus_passages("hotpotqa", SLICES))
+
+
+@pytest.fixture(autouse=True)
+def _key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("OPENAI_API_KEY", SECRET)
+
+
+def config(server: ReplayServer, **kw: Any) -> BenchConfig:
+    base: dict[str, Any] = {"dataset": "hotpotqa", "methods": ["no-rag", "single"], "n": 4,
+                            "max_new_tokens": 8, "data_path": str(SLICES),
+                            "model": f"openai:{server.url}"}
+    return BenchConfig(**{**base, **kw})
+
+
+def rows(run: Path) -> list[tuple[Any, ...]]:
+    """What an answer is, without its timings."""
+    return [(r.id, r.method, r.prediction, r.em, r.f1, r.retrievals, r.llm_calls,
+             r.generated_tokens) for r in read_records(run)]
+
+
+def test_config_records_the_endpoint_and_model_never_the_key(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    run_bench(config(server), tmp_path / "run", retriever=bm25)
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    served = stored["served"]
+    assert served["endpoint"] == server.url
+    assert served["model_name"] and served["model_name"].endswith(".gguf")
+    assert "text" in served["capabilities"] and served["api_key_env"] == "OPENAI_API_KEY"
+    assert stored["config"]["model"] == f"openai:{server.url}"
+    # The key went to the server, and nowhere into the run directory.
+    assert any(h.get("Authorization") == f"Bearer {SECRET}" for h in server.headers_seen)
+    for path in (tmp_path / "run").iterdir():
+        assert SECRET not in path.read_text(), path
+    assert len(read_records(tmp_path / "run")) == 8
+
+
+def test_concurrency_gives_the_rows_of_a_sequential_run(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    run_bench(config(server), tmp_path / "one", retriever=bm25)
+    cfg = config(server, concurrency=4)
+    lm = load_bench_lm(cfg)
+    server.max_in_flight = 0
+    server.faults.extend([("sleep", 0.3)] * 8)  # slow answers: questions must overlap
+    run_bench(cfg, tmp_path / "four", lm=lm, retriever=bm25)
+    assert rows(tmp_path / "four") == rows(tmp_path / "one")
+    assert server.max_in_flight >= 2
+
+
+class Interrupt(Exception):
+    pass
+
+
+def test_a_concurrent_run_resumes_without_loss_or_duplicates(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    run_bench(config(server), tmp_path / "one", retriever=bm25)
+
+    def stop(done: int, total: int, _: Any) -> None:
+        if done == 3:
+            raise Interrupt
+
+    cfg = config(server, concurrency=4)
+    with pytest.raises(Interrupt):
+        run_bench(cfg, tmp_path / "four", retriever=bm25, progress=stop)
+    assert len(read_records(tmp_path / "four")) == 3
+    run_bench(cfg, tmp_path / "four", retriever=bm25)
+    assert rows(tmp_path / "four") == rows(tmp_path / "one")
+
+
+def test_white_box_methods_refuse_a_served_model_and_write_nothing(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    for method in ("tokrag", "cbdr@0.5"):
+        with pytest.raises(WhiteBoxRequiredError, match=r"white-box|hidden|instead"):
+            run_bench(config(server, methods=["no-rag", method]), tmp_path / method,
+                      retriever=bm25)
+        assert not (tmp_path / method / "config.json").exists()
+
+
+def test_concurrency_needs_a_served_model_and_urls_carry_no_credentials(
+        server: ReplayServer, tmp_path: Path) -> None:
+    with pytest.raises(ValidationError, match="needs a served model"):
+        BenchConfig(dataset="hotpotqa", methods=["no-rag"], concurrency=4)
+    with pytest.raises(ValidationError, match="must not carry credentials"):
+        BenchConfig(dataset="hotpotqa", methods=["no-rag"],
+                    model="openai:http://user:sk-1@127.0.0.1:8000/v1")
+    with pytest.raises(ValidationError, match="must not carry credentials"):
+        BenchConfig(dataset="hotpotqa", methods=["no-rag"],
+                    model="openai:http://127.0.0.1:8000/v1?api_key=sk-1")
+    from rag_gates.testing import tiny_lm
+
+    with pytest.raises(ValueError, match="one forward pass at a time"):
+        run_bench(config(server, methods=["no-rag"], concurrency=2), tmp_path / "x",
+                  lm=tiny_lm(seed=0))
