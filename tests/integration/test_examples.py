@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -54,6 +55,63 @@ def test_tokrag_example_runs(script: str) -> None:
     assert "answer:" in out.stdout and "tokens: " in out.stdout
     assert "disagreements: " in out.stdout or "steps not taken as agreed: " in out.stdout
     assert "streaming" in out.stdout or "streamed:" in out.stdout
+
+
+def run_example(script: str, timeout: int) -> str:
+    out = subprocess.run([sys.executable, str(EXAMPLES / script)], capture_output=True,
+                         text=True, timeout=timeout)
+    assert out.returncode == 0, out.stderr[-2000:]
+    return out.stdout
+
+
+@pytest.mark.parametrize("script", ["llama_index_deeprag.py", "langchain_deeprag.py"])
+def test_deeprag_example_runs(script: str) -> None:
+    """DeepRAG takes its steps through the framework's retriever and model: each step
+    printed with its decision (score and reason), a retrieval for each retrieve decision,
+    then the answer and the trajectory in DeepRAG's format."""
+    stdout = run_example(script, timeout=420)
+    steps = re.findall(r"^step (\d+): Follow up: \S", stdout, re.M)
+    decisions = re.findall(r"^  decision: (retrieve|answer from memory)  "
+                           r"score=(undecided|-?\d[\d.e+-]*)  \((.+)\)$", stdout, re.M)
+    assert steps and steps[0] == "1"
+    assert len(decisions) == len(steps)  # every step has its decision line
+    assert all(reason for _, _, reason in decisions)
+    retrieved = [d for d, _, _ in decisions if d == "retrieve"]
+    assert stdout.count("retrieved ") == len(retrieved)  # passages shown for each retrieval
+    assert stdout.count("  intermediate answer: ") == len(steps)
+    assert re.search(r"^answer: \S", stdout, re.M)
+    assert re.search(r"^stop: (answered|step_cap|malformed)", stdout, re.M)
+    assert "\nQuestion: " in stdout and "\nSo the final answer is: " in stdout
+    if script.startswith("langchain"):  # the async run, decided by the markers' likelihood
+        assert "== ainvoke, mode='likelihood'" in stdout
+        assert "log p(retrieve marker) - log p(direct marker)" in stdout \
+            or "deeprag-likelihood could not decide" in stdout
+        assert len(re.findall(r"^answer: \S", stdout, re.M)) == 2
+
+
+@pytest.mark.parametrize("script", ["llama_index_srrag.py", "langchain_srrag.py"])
+def test_srrag_example_runs(script: str) -> None:
+    """SR-RAG routes through the framework's own retriever with the toy kNN policy: each of
+    the three questions gets a route with p_M, p_D, the reason and its neighbours, and an
+    answer; the textbook question is verbalized (its neighbours all prefer the model's
+    memory) and the long-tail one retrieved."""
+    stdout = run_example(script, timeout=420)
+    assert "policy: 12 labelled questions, k=3, tau=0.1" in stdout
+    routes = re.findall(r"^  route: (retrieve|verbalize) .*p_M=(0\.\d{3})  p_D=(\d\.\d{3})  "
+                        r"score=(\d\.\d{3})  tau=0\.1$", stdout, re.M)
+    assert len(routes) == stdout.count("\nQ: ") == 3
+    for route, p_m, p_d, score in routes:
+        assert abs(float(p_m) * float(p_d) - float(score)) < 2e-3  # the product rule
+        assert (route == "retrieve") == (float(score) >= 0.1)
+    assert stdout.count("  reason: srrag: p_M ") == 3
+    assert len(re.findall(r"^    neighbour 0\.\d{3} (retrieval |parametric) \S", stdout,
+                          re.M)) == 9
+    blocks = stdout.split("\nQ: ")[1:]
+    assert blocks[0].startswith("Were Scott Derrickson") and "route: retrieve" in blocks[0]
+    assert "sources: [" in blocks[0]
+    assert blocks[1].startswith("What is the capital of France?")
+    assert "route: verbalize" in blocks[1] and "source: parametric (" in blocks[1]
+    assert len(re.findall(r"^  answer: \S", stdout, re.M)) == 3
 
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))

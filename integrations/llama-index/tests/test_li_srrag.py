@@ -86,6 +86,19 @@ async def test_parametric_route_returns_one_verbalized_node(lm: Any,
     assert anode.node.get_content() == expected.text
 
 
+def test_the_parametric_node_reaches_the_prompt_as_its_text_alone(
+        lm: Any, bm25: PassageRetriever) -> None:
+    """The verbalizer's bookkeeping (model id, tokens, sampling settings) stays in the
+    metadata but out of what the LLM reads and what gets embedded."""
+    from llama_index.core.schema import MetadataMode
+
+    (node,) = routed(lm, bm25, 1.5).retrieve(Q)
+    assert node.node.metadata["source"] == "parametric" and "model_id" in node.node.metadata
+    text = node.node.get_content()
+    assert node.node.get_content(metadata_mode=MetadataMode.LLM) == text
+    assert node.node.get_content(metadata_mode=MetadataMode.EMBED) == text
+
+
 def test_drops_into_a_query_engine_with_the_product_gate(lm: Any,
                                                         bm25: PassageRetriever) -> None:
     from llama_index.llms.rag_gates import RagGatesLLM

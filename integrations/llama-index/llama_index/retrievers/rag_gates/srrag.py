@@ -33,8 +33,8 @@ class SelfRoutingRetriever(GatedRetriever):
       :class:`GatedRetriever`);
     * no retrieval: the verbalizer writes the model's background document for the query and
       it comes back as one node with ``metadata["source"] = "parametric"``,
-      ``metadata["hit_token_cap"]`` and the decision under ``metadata["rag_gates"]``
-      (excluded from LLM and embedding metadata).
+      ``metadata["hit_token_cap"]`` and the decision under ``metadata["rag_gates"]`` (all of
+      its metadata excluded from LLM and embedding metadata: the prompt sees the text).
 
     Each decision (with ``p_M``, ``p_D`` and the neighbours that voted in its evidence) is
     dispatched as a :class:`~llama_index.retrievers.rag_gates.GateDecisionEvent` and kept in
@@ -87,7 +87,13 @@ class SelfRoutingRetriever(GatedRetriever):
         self.verbalizer = verbalizer
 
     def _node(self, passage: Any, data: dict[str, JsonValue]) -> list[NodeWithScore]:
-        return [annotate_node(passage_to_node(passage), key=self.annotation_key, value=data)]
+        node = passage_to_node(passage)
+        # The verbalizer's metadata (source, model id, tokens, finish reason, sampling) says
+        # how the document was written, not what it says: keep it out of the LLM's prompt
+        # and the embedding text (SRRAGPipeline answers from the text alone).
+        node.node.excluded_llm_metadata_keys = list(passage.metadata)
+        node.node.excluded_embed_metadata_keys = list(passage.metadata)
+        return [annotate_node(node, key=self.annotation_key, value=data)]
 
     def _skipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
                  ) -> list[NodeWithScore]:
