@@ -304,6 +304,11 @@ def bench(
     concurrency: Annotated[int, typer.Option(
         min=1, max=64, help="Questions answered at once (a served model only; the server "
                             "batches them). In-process models answer one at a time.")] = 1,
+    chat_template: Annotated[str | None, typer.Option(
+        help="A served model's chat template: 'default' (the embedded SmolLM2's), a template "
+             "file or a model directory. Chat prompts are then rendered here, so score() "
+             "(deeprag-likelihood) and assistant prefill (deeprag) work through the server's "
+             "completions endpoint.")] = None,
 ) -> None:
     """Run methods over a dataset: one JSON line per answer, resumable, summary at the end."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -318,7 +323,7 @@ def bench(
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
                              max_new_tokens=max_new_tokens,
                              data_path=str(data) if data else None, threads=threads,
-                             concurrency=concurrency)
+                             concurrency=concurrency, chat_template=chat_template)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),

@@ -132,6 +132,13 @@ class DeepRAG:
         if (gate is not None) != (mode == "gate"):
             raise ValueError("pass gate=... exactly when mode='gate' (got mode "
                              f"{mode!r} and gate {gate!r})")
+        # Every step continues the trajectory as the assistant: a served model must be able
+        # to take that form (see OpenAICompatibleLM.check_prompt_form); refuse now, not at
+        # the first question.
+        sample = self.config.prompt.build("?", subquery_line("?"))
+        check_form = getattr(lm, "check_prompt_form", None)
+        if callable(check_form):
+            check_form(sample)
         self.lm = lm
         self.retriever = retriever
         self.name = name
@@ -140,7 +147,9 @@ class DeepRAG:
             assert gate is not None
             self.gate = gate
         elif mode == "likelihood":
-            self.gate = MarkerLikelihoodGate(lm, self.config.threshold)
+            self.gate = MarkerLikelihoodGate(
+                lm, self.config.threshold,
+                sample_prompt=sample)
         elif mode == "generate":
             self.gate = MarkerGate()
         else:

@@ -24,6 +24,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import Prompt, capabilities_of, require_white_box
 
@@ -101,7 +102,8 @@ class MarkerLikelihoodGate(BaseGate):
     name = "deeprag-likelihood"
     TOP = 20
 
-    def __init__(self, lm: Any, threshold: float = 0.0) -> None:
+    def __init__(self, lm: Any, threshold: float = 0.0, *,
+                 sample_prompt: Prompt | None = None) -> None:
         super().__init__(threshold)
         if capabilities_of(lm).has("score"):  # in process, or a server whose probe passed
             self.method = "score"
@@ -109,6 +111,15 @@ class MarkerLikelihoodGate(BaseGate):
             self.method = "top_logprobs"
         else:
             require_white_box(lm, "deeprag likelihood decisions (or a model with logprobs)")
+        # A served model may score one prompt form and not another (chat prompts need the
+        # model's template here): refuse now, not at the first subquery of a long run.
+        unavailable = getattr(lm, "score_unavailable", None)
+        if self.method == "score" and sample_prompt is not None and callable(unavailable):
+            reason = unavailable(sample_prompt)
+            if reason is not None:
+                raise WhiteBoxRequiredError(
+                    f"DeepRAG's likelihood mode scores its two markers after every subquery, "
+                    f"in the form of its prompts; {reason}")
         self.lm = lm
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:

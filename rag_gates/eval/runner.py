@@ -112,6 +112,13 @@ class BenchConfig(BaseModel):
         description="Questions answered at once; above 1 only with a served model "
                     "('openai:URL[#model-name]'). Not part of the run's identity.")
 
+    chat_template: str | None = Field(
+        None, exclude=True,
+        description="A served model's chat template ('default': the embedded model's, a "
+                    "template file or a model directory): chat prompts are rendered here and "
+                    "sent to the completions endpoint, so score() and assistant prefill work "
+                    "on them. Recorded with the served model in config.json.")
+
     @field_validator("model")
     @classmethod
     def _no_credentials(cls, value: str) -> str:
@@ -120,7 +127,11 @@ class BenchConfig(BaseModel):
         return value
 
     @model_validator(mode="after")
-    def _concurrency_needs_a_server(self) -> BenchConfig:
+    def _served_options_need_a_server(self) -> BenchConfig:
+        if self.chat_template is not None and not self.model.startswith(SERVED_PREFIX):
+            raise ValueError(
+                "chat_template is for a served model (--model openai:URL[#model-name]); an "
+                "in-process model uses its tokenizer's own template")
         if self.concurrency > 1 and not self.model.startswith(SERVED_PREFIX):
             raise ValueError(
                 f"concurrency {self.concurrency} needs a served model (--model "
@@ -223,12 +234,14 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
             )
         before_served = existing.get("served")
         if served is not None and before_served is not None and any(
-                before_served.get(k) != served.get(k) for k in ("endpoint", "model_name")):
+                before_served.get(k) != served.get(k)
+                for k in ("endpoint", "model_name", "chat_template")):
             raise ConfigMismatchError(
                 f"{run_dir} was answered by model {before_served.get('model_name')!r} at "
-                f"{before_served.get('endpoint')!r}; the server now reports "
-                f"{served.get('model_name')!r} at {served.get('endpoint')!r}. Use a new --out "
-                "directory (or name the model: openai:URL#model-name)")
+                f"{before_served.get('endpoint')!r} (chat template rendered here: "
+                f"{before_served.get('chat_template')}); now {served.get('model_name')!r} at "
+                f"{served.get('endpoint')!r} (chat template: {served.get('chat_template')}). "
+                "Use a new --out directory (or name the model: openai:URL#model-name)")
         methods = list(dict.fromkeys(existing["config"].get("methods", []) + methods))
     if not write:
         return
@@ -280,9 +293,11 @@ def load_bench_lm(config: BenchConfig) -> Any:
     """The run's model: ``openai:URL[#model-name]`` (an OpenAICompatibleLM allowing
     ``concurrency`` requests at once) or ``default`` / an HF path or id (in process)."""
     if config.model.startswith(SERVED_PREFIX):
-        from rag_gates.lm.openai_compat import OpenAICompatibleLM
+        from rag_gates.lm.openai_compat import OpenAICompatibleLM, load_chat_template
 
-        return OpenAICompatibleLM.from_spec(config.model,
+        template = (load_chat_template(config.chat_template)
+                    if config.chat_template is not None else None)
+        return OpenAICompatibleLM.from_spec(config.model, chat_template=template,
                                             max_concurrency=max(4, config.concurrency))
     from rag_gates.lm.defaults import load_lm
 
@@ -298,6 +313,7 @@ def served_info(lm: Any) -> dict[str, Any] | None:
         return None
     return {"endpoint": lm.base_url, "model_name": lm.model_name,
             "api_key_env": lm.config.api_key_env,
+            "chat_template": lm.config.chat_template is not None,
             "capabilities": lm.capabilities.offered(),
             "prompt_logprob_alignment": dict(lm.alignment)}
 

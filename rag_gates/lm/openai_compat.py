@@ -49,6 +49,7 @@ import threading
 import time
 import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
+from pathlib import Path
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -78,7 +79,7 @@ from rag_gates.lm.base import (
 from rag_gates.lm.stops import StopCutter, find_stop
 from rag_gates.types import ChatMessage, Generation, TokenLogprob, TopLogprob
 
-__all__ = ["OpenAICompatibleLM", "OpenAIConfig", "PromptKind"]
+__all__ = ["OpenAICompatibleLM", "OpenAIConfig", "PromptKind", "load_chat_template"]
 
 logger = logging.getLogger(__name__)
 T = TypeVar("T")
@@ -370,6 +371,14 @@ class OpenAICompatibleLM(BaseTextLM):
                     else as_messages(prompt))
         if self._template is not None:
             return "chat", self.render(messages)
+        if messages and messages[-1].role == "assistant":
+            # The chat endpoint would close that message and start a new one: the model would
+            # not continue the text it was given, and nothing would say so.
+            raise ValueError(
+                f"this prompt ends with an assistant message to continue (prefill), which the "
+                f"chat endpoint of {self.base_url} cannot do: pass chat_template= (the model's "
+                "Jinja template; `rag-gates bench --chat-template`), so the prompt is rendered "
+                "here and continued through the completions endpoint")
         return "messages", [{"role": m.role, "content": m.content} for m in messages]
 
     def render(self, messages: Sequence[ChatMessage | dict[str, str]]) -> str:
@@ -702,6 +711,30 @@ class OpenAICompatibleLM(BaseTextLM):
         return ContinuationScore(text=continuation, token_ids=[], tokens=tokens,
                                  logprobs=[float(v) for v in values if v is not None])
 
+    def check_prompt_form(self, prompt: Prompt) -> None:
+        """Raise ValueError, saying what to pass, if prompts of this form cannot be sent (an
+        assistant message to continue without a ``chat_template``). Components whose prompts
+        have one form check a sample at construction."""
+        self.route(prompt)
+
+    def score_unavailable(self, prompt: Prompt) -> str | None:
+        """Why :meth:`score` cannot score continuations of a prompt of this form (None: it
+        can). Components that score prompts of one form check a sample at construction, so
+        a server that cannot is refused before any question is asked."""
+        try:
+            kind, _ = self.route(prompt)
+        except ValueError as exc:  # a form this server cannot take at all
+            return str(exc)
+        if kind == "messages":
+            return (f"score() on chat prompts is not available from {self.base_url}: the chat "
+                    "endpoint echoes no prompt; pass chat_template= (the model's Jinja "
+                    "template; `rag-gates bench --chat-template`) so chat prompts are "
+                    "rendered here and scored by echo")
+        if self.alignment.get(kind) not in ("aligned", "shifted"):
+            return (f"score() on {kind} prompts is not available from {self.base_url}: "
+                    + self._capabilities.notes.get("score", "the probe did not pass"))
+        return None
+
     async def _ascore(self, prompt: Prompt, continuations: Sequence[str]
                       ) -> list[ContinuationScore]:
         if isinstance(continuations, str) or not isinstance(continuations, Sequence):
@@ -712,14 +745,12 @@ class OpenAICompatibleLM(BaseTextLM):
             if not c:
                 raise ValueError(f"continuation {i} is empty; nothing to score")
             check_encodable(c, f"continuation {i}")
-        kind, body = self.route(prompt)
-        if kind == "messages" or self.alignment.get(kind) not in ("aligned", "shifted"):
+        reason = self.score_unavailable(prompt)
+        if reason is not None:
             raise WhiteBoxRequiredError(
-                f"score() on {kind} prompts is not available from {self.base_url}: "
-                + (self._capabilities.notes.get("score", "") if kind != "messages" else
-                   "the chat endpoint echoes no prompt; pass chat_template= (the model's "
-                   "Jinja template) so chat prompts are rendered here and scored by echo")
-                + ". Use an HFWhiteBoxLM with the same weights for teacher-forced scores")
+                f"{reason}. Use an HFWhiteBoxLM with the same weights for teacher-forced "
+                "scores")
+        kind, body = self.route(prompt)
         assert isinstance(body, str)
         await self._resolve_model()
         return list(await asyncio.gather(*(self._ascore_one(kind, body, c)
@@ -959,3 +990,39 @@ def _finish(text: str, tokens: list[TokenLogprob] | None, stops: tuple[str, ...]
     if "stop_type" in choice:
         return text, tokens, "stop" if choice["stop_type"] == "word" else "eos"
     return text, tokens, "stop" if stops and reason == "stop" else "eos"
+
+
+def load_chat_template(source: str) -> str:
+    """The Jinja chat template named by ``source``, for ``OpenAICompatibleLM(chat_template=)``:
+    ``"default"`` (the embedded SmolLM2's), a template file, or a model directory holding
+    ``chat_template.jinja`` or a ``tokenizer_config.json`` with one.
+
+    Example:
+        >>> template = load_chat_template("default")                  # doctest: +SKIP
+        >>> lm = OpenAICompatibleLM(url, chat_template=template)      # doctest: +SKIP
+    """
+    if source == "default":
+        from rag_gates.lm.defaults import load_default_tokenizer
+
+        template = load_default_tokenizer().chat_template
+        if not isinstance(template, str):
+            raise ValueError("the embedded model's tokenizer carries no chat template")
+        return template
+    path = Path(source).expanduser()
+    if path.is_file():
+        return path.read_text(encoding="utf-8")
+    if path.is_dir():
+        if (path / "chat_template.jinja").is_file():
+            return (path / "chat_template.jinja").read_text(encoding="utf-8")
+        config = path / "tokenizer_config.json"
+        if config.is_file():
+            try:
+                template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
+            except (ValueError, AttributeError) as exc:
+                raise ValueError(f"{config} is not a tokenizer config ({exc})") from exc
+            if isinstance(template, str):
+                return template
+        raise ValueError(f"{path} holds no chat template (neither chat_template.jinja nor a "
+                         "chat_template in tokenizer_config.json)")
+    raise ValueError(f"chat template {source!r}: expected 'default' (the embedded model's), a "
+                     "template file, or a model directory; no such file or directory")

@@ -127,3 +127,35 @@ def test_concurrency_needs_a_served_model_and_urls_carry_no_credentials(
     with pytest.raises(ValueError, match="one forward pass at a time"):
         run_bench(config(server, methods=["no-rag"], concurrency=2), tmp_path / "x",
                   lm=tiny_lm(seed=0))
+
+
+def test_deeprag_needs_the_served_models_chat_template_and_says_so_before_any_question(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    """Without the model's template a served chat model cannot continue DeepRAG's trajectory
+    (the chat endpoint closes the assistant message) nor score its markers: refused when the
+    method is built, naming the fix, and nothing is written."""
+    for method in ("deeprag", "deeprag-likelihood"):
+        with pytest.raises(ValueError, match=r"chat_template=.*--chat-template"):
+            run_bench(config(server, methods=[method]), tmp_path / method, retriever=bm25)
+        assert not (tmp_path / method / "config.json").exists()
+    with pytest.raises(ValidationError, match="chat_template is for a served model"):
+        BenchConfig(dataset="hotpotqa", methods=["deeprag"], chat_template="default")
+
+
+def test_chat_templates_load_from_a_file_a_model_directory_or_the_embedded_model(
+        tmp_path: Path) -> None:
+    from rag_gates.lm.openai_compat import load_chat_template
+
+    jinja = "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}"
+    (tmp_path / "t.jinja").write_text(jinja)
+    assert load_chat_template(str(tmp_path / "t.jinja")) == jinja
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "tokenizer_config.json").write_text(json.dumps({"chat_template": jinja}))
+    assert load_chat_template(str(model)) == jinja
+    (model / "tokenizer_config.json").write_text(json.dumps({"bos_token": "<s>"}))
+    with pytest.raises(ValueError, match="holds no chat template"):
+        load_chat_template(str(model))
+    with pytest.raises(ValueError, match="no such file or directory"):
+        load_chat_template(str(tmp_path / "missing"))
+    assert "<|im_start|>" in load_chat_template("default")

@@ -18,6 +18,7 @@ token within MAX_TOL of its top token).
 from __future__ import annotations
 
 import asyncio
+import math
 from collections.abc import Iterator
 from typing import Any
 
@@ -166,25 +167,29 @@ def test_methods_take_or_refuse_a_served_model(served: OpenAICompatibleLM) -> No
 def test_quco_and_deeprag_likelihood_run_end_to_end_from_the_bench(
         llama_server: str, tmp_path: Any) -> None:
     """The issue's bar for serving: QuCo-RAG and DeepRAG in likelihood mode, each from one
-    ``rag-gates bench --model openai:URL`` run, answer real HotpotQA questions through the
-    server, two at a time, and the run directory records the server, not a key."""
+    ``rag-gates bench --model openai:URL --chat-template default`` run, answer real HotpotQA
+    questions through the server, two at a time; DeepRAG's markers are scored by the
+    server's echo, and the run directory records the server, not a key."""
     import json
     from pathlib import Path
 
     from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+    from rag_gates.types import Trace
 
     slices = Path(__file__).resolve().parents[2] / "examples" / "data"
     config = BenchConfig(dataset="hotpotqa", methods=["quco", "deeprag-likelihood"], n=2,
                          max_new_tokens=12, data_path=str(slices),
-                         model=f"openai:{llama_server}", concurrency=2)
+                         model=f"openai:{llama_server}", concurrency=2,
+                         chat_template="default")
     summary = run_bench(config, tmp_path / "run")
     records = read_records(tmp_path / "run")
-    assert sorted((r.id, r.method) for r in records) == sorted(
-        {(r.id, m) for r in records for m in ("quco", "deeprag-likelihood")})
     assert len(records) == 4 and all(r.prediction.strip() for r in records)
-    assert all(r.llm_calls >= 1 for r in records)
-    # DeepRAG's likelihood mode scored its markers through the server's echo.
-    assert summary["deeprag-likelihood"]["questions"] == 2
+    assert summary["quco"]["questions"] == summary["deeprag-likelihood"]["questions"] == 2
+    decisions = [d for r in records if r.method == "deeprag-likelihood"
+                 for d in Trace.model_validate(r.trace).decisions()]
+    assert decisions, "no subquery reached the likelihood gate"
+    assert all(d.evidence["method"] == "score" and math.isfinite(d.score) for d in decisions)
     stored = json.loads((tmp_path / "run" / "config.json").read_text())
     assert stored["served"]["endpoint"] == llama_server
+    assert stored["served"]["chat_template"] is True
     assert "score" in stored["served"]["capabilities"]
