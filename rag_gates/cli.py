@@ -304,6 +304,10 @@ def bench(
     concurrency: Annotated[int, typer.Option(
         min=1, max=64, help="Questions answered at once (a served model only; the server "
                             "batches them). In-process models answer one at a time.")] = 1,
+    request_timeout: Annotated[float, typer.Option(
+        min=1, max=3600, help="Seconds a served model may take for one request, retries "
+                              "included (questions queue at a server that answers one at a "
+                              "time).")] = 600.0,
     chat_template: Annotated[str | None, typer.Option(
         help="A served model's chat template: 'default' (the embedded SmolLM2's), a template "
              "file or a model directory. Chat prompts are then rendered here, so score() "
@@ -323,7 +327,8 @@ def bench(
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
                              max_new_tokens=max_new_tokens,
                              data_path=str(data) if data else None, threads=threads,
-                             concurrency=concurrency, chat_template=chat_template)
+                             concurrency=concurrency, chat_template=chat_template,
+                             request_timeout=request_timeout)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
     with Progress("[progress.description]{task.description}", BarColumn(),

@@ -112,6 +112,12 @@ class BenchConfig(BaseModel):
         description="Questions answered at once; above 1 only with a served model "
                     "('openai:URL[#model-name]'). Not part of the run's identity.")
 
+    request_timeout: float = Field(
+        600.0, gt=0, le=3600, exclude=True,
+        description="Seconds a served model may take for one request, retries included. "
+                    "Generous: a server that answers one request at a time makes the others "
+                    "queue, and echoed prompt log-probabilities cost llama-cpp-python about "
+                    "0.3 s per prompt token.")
     chat_template: str | None = Field(
         None, exclude=True,
         description="A served model's chat template ('default': the embedded model's, a "
@@ -298,7 +304,9 @@ def load_bench_lm(config: BenchConfig) -> Any:
         template = (load_chat_template(config.chat_template)
                     if config.chat_template is not None else None)
         return OpenAICompatibleLM.from_spec(config.model, chat_template=template,
-                                            max_concurrency=max(4, config.concurrency))
+                                            max_concurrency=max(4, config.concurrency),
+                                            timeout=config.request_timeout,
+                                            attempt_timeout=config.request_timeout)
     from rag_gates.lm.defaults import load_lm
 
     return load_lm(config.model, num_threads=config.threads)
