@@ -182,6 +182,43 @@ def demo(
     _demo_quco([row["question"] for row in rows], closed_book)
     _demo_cbdr(lm, rows)
     _demo_tokrag(lm, rows, max_new_tokens)
+    _demo_deeprag(lm, rows[0])
+
+
+def _demo_deeprag(lm: Any, row: dict[str, Any]) -> None:
+    """DeepRAG on the first question, over BM25 on its ten paragraphs: each subquery with its
+    retrieve-or-answer decision (likelihood mode: the markers' log-probabilities)."""
+    from rag_gates.deeprag import DEMONSTRATION, DeepRAG, DeepRAGConfig, DeepRAGPrompt
+    from rag_gates.retrieval.bm25 import BM25Retriever
+
+    passages = [Passage(id=title, title=title, text="".join(sentences))
+                for title, sentences in row["context"]]
+    config = DeepRAGConfig(mode="likelihood", max_steps=3, max_step_tokens=40,
+                           max_answer_tokens=20,
+                           prompt=DeepRAGPrompt(demonstration=DEMONSTRATION))
+    agent = DeepRAG(lm, BM25Retriever.from_passages(passages), config,
+                    name="deeprag-likelihood")
+    console.print("\n[bold]DeepRAG[/]: step by step, each subquery retrieved for or answered "
+                  "from memory (retrieve when log p(search marker) - log p(answer marker) >= "
+                  f"{config.threshold:g}; the untrained model, one-shot prompt, 3 steps at most)")
+    with console.status("running the loop"):
+        start = time.perf_counter()
+        result = agent.run(row["question"])
+    table = Table(title=row["question"], title_justify="left", show_lines=True)
+    for column in ("step", "subquery", "decision (score)", "retrieved", "intermediate answer"):
+        table.add_column(column)
+    for i, step in enumerate(result.trajectory.steps, 1):
+        d = step.decision
+        # A decision the gate could not take retrieves (fail closed) and carries no score.
+        score = "undecided" if "undecided" in d.evidence else f"{d.score:.2f}"
+        table.add_row(str(i), step.subquery,
+                      f"{'RETRIEVE' if d.retrieve else 'answer from memory'} ({score})",
+                      ", ".join(p.title or p.id or "?" for p in step.passages or ()) or "-",
+                      step.answer)
+    t = result.trajectory
+    table.caption = (f"final answer: {t.final_answer!r} (gold: {row['answer']}); ended: "
+                     f"{t.stop_reason}; {time.perf_counter() - start:.1f} s")
+    console.print(table)
 
 
 def _demo_quco(questions: list[str], answers: list[str]) -> None:
