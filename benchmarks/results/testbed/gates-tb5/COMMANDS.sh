@@ -28,3 +28,14 @@ export RAG_GATES_CBDR_PROBE=$O/probe
 cd benchmarks/results/testbed && ../../../.venv/bin/rag-gates testbed table bench/tb5-base-model-facts \
     gates-tb5/labels bench/base-model-hotpotqa bench/tb5-testbed-model-hotpotqa --out validation-tb5.json && cd -
 .venv/bin/python benchmarks/gate_composition.py --testbed $O --out benchmarks/results/testbed/composition-tb5
+# End to end with the methods' own pipelines: QuCo (its bench tau_entity) and CBDR at the beta
+# calibrated on the calibration facts (the e2e directory starts from the labels run's no-rag and
+# single answers: the same configuration, so the bench resumes it).
+E=benchmarks/results/testbed/e2e-tb5; mkdir -p $E; cp $O/labels/config.json $O/labels/results.jsonl $E/
+TC=$(python3 -c "import json;print(json.load(open('$O/cal-cbdr/gate.json'))['threshold'])")
+BETA=$(python3 -c "print(round(1 - $TC, 6))")
+.venv/bin/rag-gates bench --dataset testbed:$D --model $D/model --n 1000 --max-new-tokens 24 --threads 1 \
+    --methods "no-rag,single,quco,cbdr@$BETA" --out $E
+.venv/bin/rag-gates report $E --out $E/report --title "tb5 end to end (300 evaluation facts)"
+# Tok-RAG's benefit and detriment cases (25 evaluation facts per rung)
+.venv/bin/python benchmarks/tokrag_testbed.py --testbed $D --per-rung 25 --out benchmarks/results/testbed/tokrag-tb5.json
