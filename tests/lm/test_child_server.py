@@ -41,3 +41,39 @@ def test_a_child_that_exits_is_an_error_with_its_log(tmp_path: Path) -> None:
     with pytest.raises(ServerUnavailableError, match=r"exited \(3\).*no model file here"), \
             child_server(command, f"http://127.0.0.1:{free_port()}/v1", log=tmp_path / "log"):
         pass
+
+
+@pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
+def test_the_server_dies_with_a_parent_killed_without_cleanup(tmp_path: Path) -> None:
+    """A parent killed by SIGKILL runs no ``finally``; the kernel still stops its server."""
+    import signal
+    import subprocess
+    import time
+
+    port = free_port()
+    url = f"http://127.0.0.1:{port}/v1"
+    parent = subprocess.Popen(
+        [sys.executable, "-c",
+         "import sys, time\n"
+         "from rag_gates.lm.llamacpp_server import child_server\n"
+         f"with child_server([sys.executable, '-c', {SERVES_MODELS!r}, '{port}'], '{url}', "
+         "startup_timeout=30):\n"
+         "    print('ready', flush=True)\n"
+         "    time.sleep(120)\n"],
+        stdout=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout is not None and parent.stdout.readline().strip() == "ready"
+        assert httpx.get(f"{url}/models", timeout=2).status_code == 200
+        parent.send_signal(signal.SIGKILL)
+        parent.wait(timeout=10)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            try:
+                httpx.get(f"{url}/models", timeout=1)
+            except httpx.TransportError:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the server outlived its killed parent")
+    finally:
+        parent.kill()
