@@ -147,9 +147,7 @@ class DeepRAG:
             assert gate is not None
             self.gate = gate
         elif mode == "likelihood":
-            self.gate = MarkerLikelihoodGate(
-                lm, self.config.threshold,
-                sample_prompt=sample)
+            self.gate = MarkerLikelihoodGate(lm, self.config.threshold, sample_prompt=sample)
         elif mode == "generate":
             self.gate = MarkerGate()
         else:

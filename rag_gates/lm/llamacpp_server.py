@@ -62,8 +62,8 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
     """Run an HTTP server ``command`` in a child process, wait until ``GET {url}/models``
     answers 200, yield ``url``, and stop the child when the block ends (terminate, then kill
     after 20 s; on Linux the child also gets SIGTERM if this process dies without cleaning
-up). Output goes to ``log`` (default: a temporary file, quoted in the error when
-    the child exits or does not answer in ``startup_timeout`` seconds)."""
+    up). Output goes to ``log`` (default: a temporary file, quoted in the error when the
+    child exits or does not answer in ``startup_timeout`` seconds)."""
     httpx = require("httpx", "api")
     log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="rag-gates-server-",
                                                            suffix=".log")[1])

@@ -721,19 +721,24 @@ class OpenAICompatibleLM(BaseTextLM):
         """Why :meth:`score` cannot score continuations of a prompt of this form (None: it
         can). Components that score prompts of one form check a sample at construction, so
         a server that cannot is refused before any question is asked."""
+        return self._score_route(prompt)[1]
+
+    def _score_route(self, prompt: Prompt) -> tuple[tuple[PromptKind, str] | None, str | None]:
+        """``((kind, text), None)`` for a prompt score() can read, else ``(None, why)``."""
         try:
-            kind, _ = self.route(prompt)
+            kind, body = self.route(prompt)
         except ValueError as exc:  # a form this server cannot take at all
-            return str(exc)
+            return None, str(exc)
         if kind == "messages":
-            return (f"score() on chat prompts is not available from {self.base_url}: the chat "
-                    "endpoint echoes no prompt; pass chat_template= (the model's Jinja "
-                    "template; `rag-gates bench --chat-template`) so chat prompts are "
-                    "rendered here and scored by echo")
+            return None, (f"score() on chat prompts is not available from {self.base_url}: "
+                          "the chat endpoint echoes no prompt; pass chat_template= (the "
+                          "model's Jinja template; `rag-gates bench --chat-template`) so chat "
+                          "prompts are rendered here and scored by echo")
         if self.alignment.get(kind) not in ("aligned", "shifted"):
-            return (f"score() on {kind} prompts is not available from {self.base_url}: "
-                    + self._capabilities.notes.get("score", "the probe did not pass"))
-        return None
+            return None, (f"score() on {kind} prompts is not available from {self.base_url}: "
+                          + self._capabilities.notes.get("score", "the probe did not pass"))
+        assert isinstance(body, str)
+        return (kind, body), None
 
     async def _ascore(self, prompt: Prompt, continuations: Sequence[str]
                       ) -> list[ContinuationScore]:
@@ -745,13 +750,12 @@ class OpenAICompatibleLM(BaseTextLM):
             if not c:
                 raise ValueError(f"continuation {i} is empty; nothing to score")
             check_encodable(c, f"continuation {i}")
-        reason = self.score_unavailable(prompt)
-        if reason is not None:
+        routed, reason = self._score_route(prompt)  # the prompt is rendered once
+        if routed is None:
             raise WhiteBoxRequiredError(
                 f"{reason}. Use an HFWhiteBoxLM with the same weights for teacher-forced "
                 "scores")
-        kind, body = self.route(prompt)
-        assert isinstance(body, str)
+        kind, body = routed
         await self._resolve_model()
         return list(await asyncio.gather(*(self._ascore_one(kind, body, c)
                                            for c in continuations)))

@@ -18,8 +18,10 @@ token within MAX_TOL of its top token).
 from __future__ import annotations
 
 import asyncio
+import json
 import math
 from collections.abc import Iterator
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,7 +29,9 @@ import pytest
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
 from rag_gates.deeprag.gates import MarkerLikelihoodGate
 from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.eval.runner import BenchConfig, read_records, run_bench
 from rag_gates.lm.openai_compat import PROBE_RAW, OpenAICompatibleLM
+from rag_gates.types import Trace
 
 pytestmark = pytest.mark.server
 
@@ -170,12 +174,6 @@ def test_quco_and_deeprag_likelihood_run_end_to_end_from_the_bench(
     ``rag-gates bench --model openai:URL --chat-template default`` run, answer real HotpotQA
     questions through the server, two at a time; DeepRAG's markers are scored by the
     server's echo, and the run directory records the server, not a key."""
-    import json
-    from pathlib import Path
-
-    from rag_gates.eval.runner import BenchConfig, read_records, run_bench
-    from rag_gates.types import Trace
-
     slices = Path(__file__).resolve().parents[2] / "examples" / "data"
     config = BenchConfig(dataset="hotpotqa", methods=["quco", "deeprag-likelihood"], n=2,
                          max_new_tokens=12, data_path=str(slices),
