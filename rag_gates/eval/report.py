@@ -29,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_gates._optional import require
+from rag_gates.eval.boundary import boundary_by_method
 from rag_gates.eval.runner import (
     CONFIG,
     RunRecord,
@@ -148,6 +149,8 @@ class ReportData:
     markdown: list[str] = field(default_factory=list)
     points: list[_Point] = field(default_factory=list)
     gates: list[_Gate] = field(default_factory=list)
+    records: dict[str, list[RunRecord]] = field(default_factory=dict)
+    """Bench records per dataset, pooled over the directories (for the boundary table)."""
 
     @property
     def datasets(self) -> list[str]:
@@ -182,7 +185,7 @@ def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None
     if config.is_file():
         stored = json.loads(config.read_text())
         records = read_records(directory)
-        bench = {"config": stored["config"], "summary": summarize(records),
+        bench = {"config": stored["config"], "summary": summarize(records), "records": records,
                  "planned_questions": stored["config"]["n"],
                  "popularity": {m: accuracy_by_quartile(records, m)
                                 for m in summarize(records)}}
@@ -211,6 +214,7 @@ def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> 
         data.markdown += [f"| {r['quartile']} | {r['min']:.0f} - {r['max']:.0f} | "
                           f"{r['questions']} | {r['accuracy']:.1f} |" for r in rows]
         data.markdown.append("")
+    data.records.setdefault(cfg["dataset"], []).extend(bench["records"])
     for method, s in bench["summary"].items():
         data.points.append(_Point(method, cfg["dataset"], int(s["questions"]),
                                   int(cfg.get("offset", 0)), s["retrievals_per_question"],
@@ -258,7 +262,38 @@ def collect(run_dirs: Sequence[str | Path]) -> ReportData:
             _bench_section(data, directory, bench)
         if gate_eval is not None:
             _gate_section(data, gate_eval)
+    for dataset, records in data.records.items():
+        _boundary_section(data, dataset, records)
     return data
+
+
+def _boundary_section(data: ReportData, dataset: str, records: Sequence[RunRecord]) -> None:
+    """The knowledge-boundary table (DeepRAG's Table 3) when the runs have no-rag and an
+    adaptive method: does each method retrieve where the closed-book answer was wrong?"""
+    if not any(r.method == "no-rag" for r in records):
+        return
+    rows = {m: a for m, a in boundary_by_method(records).items()
+            if 0 < a.true_positive + a.false_positive < a.questions}  # adaptive ones only
+    if not rows:
+        return
+
+    def num(value: float | None) -> str:
+        return "n/a" if value is None else f"{value:.3f}"
+
+    data.markdown += [
+        f"### knowledge boundary on {dataset}", "",
+        "Per question: retrieved at least once, against the no-rag answer being wrong "
+        "(DeepRAG's Table 3; MCC 0 = chance).", "",
+        "| method | questions | retrieved % | closed book wrong % | F1 | accuracy "
+        "| balanced accuracy | MCC |",
+        "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for method, a in rows.items():
+        retrieved = 100 * (a.true_positive + a.false_positive) / a.questions
+        wrong = 100 * (a.true_positive + a.false_negative) / a.questions
+        data.markdown.append(
+            f"| {method} | {a.questions} | {retrieved:.1f} | {wrong:.1f} | {num(a.f1)} | "
+            f"{num(a.accuracy)} | {num(a.balanced_accuracy)} | {num(a.mcc)} |")
+    data.markdown.append("")
 
 
 # ------------------------------------------------------------------------- plotting

@@ -1,0 +1,121 @@
+"""Knowledge-boundary agreement: does a method retrieve exactly where the model could not
+answer alone?
+
+The DeepRAG paper (Appendix B.2, Table 3) takes the model's closed-book answer as the truth of
+"retrieval was needed" (wrong closed book: needed; right: not needed) and scores each adaptive
+method's choice to retrieve (at least one retrieval for the question) against it with F1,
+accuracy, balanced accuracy and the Matthews correlation coefficient (MCC: 1 perfect, 0 chance,
+-1 inverted). Balanced accuracy and MCC matter because most questions need retrieval on small
+models: a method that always retrieves scores a high accuracy and an MCC of 0 (undefined:
+reported as None).
+
+Here the closed-book truth is the bench's ``no-rag`` record for the same question (a direct
+answer; the paper uses chain-of-thought), so the figures need a run that has ``no-rag`` for the
+questions a method answered.
+
+Example:
+    >>> a = boundary_agreement(retrieved=[True, True, False, False],
+    ...                        needed=[True, False, False, True])
+    >>> (a.true_positive, a.false_positive, a.true_negative, a.false_negative), a.mcc
+    ((1, 1, 1, 1), 0.0)
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+__all__ = ["BoundaryAgreement", "boundary_agreement", "boundary_by_method"]
+
+
+@dataclass(frozen=True)
+class BoundaryAgreement:
+    """The confusion counts of "retrieved" against "closed book was wrong", and the paper's
+    four scores; a score whose denominator is zero is None (not 0: it is undefined)."""
+
+    true_positive: int    # retrieved, and the closed-book answer was wrong
+    false_positive: int   # retrieved, though the closed-book answer was right
+    true_negative: int    # answered alone, and the closed-book answer was right
+    false_negative: int   # answered alone, though the closed-book answer was wrong
+
+    @property
+    def questions(self) -> int:
+        return self.true_positive + self.false_positive + self.true_negative + \
+            self.false_negative
+
+    @property
+    def accuracy(self) -> float | None:
+        n = self.questions
+        return (self.true_positive + self.true_negative) / n if n else None
+
+    @property
+    def f1(self) -> float | None:
+        denominator = 2 * self.true_positive + self.false_positive + self.false_negative
+        return 2 * self.true_positive / denominator if denominator else None
+
+    @property
+    def balanced_accuracy(self) -> float | None:
+        needed = self.true_positive + self.false_negative
+        not_needed = self.true_negative + self.false_positive
+        if not needed or not not_needed:
+            return None
+        return (self.true_positive / needed + self.true_negative / not_needed) / 2
+
+    @property
+    def mcc(self) -> float | None:
+        tp, fp, tn, fn = (self.true_positive, self.false_positive, self.true_negative,
+                          self.false_negative)
+        denominator = (tp + fp) * (tp + fn) * (tn + fp) * (tn + fn)
+        if denominator == 0:
+            return None
+        return (tp * tn - fp * fn) / math.sqrt(denominator)
+
+    def as_dict(self) -> dict[str, Any]:
+        """Counts and scores, JSON-ready."""
+        return {**asdict(self), "questions": self.questions, "f1": self.f1,
+                "accuracy": self.accuracy, "balanced_accuracy": self.balanced_accuracy,
+                "mcc": self.mcc}
+
+
+def boundary_agreement(retrieved: Sequence[bool], needed: Sequence[bool]) -> BoundaryAgreement:
+    """Confusion counts of ``retrieved`` (predicted) against ``needed`` (the truth).
+
+    Raises:
+        ValueError: the sequences differ in length.
+    """
+    if len(retrieved) != len(needed):
+        raise ValueError(f"{len(retrieved)} retrieval choices but {len(needed)} truths; "
+                         "pair them per question")
+    pairs = list(zip((bool(r) for r in retrieved), (bool(n) for n in needed), strict=True))
+    return BoundaryAgreement(
+        true_positive=sum(r and n for r, n in pairs),
+        false_positive=sum(r and not n for r, n in pairs),
+        true_negative=sum(not r and not n for r, n in pairs),
+        false_negative=sum(not r and n for r, n in pairs))
+
+
+def boundary_by_method(records: Iterable[Any], reference: str = "no-rag",
+                       ) -> dict[str, BoundaryAgreement]:
+    """Per method, its retrieval choices against the ``reference`` method's wrong answers,
+    on the questions both answered. ``records`` are bench records (``rag-gates bench``'s
+    ``RunRecord``: ``id``, ``method``, ``accuracy``, ``retrievals``), from one run or pooled
+    from several runs over the same dataset. Methods that never vary (the reference itself,
+    ``single``) are included: their MCC is None, which is the point.
+
+    Raises:
+        ValueError: no ``reference`` record (run the bench with ``--methods no-rag,...``).
+    """
+    rows = list(records)
+    closed_book_wrong = {r.id: r.accuracy < 1.0 for r in rows if r.method == reference}
+    if not closed_book_wrong:
+        raise ValueError(f"no {reference!r} records: the closed-book truth comes from them; "
+                         f"add {reference} to the bench's --methods")
+    choices: dict[str, dict[str, bool]] = {}
+    for r in rows:
+        if r.method != reference and r.id in closed_book_wrong:
+            choices.setdefault(r.method, {})[r.id] = r.retrievals > 0
+    return {method: boundary_agreement(list(by_id.values()),
+                                       [closed_book_wrong[i] for i in by_id])
+            for method, by_id in choices.items()}
