@@ -43,6 +43,7 @@ app.add_typer(srrag_app, name="srrag")
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
+POPQA_DEMO_DATA = _EXAMPLE_DATA / "popqa_dev_sample.jsonl"
 _PACKAGES = ("rag-gates", "torch", "transformers", "sentence-transformers", "llama-index-core",
              "langchain-core", "llama-index-rag-gates", "langchain-rag-gates")
 
@@ -183,6 +184,64 @@ def demo(
     _demo_cbdr(lm, rows)
     _demo_tokrag(lm, rows, max_new_tokens)
     _demo_deeprag(lm, rows[0])
+    _demo_srrag(lm, POPQA_DEMO_DATA)
+
+
+def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
+    """SR-RAG on PopQA questions: the shipped policy (the model's own source labels on
+    training rows, keyed by its hidden states) and the routing word's probability decide;
+    one question routed each way is shown with its neighbours and answer."""
+    from rag_gates.retrieval.bm25 import BM25Retriever
+    from rag_gates.srrag import DEFAULT_TAU, SelfRoutingGate, SRRAGPipeline
+    from rag_gates.srrag.shipped import load_default_policy, read_policy_labels
+
+    if not data.is_file():
+        console.print(f"[yellow]SR-RAG skipped: {data} is missing[/]")
+        return
+    rows = [json.loads(line) for line in data.read_text().splitlines()[:candidates]]
+    header, _ = read_policy_labels()
+    with console.status(f"keying the shipped policy's {header.questions} labelled questions"):
+        policy = load_default_policy(lm)
+    tau = DEFAULT_TAU if header.tau is None else header.tau
+    gate = SelfRoutingGate(lm, policy, tau=tau)
+    chosen = (f"the paper's {tau:g}, not calibrated for this model" if header.tau is None else
+              f"{tau:.3g}, calibrated leave-one-out on the labelled questions: "
+              f"{100 * header.calibration.get('agreement', math.nan):.0f}% agree with labels")
+    console.print(f"\n[bold]SR-RAG[/]: retrieve when p_M x p_D >= tau ({chosen}), else the "
+                  "model writes what it knows and answers from that. p_D: the "
+                  f"{policy.k} nearest of {len(policy)} labelled training questions (the "
+                  "model's own likelihoods chose each label; hidden state of layer "
+                  f"{gate.layer}); p_M: the routing word's probability")
+    passages = [Passage(id=p["title"], title=p["title"], text=p["text"])
+                for row in rows for p in row.get("gold_paragraphs", [])]
+    pipeline = SRRAGPipeline(lm, BM25Retriever.from_passages(passages), gate, k=1,
+                             max_new_tokens=16, dataset="popqa")
+    shown: set[bool] = set()
+    with console.status("routing PopQA questions"):
+        decisions = [(row, gate.decide(row["question"])) for row in rows]
+    for row, d in decisions:
+        if d.retrieve in shown:
+            continue
+        shown.add(d.retrieve)
+        with console.status("retrieving and answering" if d.retrieve else "verbalizing"):
+            result = pipeline.answer(row["question"])
+        table = Table(title=row["question"], title_justify="left", show_lines=True)
+        for column in ("neighbour (cosine)", "its label"):
+            table.add_column(column)
+        neighbours = d.evidence.get("neighbours")
+        for n in neighbours if isinstance(neighbours, list) else []:
+            assert isinstance(n, dict)
+            table.add_row(f"{n['question']} ({n['similarity']:.3f})", str(n["source"]))
+        used = result.passages[0]
+        source = ("verbalized: " + used.text[:160].replace("\n", " ") + "..."
+                  if used.metadata.get("source") == "parametric" else f"retrieved: {used.title}")
+        table.caption = (f"{'RETRIEVE' if d.retrieve else 'VERBALIZE'}: {d.reason}\n{source}\n"
+                         f"answer: {result.answer.strip()!r} (gold: "
+                         f"{', '.join(row['possible_answers'][:3])})")
+        console.print(table)
+    if len(shown) < 2:
+        way = "retrieval" if True in shown else "verbalization"
+        console.print(f"all {len(rows)} questions were routed to {way} at tau {tau:.3g}")
 
 
 def _demo_deeprag(lm: Any, row: dict[str, Any]) -> None:

@@ -38,6 +38,7 @@ from rag_gates.srrag.policy import (
     SourcePolicy,
     default_policy_path,
 )
+from rag_gates.srrag.shipped import POLICY_ENV
 from rag_gates.srrag.skr import SKRGate
 
 __all__ = ["BENCH_TAU", "COLLECTION_ENV", "POLICY_ENV", "SKR_POLICY_ENV", "genread_method",
@@ -46,7 +47,6 @@ __all__ = ["BENCH_TAU", "COLLECTION_ENV", "POLICY_ENV", "SKR_POLICY_ENV", "genre
 
 #: The paper's tau (Llama-2-7B); not yet calibrated for the embedded model.
 BENCH_TAU = DEFAULT_TAU
-POLICY_ENV = "RAG_GATES_SRRAG_POLICY"
 SKR_POLICY_ENV = "RAG_GATES_SRRAG_SKR_POLICY"
 COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
 

@@ -1,0 +1,133 @@
+"""The source policy shipped for the embedded SmolLM2-135M-Instruct, and how to find a user's own.
+
+The package carries the *labels* (question, preferred source), not the keys: the keys are the
+model's own hidden states, recomputed when the policy is loaded (one forward pass per
+question, a few seconds), so the datastore always matches the model that asks. The labels
+come from ``rag-gates srrag label`` on PopQA and PubMedQA training rows (offset 500, held apart
+from the questions every benchmark uses); ``benchmarks/srrag_ship_policy.py`` writes the file
+from a labels JSONL.
+
+For any other model, label and build a datastore (``rag-gates srrag label``, ``rag-gates
+srrag build-policy``) and point ``RAG_GATES_SRRAG_POLICY`` at it (a local directory or an
+``http(s)://`` Qdrant URL).
+
+Example:
+    >>> lm = load_default_lm()
+    >>> policy = load_default_policy(lm)          # the shipped labels, keyed by lm, in memory
+    >>> gate = SelfRoutingGate(lm, policy)
+    >>> gate.decide("In what city was Ingvild Bryn born?").reason  # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable, Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rag_gates.errors import ArtifactError
+from rag_gates.srrag.policy import DEFAULT_K, PolicyEntry, PolicyMismatchError, SourcePolicy
+
+__all__ = ["DEFAULT_POLICY_LABELS", "POLICY_ENV", "ShippedLabelsHeader", "load_default_policy",
+           "read_policy_labels", "write_policy_labels"]
+
+DEFAULT_POLICY_LABELS = Path(__file__).resolve().parent / "policies" / "smollm2.jsonl"
+POLICY_ENV = "RAG_GATES_SRRAG_POLICY"
+_KIND = "srrag-policy-labels"
+
+
+class ShippedLabelsHeader(BaseModel):
+    """The first line of a policy-labels file: whose labels they are and how they were made."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    kind: str = Field(_KIND, description="Always 'srrag-policy-labels'.")
+    model_id: str = Field(..., description="The model whose likelihoods chose each source.")
+    questions: int = Field(..., ge=0, description="Labelled questions that follow.")
+    made_with: str = Field("", description="The command that wrote the labels.")
+    tau: float | None = Field(None, ge=0.0, le=1.0, description=(
+        "The threshold calibrated on these questions themselves, leave-one-out (each voted "
+        "on by the others): the one whose routes agree most with the labels. None: not "
+        "calibrated (use DEFAULT_TAU)."))
+    calibration: dict[str, float] = Field(default_factory=dict, description=(
+        "How the calibrated tau did on the labelled questions: agreement with the labels, "
+        "share routed to retrieval, share labelled retrieval, k."))
+
+
+def write_policy_labels(path: str | Path, entries: Sequence[PolicyEntry], model_id: str,
+                        made_with: str = "", tau: float | None = None,
+                        calibration: dict[str, float] | None = None) -> Path:
+    """Write ``entries`` (one labelled question a line) under a header naming ``model_id``
+    (and the calibrated ``tau``, see :class:`ShippedLabelsHeader`)."""
+    out = Path(path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    header = ShippedLabelsHeader(model_id=model_id, questions=len(entries), made_with=made_with,
+                                 tau=tau, calibration=calibration or {})
+    lines = [header.model_dump_json()] + [e.model_dump_json() for e in entries]
+    out.write_text("\n".join(lines) + "\n")
+    return out
+
+
+def read_policy_labels(path: str | Path = DEFAULT_POLICY_LABELS,
+                       ) -> tuple[ShippedLabelsHeader, list[PolicyEntry]]:
+    """The header and entries of a policy-labels file.
+
+    Raises:
+        ArtifactError: the file is not one, a line does not parse, or it holds another number
+            of questions than its header says (a cut or edited file would move the votes).
+    """
+    where = Path(path)
+    lines = [line for line in where.read_text().splitlines() if line.strip()]
+    try:
+        header = ShippedLabelsHeader.model_validate_json(lines[0]) if lines else None
+    except ValidationError as exc:
+        raise ArtifactError(f"{where}: the first line is not a policy-labels header "
+                            f"({exc.errors()[0]['msg']})") from exc
+    if header is None or header.kind != _KIND:
+        raise ArtifactError(f"{where} is not an SR-RAG policy-labels file (its first line "
+                            f"must be a {_KIND!r} header); write one with write_policy_labels")
+    entries = list(_entries(where, lines[1:]))
+    if len(entries) != header.questions:
+        raise ArtifactError(f"{where}: the header promises {header.questions} questions, the "
+                            f"file holds {len(entries)}; restore or rewrite the file")
+    return header, entries
+
+
+def _entries(where: Path, lines: Iterable[str]) -> Iterable[PolicyEntry]:
+    for number, line in enumerate(lines, start=2):
+        try:
+            yield PolicyEntry.model_validate(json.loads(line))
+        except (ValueError, ValidationError) as exc:
+            raise ArtifactError(f"{where}, line {number}: not a labelled question "
+                                f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+
+
+def load_default_policy(lm: Any, *, k: int = DEFAULT_K,
+                        labels: str | Path = DEFAULT_POLICY_LABELS) -> SourcePolicy:
+    """``$RAG_GATES_SRRAG_POLICY`` (a built datastore: directory or Qdrant URL) if set, else
+    the shipped labels keyed by ``lm``'s hidden states in an in-memory datastore.
+
+    Raises:
+        PolicyMismatchError: the labels were made with another model than ``lm`` (its own
+            likelihoods chose each source, so they say nothing about another model).
+        ArtifactError: the labels file is damaged.
+    """
+    where = os.environ.get(POLICY_ENV)
+    if where:
+        remote = where.startswith(("http://", "https://"))
+        return SourcePolicy.open_existing(lm, path=None if remote else where,
+                                          url=where if remote else None, k=k)
+    from rag_gates.srrag.policy import HiddenStateKeys
+
+    header, entries = read_policy_labels(labels)
+    if header.model_id != lm.model_id:
+        raise PolicyMismatchError(
+            f"{labels} holds {header.model_id!r}'s source labels, not {lm.model_id!r}'s: label "
+            "your model's own questions (rag-gates srrag label), build a datastore (rag-gates "
+            f"srrag build-policy) and set {POLICY_ENV} to it")
+    policy = SourcePolicy.open(HiddenStateKeys(lm), path=":memory:", k=k)
+    policy.add_questions(entries)
+    return policy
