@@ -3,8 +3,9 @@
 A method answers one question and returns the answer with the :class:`Trace` of what it did.
 Built-in baselines: ``no-rag`` (closed book), ``single`` (retrieve once with the question,
 top-k), ``fs-rag`` (retrieve before every generated sentence). Other packages add methods
-through the ``rag_gates.methods`` entry-point group (``llama-index-rag-gates`` adds ``flare``:
-LlamaIndex's own FLARE query engine), each entry a factory ``(MethodContext) -> Method``.
+through the ``rag_gates.methods`` entry-point group (``llama-index-rag-gates`` adds ``flare``
+and ``subquestion``: LlamaIndex's own FLARE and SubQuestion query engines), each entry a
+factory ``(MethodContext) -> Method``.
 
 Example:
     >>> from rag_gates.eval.methods import MethodContext, make_method

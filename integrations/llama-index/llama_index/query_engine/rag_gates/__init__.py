@@ -1,4 +1,5 @@
-"""LlamaIndex query engines of rag-gates, and LlamaIndex's FLARE as a benchmark method.
+"""LlamaIndex query engines of rag-gates, and LlamaIndex's FLARE and SubQuestion query engines
+as benchmark methods.
 
 * :class:`GatedQueryEngine`: any query engine behind any rag-gates gate; the LLM answers
   directly when the gate says retrieval is not worth it.
@@ -7,6 +8,8 @@
 * :class:`QuCoQueryEngine`: QuCo-RAG's loop (gate, generation, claim verification,
   re-retrieval) on any LlamaIndex LLM and retriever.
 * :class:`FlareMethod`: LlamaIndex's FLARE as a ``rag-gates bench`` method.
+* :class:`SubQuestionMethod`: LlamaIndex's ``SubQuestionQueryEngine`` as a ``rag-gates bench``
+  method (DeepRAG's decomposition peer).
 """
 
 from llama_index.query_engine.rag_gates.deeprag import (
@@ -17,6 +20,7 @@ from llama_index.query_engine.rag_gates.deeprag import (
 from llama_index.query_engine.rag_gates.flare import FlareMethod
 from llama_index.query_engine.rag_gates.gated import DEFAULT_DIRECT_PROMPT, GatedQueryEngine
 from llama_index.query_engine.rag_gates.quco import QuCoQueryEngine, quco_metadata
+from llama_index.query_engine.rag_gates.subquestion import SubQuestionMethod
 
 __all__ = [
     "DEFAULT_DIRECT_PROMPT",
@@ -25,6 +29,7 @@ __all__ = [
     "FlareMethod",
     "GatedQueryEngine",
     "QuCoQueryEngine",
+    "SubQuestionMethod",
     "deeprag_metadata",
     "quco_metadata",
 ]

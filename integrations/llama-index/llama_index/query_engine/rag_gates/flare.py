@@ -16,17 +16,10 @@ import contextlib
 import io
 
 from llama_index.core.query_engine import FLAREInstructQueryEngine, RetrieverQueryEngine
-from llama_index.llms.rag_gates import RagGatesLLM
+from llama_index.query_engine.rag_gates._recorded import recorded_llm, recorded_retriever
 from llama_index.retrievers.rag_gates import nodes_to_passages
-from llama_index.retrievers.rag_gates.base import PassageRetriever
 
-from rag_gates.eval.methods import (
-    MethodContext,
-    MethodResult,
-    RecordedLM,
-    RecordedRetriever,
-    need_retriever,
-)
+from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
 from rag_gates.types import TraceRecorder
 
 __all__ = ["FlareMethod"]
@@ -48,10 +41,8 @@ class FlareMethod:
 
     def answer(self, question: str) -> MethodResult:
         rec = TraceRecorder()
-        llm = RagGatesLLM(lm=RecordedLM(self.ctx.lm, rec),
-                          max_new_tokens=self.ctx.max_new_tokens)
-        retriever = PassageRetriever(RecordedRetriever(self.retriever, rec),
-                                     similarity_top_k=self.ctx.k)
+        llm = recorded_llm(self.ctx, rec)
+        retriever = recorded_retriever(self.ctx, self.retriever, rec)
         engine = FLAREInstructQueryEngine(
             query_engine=RetrieverQueryEngine.from_args(retriever, llm=llm),
             llm=llm, max_iterations=self.max_iterations,
