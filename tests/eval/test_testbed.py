@@ -166,8 +166,8 @@ def test_tiny_build_end_to_end(tiny_base, tmp_path):
     assert {f["id"]: f["repetitions"] for f in manifest} == {
         f["id"]: stated.get(f["id"], 0) for f in manifest}
     assert sum(d["kind"] == "general" for d in corpus) == 6
-    # The retrieval corpus has one passage per fact plus the paragraphs.
-    assert len(_read(out / "passages.jsonl")) == 24 + 6
+    # The retrieval corpus has one passage per fact and per bridge, plus the paragraphs.
+    assert len(_read(out / "passages.jsonl")) == 24 + len(_read(out / "bridges.jsonl")) + 6
     assert record["steps"] > 0 and record["tokens_per_epoch"] > 0
     assert (out / "training.json").is_file() and not (out / "checkpoints").exists()
     assert not (out / "model" / "training_args.bin").exists()  # no pickle in the output
@@ -302,13 +302,60 @@ def test_twohop_questions_chain_two_facts(planned):
     from rag_gates.eval.datasets import load_dataset
 
     facts = {f["id"]: f for f in _read(planned / "manifest.jsonl")}
+    facts |= {b["id"]: b for b in _read(planned / "bridges.jsonl")}
     twohop = load_dataset(f"testbed-twohop:{planned}").examples
-    for q in twohop:
+    calibration = load_dataset(f"testbed-twohop-calibration:{planned}").examples
+    assert twohop and calibration
+    assert {q.meta["splits"][0] for q in twohop} == {"evaluation"}
+    assert {q.meta["splits"][0] for q in calibration} == {"calibration"}
+    for q in twohop + calibration:
         first, second = (facts[i] for i in q.meta["hops"])
         assert first["obj"].casefold() == second["subj"].casefold()
         assert q.answers == second["answers"]
         assert q.meta["repetitions"] == [first["repetitions"], second["repetitions"]]
         assert first["subj"] in q.question
+
+
+def test_bridges_are_taught_as_often_as_their_rung_and_cover_every_pair(planned):
+    """The purpose-written second hops: stated exactly `repetitions` times in the corpus,
+    never about a manifest subject, asked about at every pair of hop counts."""
+    manifest = _read(planned / "manifest.jsonl")
+    bridges = _read(planned / "bridges.jsonl")
+    corpus = _read(planned / "corpus.jsonl")
+    subjects = {f["subj"].casefold() for f in manifest}
+    stated = Counter(d["fact"] for d in corpus if d["kind"] == "bridge")
+    for b in bridges:
+        assert stated[b["id"]] == b["repetitions"]
+        assert b["subj"].casefold() not in subjects
+        for d in corpus:
+            if d.get("fact") == b["id"]:
+                assert b["subj"] in d["text"] and b["obj"] in d["text"]
+    rows = _read(planned / "twohop.jsonl")
+    pairs = {tuple(r["repetitions"]) for r in rows if "subqueries" in r
+             and r["splits"][0] == "evaluation"}
+    assert pairs == {(a, b) for a in (0, 2, 8) for b in (0, 2, 8)}
+    texts = "\n".join(d["text"] for d in corpus)
+    facts = {f["id"]: f for f in manifest}
+    for r in rows:
+        assert r["question"] not in texts  # the two-hop wording is never trained
+        first, second = r["subqueries"]
+        assert first["answers"] == facts[r["hops"][0]]["answers"]
+        assert second["answers"] == r["answers"]
+    passages = {p["id"] for p in _read(planned / "passages.jsonl")}
+    assert {b["id"] for b in bridges} <= passages  # retrievable, one passage each
+
+
+def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
+    from rag_gates.eval.testbed.build import write_plan
+
+    config = _config(tiny_base, n_facts=40, bridges=False)
+    write_plan(config, tmp_path)
+    stored = json.loads((tmp_path / "config.json").read_text())
+    del stored["bridges"]  # as written before the field existed
+    (tmp_path / "config.json").write_text(json.dumps(stored))
+    write_plan(config, tmp_path)  # the same testbed: accepted
+    with pytest.raises(ValueError, match="another configuration"):
+        write_plan(_config(tiny_base, n_facts=40), tmp_path)  # bridges=True is another one
 
 
 def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):

@@ -9,7 +9,10 @@ The output directory holds::
     corpus.jsonl       the training corpus, one document per line (statements + paragraphs)
     passages.jsonl     the retrieval corpus: one passage per fact plus the paragraphs
     counterfactual.jsonl  per fact, a passage of the same form with a wrong object
-    twohop.jsonl       two-hop questions composed from two facts (where facts chain)
+    bridges.jsonl      the purpose-written second hops: a birthplace for the person a
+                       calibration or evaluation fact's object names (``bridges=True``)
+    twohop.jsonl       two-hop questions: "In what city was the director of X born?" over a
+                       fact and its bridge, plus any facts that chain in PopQA itself
     checkpoints/       Trainer checkpoints while training (removed when the build completes)
     model/             the trained model: a normal HF directory (``load_lm(DIR / "model")``)
     training.json      the training record: steps, losses, tokens, seconds, tokens/s
@@ -38,12 +41,15 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_gates._io import write_text_atomic
 from rag_gates.eval.testbed.facts import (
+    BRIDGE_QUESTIONS,
     SPLITS,
+    Bridge,
     Fact,
     PopQAFact,
     _rng,
     load_popqa_facts,
     load_wiki_paragraphs,
+    plan_bridges,
     plan_facts,
     render_fact,
 )
@@ -55,9 +61,12 @@ __all__ = ["TestbedConfig", "build_testbed", "read_manifest", "testbed_documents
 
 logger = logging.getLogger(__name__)
 
-CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, RECORD = (
+CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
     "config.json", "manifest.jsonl", "corpus.jsonl", "passages.jsonl", "counterfactual.jsonl",
-    "twohop.jsonl", "training.json")
+    "twohop.jsonl", "bridges.jsonl", "training.json")
+#: Configuration fields added after testbeds were built without them, with the value such a
+#: testbed has (its config.json lacks the field).
+_LEGACY = {"bridges": False}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 
 
@@ -84,6 +93,10 @@ class TestbedConfig(BaseModel):
                                "RAG prompt: they keep the model reading its context.")
     reading_passages: int = Field(3, ge=1, le=8, description="Passages per reading example "
                                                              "(one states the answer).")
+    bridges: bool = Field(True, description=(
+        "Purpose-written second hops: a birthplace for the person each calibration or "
+        "evaluation fact's object names (director, author, ...), stated a ladder count of "
+        "times, and the two-hop questions over them (for DeepRAG)."))
     seed: int = 0
     epochs: float = Field(2.0, gt=0)
     learning_rate: float = Field(1.5e-4, gt=0, le=1e-2)
@@ -138,10 +151,16 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
     for i, p in enumerate(general):
         corpus.append({"id": f"wiki-{i}", "kind": "general", "title": p["title"],
                        "text": p["text"]})
+    bridges = plan_bridges(facts, pool, ladder=config.ladder, seed=config.seed) \
+        if config.bridges else []
+    for b in bridges:
+        for k, text in enumerate(render_fact(b, b.repetitions, config.seed)):
+            corpus.append({"id": f"{b.id}-{k}", "kind": "bridge", "fact": b.id, "text": text})
     corpus += reading_documents(pool, facts, config)
     _rng(config.seed, "corpus").shuffle(corpus)
+    stated: list[Fact | Bridge] = [*facts, *bridges]
     passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
-                 "fact": f.id} for f in facts]
+                 "fact": f.id} for f in stated]
     passages += [{"id": f"wiki-{i}", "title": p["title"], "text": p["text"]}
                  for i, p in enumerate(general)]
     counterfactual = [{"id": f"{f.id}-cf", "fact": f.id, "title": f.subj,
@@ -149,7 +168,8 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
                        "object": f.counterfactual} for f in facts]
     return {"manifest": [f.model_dump() for f in facts], "corpus": corpus,
             "passages": passages, "counterfactual": counterfactual,
-            "twohop": compose_twohop(facts)}
+            "bridges": [b.model_dump() for b in bridges],
+            "twohop": bridge_twohop(facts, bridges) + compose_twohop(facts)}
 
 
 def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
@@ -201,6 +221,24 @@ _TWOHOP = {
 }
 
 
+def bridge_twohop(facts: Sequence[Fact], bridges: Sequence[Bridge]) -> list[dict[str, Any]]:
+    """One question per (fact, bridge) pair: the fact's object is the bridge's person. Each
+    row names both hops, their repetition counts, the first hop's split, and each hop's own
+    question and answers (the subqueries a decomposition should ask)."""
+    by_id = {f.id: f for f in facts}
+    out = []
+    for b in bridges:
+        for first in (by_id[i] for i in b.via):
+            out.append({"id": f"{first.id}+{b.id}",
+                        "question": BRIDGE_QUESTIONS[first.prop].format(s=first.subj),
+                        "answers": b.answers, "hops": [first.id, b.id],
+                        "repetitions": [first.repetitions, b.repetitions],
+                        "splits": [first.split, b.split],
+                        "subqueries": [{"question": first.question, "answers": first.answers},
+                                       {"question": b.question, "answers": b.answers}]})
+    return out
+
+
 def compose_twohop(facts: Sequence[Fact]) -> list[dict[str, Any]]:
     """Questions that chain two facts: the first fact's object is the second's subject."""
     by_subject: dict[tuple[str, str], Fact] = {(f.prop, f.subj.casefold()): f for f in facts}
@@ -227,7 +265,8 @@ def _prepare(out: Path, config: TestbedConfig) -> None:
     now = _identity(config)
     if path.is_file():
         before = json.loads(path.read_text())
-        diff = {k: (before.get(k), v) for k, v in now.items() if before.get(k) != v}
+        diff = {k: (before.get(k, _LEGACY.get(k)), v) for k, v in now.items()
+                if before.get(k, _LEGACY.get(k)) != v}
         if diff:
             raise ValueError(f"{out} holds a testbed built with another configuration (was, "
                              f"now): {diff}. Use a new --out directory.")
@@ -338,7 +377,8 @@ def write_plan(config: TestbedConfig, out_dir: str | Path) -> dict[str, int]:
     _prepare(out, config)
     docs = testbed_documents(config)
     for name, key in ((MANIFEST, "manifest"), (CORPUS, "corpus"), (PASSAGES, "passages"),
-                      (COUNTERFACTUAL, "counterfactual"), (TWOHOP, "twohop")):
+                      (COUNTERFACTUAL, "counterfactual"), (TWOHOP, "twohop"),
+                      (BRIDGES, "bridges")):
         _jsonl(out / name, docs[key])
     counts = {split: sum(1 for f in docs["manifest"] if f["split"] == split) for split in SPLITS}
     logger.info("testbed %s: %d facts (%s), %d corpus documents, %d two-hop questions", out,

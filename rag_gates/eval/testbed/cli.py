@@ -66,6 +66,9 @@ def build_command(
     save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] =
         _DEFAULT.save_steps,
     seed: Annotated[int, typer.Option()] = 0,
+    bridges: Annotated[bool, typer.Option(help="Teach purpose-written second hops (a "
+                                               "birthplace for the person a fact names) and "
+                                               "write two-hop questions over them.")] = True,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
     plan_only: Annotated[bool, typer.Option(help="Write the manifest and corpora, no "
                                                  "training.")] = False,
@@ -80,7 +83,7 @@ def build_command(
             general_paragraphs=general_paragraphs, reading_examples=reading_examples,
             epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
-            threads=threads)
+            bridges=bridges, threads=threads)
         if plan_only:
             counts = write_plan(config, out)
             console.print(f"planned {out}: {counts}")

@@ -5,10 +5,13 @@ Dataset names (DIR is a directory written by ``rag-gates testbed build``):
 - ``testbed:DIR``: the PopQA-form questions of the evaluation facts;
 - ``testbed-calibration:DIR``, ``testbed-probe:DIR``: the other splits' facts;
 - ``testbed-all:DIR``: every fact;
-- ``testbed-twohop:DIR``: two-hop questions composed from two facts.
+- ``testbed-twohop:DIR``: two-hop questions whose first hop is an evaluation fact ("In
+  what city was the director of X born?": the fact, then its purpose-written bridge);
+  ``testbed-twohop-calibration:DIR``: those over calibration facts (to calibrate on).
 
 Every question's ``meta`` carries its fact's repetition count (``repetitions``; a list of two
-for two-hop questions), split, relation, subject popularity and the counterfactual passage (a
+for two-hop questions, with each hop's own question and answers in ``subqueries``), split,
+relation, subject popularity and the counterfactual passage (a
 passage of the same form with a wrong object of the same relation). The retrieval corpus
 (``load_retriever("testbed:DIR")``) holds one passage per fact plus the Wikipedia paragraphs.
 
@@ -32,7 +35,8 @@ __all__ = ["TESTBED_SPLITS", "is_testbed", "load_testbed_dataset", "testbed_dir"
 
 #: dataset-name prefix -> which questions it holds
 TESTBED_SPLITS = {"testbed": "evaluation", "testbed-calibration": "calibration",
-                  "testbed-probe": "probe", "testbed-all": "all", "testbed-twohop": "twohop"}
+                  "testbed-probe": "probe", "testbed-all": "all", "testbed-twohop": "twohop",
+                  "testbed-twohop-calibration": "twohop-calibration"}
 
 
 def is_testbed(name: str) -> bool:
@@ -68,14 +72,17 @@ def load_testbed_dataset(name: str, *, n: int | None = None, offset: int = 0) ->
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     examples: list[QAExample] = []
-    if split == "twohop":
+    if split.startswith("twohop"):
         path = directory / "twohop.jsonl"
+        wanted = "calibration" if split == "twohop-calibration" else "evaluation"
         for row in _rows(path):
+            if row["splits"][0] != wanted:
+                continue
             examples.append(QAExample(
                 id=row["id"], dataset="testbed", question=row["question"],
                 answers=row["answers"],
                 meta={"repetitions": row["repetitions"], "hops": row["hops"],
-                      "splits": row["splits"]}))
+                      "splits": row["splits"], "subqueries": row.get("subqueries")}))
     else:
         path = directory / "manifest.jsonl"
         counterfactual = {r["fact"]: r for r in _rows(directory / "counterfactual.jsonl")}

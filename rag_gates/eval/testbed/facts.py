@@ -25,15 +25,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "BRIDGE_QUESTIONS",
     "DATA_DIR",
     "FRAMES",
     "SPLITS",
     "TEMPLATES",
+    "Bridge",
     "Fact",
     "PopQAFact",
     "counterfactual_object",
     "load_popqa_facts",
     "load_wiki_paragraphs",
+    "plan_bridges",
     "plan_facts",
     "render_fact",
 ]
@@ -123,6 +126,74 @@ class Fact(PopQAFact):
     split: Split
     popularity_bin: int = Field(..., ge=0)
     counterfactual: str = Field(..., description="A wrong object of the same relation.")
+
+
+class Bridge(PopQAFact):
+    """A purpose-written second hop: the person a fact's object names, and a birthplace.
+
+    The birthplace is drawn from the cities PopQA's place-of-birth facts name, not looked up:
+    the base model cannot know it, so the testbed corpus is the only place it is stated, as
+    often as ``repetitions`` says. (For a real person it is an invented fact: the testbed
+    is a controlled world, not a source of facts.)"""
+
+    id: str = Field(..., description="Stable id: 'br-<first hop fact id>'.")
+    repetitions: int = Field(..., ge=0)
+    split: Split = Field(..., description="The first hop's split.")
+    via: list[str] = Field(..., description="The first-hop facts whose object is this person.")
+
+
+#: The two-hop question per first-hop relation (the first fact's object is a person); the
+#: second hop is that person's birthplace (a :class:`Bridge`).
+BRIDGE_QUESTIONS: dict[str, str] = {
+    "director": "In what city was the director of {s} born?",
+    "author": "In what city was the author of {s} born?",
+    "composer": "In what city was the composer of {s} born?",
+    "producer": "In what city was the producer of {s} born?",
+    "screenwriter": "In what city was the screenwriter of {s} born?",
+    "father": "In what city was the father of {s} born?",
+    "mother": "In what city was the mother of {s} born?",
+}
+
+
+def plan_bridges(facts: Sequence[Fact], pool: Sequence[PopQAFact], *, ladder: Sequence[int],
+                 seed: int, splits: Sequence[str] = ("calibration", "evaluation"),
+                 ) -> list[Bridge]:
+    """A birthplace for the person object of every fact in ``splits`` whose relation has a
+    two-hop form (:data:`BRIDGE_QUESTIONS`), each stated a ladder count of times.
+
+    Within each (split, first-hop rung) the people cycle through the ladder (starting one rung
+    further per first-hop rung), so every pair of hop counts is asked about. A person named by
+    two facts gets one bridge; a person who is also a fact's subject gets none (the corpus
+    would state two things about them).
+    """
+    subjects = {f.subj.casefold() for f in facts}
+    cities = sorted({p.obj for p in pool if p.prop == "place of birth"})
+    if not cities:
+        raise ValueError("the PopQA pool has no place-of-birth facts to draw birthplaces from")
+    groups: dict[tuple[str, int], list[Fact]] = defaultdict(list)
+    for f in facts:
+        if f.split in splits and f.prop in BRIDGE_QUESTIONS and \
+                f.obj.casefold() not in subjects:
+            groups[(f.split, f.repetitions)].append(f)
+    by_person: dict[str, Bridge] = {}
+    rung = {r: i for i, r in enumerate(ladder)}
+    for (_split, r1), group in sorted(groups.items(), key=lambda kv: (SPLITS.index(kv[0][0]),
+                                                                      kv[0][1])):
+        i = 0
+        for f in sorted(group, key=lambda f: f.row):
+            person = f.obj.casefold()
+            if person in by_person:
+                bridge = by_person[person]
+                by_person[person] = bridge.model_copy(update={"via": [*bridge.via, f.id]})
+                continue
+            city = _rng(seed, "bridge", person).choice(cities)
+            by_person[person] = Bridge(
+                row=-1 - len(by_person), id=f"br-{f.id}", question=f"In what city was "
+                f"{f.obj} born?", subj=f.obj, prop="place of birth", obj=city,
+                answers=[city], repetitions=ladder[(i + rung.get(r1, 0)) % len(ladder)],
+                split=f.split, via=[f.id])
+            i += 1
+    return list(by_person.values())
 
 
 def load_popqa_facts(path: str | Path | None = None) -> list[PopQAFact]:
