@@ -1,10 +1,11 @@
-"""``rag-gates srrag ...``: label training questions by their better knowledge source and build
-the kNN policy datastore from the labels.
+"""``rag-gates srrag ...``: label training questions by their better knowledge source, build
+the kNN policy datastore from the labels, and export them as SFT / DPO records for TRL.
 
 Registered by the main CLI as ``app.add_typer(srrag_app, name="srrag")``::
 
     rag-gates srrag label --dataset popqa --n 300 --dataset pubmedqa --n 150 --out labels.jsonl
     rag-gates srrag build-policy --labels labels.jsonl --path ~/.cache/rag-gates/srrag/policy
+    rag-gates srrag export --labels labels.jsonl --stage1 stage1.jsonl --dpo dpo.jsonl
 
 Expected failures (missing data, a label file written with other settings, a datastore of
 another model) print one red line saying what to do and exit with status 1.
@@ -26,14 +27,41 @@ __all__ = ["srrag_app"]
 
 srrag_app = typer.Typer(
     help="SR-RAG: label questions by the knowledge source that helps the model more "
-         "(retrieval or its own verbalized knowledge) and build the kNN source policy.",
+         "(retrieval or its own verbalized knowledge), build the kNN source policy, and "
+         "export the labels as TRL training data.",
     no_args_is_help=True, add_completion=False)
 console = Console()
+#: ``--labels``, repeatable (build-policy, export).
+_LabelFiles = Annotated[list[Path], typer.Option(help="Label file(s) from 'srrag label'.")]
 
 
 @srrag_app.callback()
 def _group() -> None:
     """SR-RAG commands (always a command group, whatever the number of commands)."""
+
+
+def _read_label_files(files: list[Path], rule: str | None
+                      ) -> tuple[list[tuple[Path, dict[str, Any]]], list[Any]]:
+    """Each file's settings line, and all their labels (``rule``: recomputed under it)."""
+    from rag_gates.srrag.labels import read_labels
+
+    if rule is not None and rule not in ("sum", "top-n"):
+        raise ValueError(f"--rule must be 'sum' or 'top-n', got {rule!r}")
+    headers, rows = [], []
+    for file in files:
+        header, read = read_labels(file, rule)  # type: ignore[arg-type]
+        headers.append((file, header))
+        rows.extend(read)
+    return headers, rows
+
+
+def _check_labeller(headers: list[tuple[Path, dict[str, Any]]], lm: Any, advice: str) -> None:
+    """Refuse labels another model wrote (its preferences, its verbalizations)."""
+    for file, header in headers:
+        if header.get("model_id") != lm.model_id:
+            raise ValueError(
+                f"{file} holds the preferences of {header.get('model_id')!r}, not of "
+                f"{lm.model_id!r}: {advice}, or pass --model {header.get('model_id')}")
 
 
 @srrag_app.command("label")
@@ -118,7 +146,7 @@ def label_command(
 
 @srrag_app.command("build-policy")
 def build_policy_command(
-    labels: Annotated[list[Path], typer.Option(help="Label file(s) from 'srrag label'.")],
+    labels: _LabelFiles,
     path: Annotated[Path | None, typer.Option(
         help="Local Qdrant directory (default $RAG_GATES_HOME/srrag/policy, or "
              ".../skr-policy for --keys minilm).")] = None,
@@ -140,7 +168,7 @@ def build_policy_command(
 ) -> None:
     """Build (or grow) the kNN source policy from labelled questions: one point per
     question, keyed by the chosen key, valued by its preferred source."""
-    from rag_gates.srrag.labels import RETRIEVAL, read_labels
+    from rag_gates.srrag.labels import RETRIEVAL
     from rag_gates.srrag.policy import (
         EmbeddingKeys,
         HiddenStateKeys,
@@ -152,14 +180,7 @@ def build_policy_command(
     with clean_errors():
         if keys not in ("hidden", "minilm"):
             raise ValueError(f"--keys must be 'hidden' or 'minilm', got {keys!r}")
-        if rule is not None and rule not in ("sum", "top-n"):
-            raise ValueError(f"--rule must be 'sum' or 'top-n', got {rule!r}")
-        rows = []
-        headers = []
-        for file in labels:
-            header, read = read_labels(file, rule)  # type: ignore[arg-type]
-            headers.append((file, header))
-            rows.extend(read)
+        headers, rows = _read_label_files(labels, rule)
         if not rows:
             raise ValueError(f"no labelled questions in {', '.join(map(str, labels))}")
         start = time.perf_counter()
@@ -169,12 +190,7 @@ def build_policy_command(
 
             with console.status(f"loading {model}"):
                 lm = load_lm(model, num_threads=threads)
-            for file, header in headers:
-                if header.get("model_id") != lm.model_id:
-                    raise ValueError(
-                        f"{file} holds the preferences of {header.get('model_id')!r}, not of "
-                        f"{lm.model_id!r}: label with this model, or pass --model "
-                        f"{header.get('model_id')}")
+            _check_labeller(headers, lm, "label with this model")
             key_function = HiddenStateKeys(lm, layer)
         else:
             key_function = EmbeddingKeys()
@@ -262,3 +278,42 @@ def routing_auroc_command(
         write_text_atomic(out, json.dumps(results, indent=2))
     console.print(f"{len(rows)} questions, retrieval better for "
                   f"{100 * sum(truth) / len(truth):.1f}% -> {out}")
+
+
+@srrag_app.command("export")
+def export_command(
+    labels: _LabelFiles,
+    stage1: Annotated[Path | None, typer.Option(
+        help="Write stage-1 SFT records here ({input_ids, labels}: source word, the "
+             "verbalization when parametric, the answer trained; passages masked).")] = None,
+    dpo: Annotated[Path | None, typer.Option(
+        help="Write stage-2 DPO pairs here ({prompt, chosen, rejected}: best over worst "
+             "verbalization of the parametric-preferred questions).")] = None,
+    model: Annotated[str, typer.Option(
+        help="The model that wrote the labels and is to be trained ('default' or an HF "
+             "path/id): its tokenizer and chat template shape the records.")] = "default",
+    rule: Annotated[str | None, typer.Option(
+        help="Recompute the preferred source under 'sum' or 'top-n' (default: as labelled)."
+    )] = None,
+) -> None:
+    """Turn source labels into SR-RAG's two-stage training data for TRL's SFTTrainer and
+    DPOTrainer."""
+    from rag_gates.lm.defaults import load_lm
+    from rag_gates.srrag.export import export_stage1, export_stage2_dpo
+
+    with clean_errors():
+        if stage1 is None and dpo is None:
+            raise ValueError("nothing to write: give --stage1 FILE and/or --dpo FILE")
+        headers, rows = _read_label_files(labels, rule)
+        with console.status(f"loading {model}"):
+            lm = load_lm(model)
+        _check_labeller(headers, lm, "SR-RAG trains a model on its own labels")
+        for kind, path, export in (("stage 1", stage1, export_stage1),
+                                   ("DPO", dpo, export_stage2_dpo)):
+            if path is not None:
+                counts = export(rows, lm, path)
+                skipped = ", ".join(f"{n} {why.replace('_', ' ')}"
+                                    for why, n in sorted(counts.skipped.items()))
+                console.print(f"[bold]{kind}: {counts.records} records[/] from "
+                              f"{counts.labels} labels (skipped: {skipped or 'none'}) "
+                              f"-> {path}")

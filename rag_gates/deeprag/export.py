@@ -27,14 +27,13 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates._io import write_text_atomic
+from rag_gates._trl import IGNORE, DPOPair, eos_token_id, write_jsonl
 from rag_gates.deeprag.engine import subquery_line
 from rag_gates.deeprag.trajectory import (
     CONTEXT,
@@ -62,16 +61,6 @@ class SFTExample(BaseModel):
     masked: list[tuple[int, int]] = Field(
         default_factory=list, description="[start, end) character spans of the completion "
                                           "left out of the loss (the retrieved passages).")
-
-
-class DPOPair(BaseModel):
-    """One decision of a trajectory as a preference pair (TRL standard format)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    prompt: str
-    chosen: str
-    rejected: str
 
 
 class ExportStats(BaseModel):
@@ -118,13 +107,11 @@ def tokenize_sft(example: SFTExample, lm: Any) -> dict[str, list[int]]:
     encoded = tokenizer(example.completion, add_special_tokens=False,
                         split_special_tokens=True, return_offsets_mapping=True)
     ids: list[int] = list(encoded["input_ids"])
-    labels = [-100 if any(s < end and begin < e for begin, end in example.masked) else t
+    labels = [IGNORE if any(s < end and begin < e for begin, end in example.masked) else t
               for t, (s, e) in zip(ids, encoded["offset_mapping"], strict=True)]
-    eos = tokenizer.eos_token_id
-    if not isinstance(eos, int):
-        raise ValueError("the tokenizer has no end-of-sequence token; set tokenizer.eos_token")
+    eos = eos_token_id(tokenizer)
     return {"input_ids": [*prompt_ids, *ids, eos],
-            "labels": [-100] * len(prompt_ids) + labels + [eos]}
+            "labels": [IGNORE] * len(prompt_ids) + labels + [eos]}
 
 
 def dpo_pairs(trajectory: Trajectory, lm: Any, prompt: DeepRAGPrompt | None = None
@@ -150,10 +137,7 @@ def _trajectories(rows: Iterable[Any]) -> tuple[int, list[Trajectory]]:
 
 def _write(out: str | Path, records: list[dict[str, Any]], n_rows: int, n_found: int
            ) -> ExportStats:
-    path = Path(out)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(path, "".join(json.dumps(r, ensure_ascii=False) + "\n"
-                                    for r in records))
+    path = write_jsonl(out, records)
     return ExportStats(rows=n_rows, trajectories=n_found, records=len(records), out=str(path))
 
 

@@ -10,7 +10,9 @@
   build-policy``);
 * :class:`SelfRoutingGate`: retrieve when ``p_M * p_D >= tau`` (or one factor alone);
 * :class:`SRRAGPipeline`: retrieve and answer, or verbalize and answer;
-* :class:`SKRGate`: the SKR baseline (kNN over MiniLM question embeddings, same labels).
+* :class:`SKRGate`: the SKR baseline (kNN over MiniLM question embeddings, same labels);
+* the two-stage training data (:func:`export_stage1`, :func:`export_stage2_dpo`, ``rag-gates
+  srrag export``): SFT and DPO records for TRL from the labels.
 
 White-box: routing reads the next-token distribution and hidden states, and labelling
 scores the gold answer; the verbalizer and the pipeline's answer step take any TextLM.
@@ -22,6 +24,12 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:  # pragma: no cover
+    from rag_gates.srrag.export import (
+        ExportCounts,
+        ExportFormat,
+        export_stage1,
+        export_stage2_dpo,
+    )
     from rag_gates.srrag.gate import DEFAULT_TAU, SelfRoutingGate
     from rag_gates.srrag.labels import (
         ContextScore,
@@ -63,7 +71,8 @@ _WHERE = {
     "PolicyStoreError": "policy", "PolicyVote": "policy", "SourcePolicy": "policy",
     "default_policy_path": "policy", "RouteFeatures": "routing", "RoutingPrompt": "routing",
     "route_features": "routing", "DEFAULT_TAU": "gate", "SelfRoutingGate": "gate",
-    "SRRAGPipeline": "pipeline", "SKRGate": "skr",
+    "SRRAGPipeline": "pipeline", "SKRGate": "skr", "ExportCounts": "export",
+    "ExportFormat": "export", "export_stage1": "export", "export_stage2_dpo": "export",
 }
 
 
@@ -79,6 +88,8 @@ __all__ = [
     "PARAMETRIC",
     "ContextScore",
     "EmbeddingKeys",
+    "ExportCounts",
+    "ExportFormat",
     "HiddenStateKeys",
     "LabelConfig",
     "PolicyEntry",
@@ -96,6 +107,8 @@ __all__ = [
     "VerbalizerConfig",
     "collect_labels",
     "default_policy_path",
+    "export_stage1",
+    "export_stage2_dpo",
     "label_question",
     "preferred_source",
     "read_labels",
