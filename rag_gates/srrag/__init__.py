@@ -10,6 +10,7 @@
   build-policy``);
 * :class:`SelfRoutingGate`: retrieve when ``p_M * p_D >= tau`` (or one factor alone);
 * :class:`SRRAGPipeline`: retrieve and answer, or verbalize and answer;
+* :func:`load_default_policy`: the policy shipped for the embedded model (its own labels);
 * :class:`SKRGate`: the SKR baseline (kNN over MiniLM question embeddings, same labels);
 * the two-stage training data (:func:`export_stage1`, :func:`export_stage2_dpo`, ``rag-gates
   srrag export``): SFT and DPO records for TRL from the labels.
@@ -52,6 +53,7 @@ if TYPE_CHECKING:  # pragma: no cover
         default_policy_path,
     )
     from rag_gates.srrag.routing import RouteFeatures, RoutingPrompt, route_features
+    from rag_gates.srrag.shipped import load_default_policy
     from rag_gates.srrag.skr import SKRGate
     from rag_gates.srrag.verbalizer import (
         GENREAD_PROMPT,
@@ -73,6 +75,7 @@ _WHERE = {
     "route_features": "routing", "DEFAULT_TAU": "gate", "SelfRoutingGate": "gate",
     "SRRAGPipeline": "pipeline", "SKRGate": "skr", "ExportCounts": "export",
     "ExportFormat": "export", "export_stage1": "export", "export_stage2_dpo": "export",
+    "load_default_policy": "shipped",
 }
 
 
@@ -110,6 +113,7 @@ __all__ = [
     "export_stage1",
     "export_stage2_dpo",
     "label_question",
+    "load_default_policy",
     "preferred_source",
     "read_labels",
     "route_features",
