@@ -397,6 +397,10 @@ def bench(
     data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
                                                            "choice).")] = None,
+    prefix_cache_mb: Annotated[float, typer.Option(
+        min=0, help="In-process models: MB of recent prompts' keys and values kept, so a "
+                    "prompt that extends one prefills only its new tokens (DeepRAG, FLARE); "
+                    "0: off.")] = 0,
     concurrency: Annotated[int, typer.Option(
         min=1, max=64, help="Questions answered at once (a served model only; the server "
                             "batches them). In-process models answer one at a time.")] = 1,
@@ -423,6 +427,7 @@ def bench(
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
                              max_new_tokens=max_new_tokens,
                              data_path=str(data) if data else None, threads=threads,
+                             prefix_cache_mb=prefix_cache_mb,
                              concurrency=concurrency, chat_template=chat_template,
                              request_timeout=request_timeout)
     except ValueError as exc:

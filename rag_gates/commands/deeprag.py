@@ -52,6 +52,10 @@ def synthesize_command(
     match: Annotated[str, typer.Option(help="containment (either way), accuracy or exact."
                                        )] = "containment",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
+    prefix_cache_mb: Annotated[float, typer.Option(
+        min=0, help="MB of recent prompts' keys and values kept: the search's children share "
+                    "their parent's prompt, so each prefills only its new tokens. 0: off."
+    )] = 256,
 ) -> None:
     """Search each question's trajectories by retrieval count (uniform-cost) until a final
     answer matches the gold; one row per question with its cost. Resumes if interrupted."""
@@ -74,7 +78,7 @@ def synthesize_command(
             if not examples:
                 raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
         with console.status(f"loading {model}"):
-            lm = load_lm(model, num_threads=threads)
+            lm = load_lm(model, num_threads=threads, prefix_cache_mb=prefix_cache_mb)
         config = DeepRAGConfig(k=k, max_steps=max_steps, nudge=nudge, prompt=DeepRAGPrompt(
             demonstration=DEMONSTRATION if demonstration else None))
         total = sum(len(examples) for _, examples in loads)

@@ -107,6 +107,11 @@ class BenchConfig(BaseModel):
     threads: int | None = Field(
         None, ge=1, exclude=True,
         description="torch threads for the model (not part of the run's identity).")
+    prefix_cache_mb: float = Field(
+        0, ge=0, le=65536, exclude=True,
+        description="In-process models: keep recent prompts' keys and values (MB) so a "
+                    "prompt extending one prefills only its new tokens (DeepRAG's steps). "
+                    "Not part of the run's identity.")
     concurrency: int = Field(
         1, ge=1, le=64, exclude=True,
         description="Questions answered at once; above 1 only with a served model "
@@ -309,7 +314,8 @@ def load_bench_lm(config: BenchConfig) -> Any:
                                             attempt_timeout=config.request_timeout)
     from rag_gates.lm.defaults import load_lm
 
-    return load_lm(config.model, num_threads=config.threads)
+    return load_lm(config.model, num_threads=config.threads,
+                   prefix_cache_mb=config.prefix_cache_mb)
 
 
 def served_info(lm: Any) -> dict[str, Any] | None:

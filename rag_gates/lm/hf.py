@@ -41,6 +41,7 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
+from rag_gates.lm.prefix_cache import PrefixCache
 from rag_gates.lm.stops import StopCutter
 from rag_gates.types import ChatMessage, Generation, TokenLogprob, TopLogprob
 
@@ -190,6 +191,9 @@ class HFWhiteBoxLM(BaseTextLM):
         chat_template: wrap string prompts in the tokenizer's chat template (default: when the
             tokenizer has one). Each call may override it.
         num_threads: torch intra-op threads (process-wide; default: leave torch's choice).
+        prefix_cache_mb: keep recent prompts' keys and values (this many MB at most) so a
+            prompt that extends one prefills only its new tokens (:class:`PrefixCache`; for
+            step-by-step agents such as DeepRAG). 0 (default): off.
 
     Setup:
         ``pip install "rag-gates[hf]"``
@@ -215,6 +219,7 @@ class HFWhiteBoxLM(BaseTextLM):
         model_id: str | None = None,
         chat_template: bool | None = None,
         num_threads: int | None = None,
+        prefix_cache_mb: float = 0,
     ) -> None:
         if not isinstance(model, torch.nn.Module) or not hasattr(model, "config"):
             raise TypeError(
@@ -248,6 +253,17 @@ class HFWhiteBoxLM(BaseTextLM):
             if tokenizer.pad_token_id is not None
             else next(iter(sorted(self.eos_token_ids)), 0)
         )
+        self.prefix_cache: PrefixCache | None = None
+        if prefix_cache_mb:
+            self.enable_prefix_cache(prefix_cache_mb)
+
+    def enable_prefix_cache(self, max_mb: float = 256) -> PrefixCache:
+        """Turn on prompt-prefix reuse (see :class:`PrefixCache`) with a ``max_mb`` budget;
+        ``max_mb=0`` turns it off. Returns the cache (its ``stats`` count the reuse)."""
+        if max_mb < 0:
+            raise ValueError(f"max_mb must be >= 0, got {max_mb}")
+        self.prefix_cache = PrefixCache(int(max_mb * 2**20)) if max_mb else None
+        return self.prefix_cache  # type: ignore[return-value]
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -263,6 +279,7 @@ class HFWhiteBoxLM(BaseTextLM):
         trust_remote_code: bool = False,
         model_id: str | None = None,
         local_files_only: bool | None = None,
+        prefix_cache_mb: float = 0,
     ) -> HFWhiteBoxLM:
         """Load from a local directory or a hub id (``gguf_file`` for a GGUF checkpoint).
 
@@ -309,6 +326,7 @@ class HFWhiteBoxLM(BaseTextLM):
             model_id=model_id or source,
             chat_template=chat_template,
             num_threads=num_threads,
+            prefix_cache_mb=prefix_cache_mb,
         )
 
     def _eos_ids(self) -> frozenset[int]:
@@ -1031,12 +1049,20 @@ class StreamGroup:
         # Every prompt position's attention inputs only where asked (attention_row).
         self._capture = _AttentionInputs(attention_layers, last_only=not keep_prompt_attention)
         self._pending: int | None = None
+        # Prefix reuse for a plain single prompt; attention capture reads every prompt
+        # position's inputs, which a reused prefix would not have run.
+        reuse = lm.prefix_cache if len(prompt_ids) == 1 and not attention_layers else None
         prefills = []
         for ids in prompt_ids:
             self._capture.inputs = {}
-            tokens = torch.tensor([list(ids)], dtype=torch.long)
-            prefills.append(self._pass(tokens, torch.arange(len(ids))[None], lm._new_cache(),
+            found = reuse.lookup(ids) if reuse is not None else None
+            start, cache = (found[0], lm._new_cache(found[1])) if found else (0, lm._new_cache())
+            tokens = torch.tensor([list(ids[start:])], dtype=torch.long)
+            prefills.append(self._pass(tokens, torch.arange(start, len(ids))[None], cache,
                                        None))
+            if reuse is not None:
+                reuse.store(ids, [(layer.keys, layer.values)
+                                  for layer in prefills[-1].cache.layers])
         self._logits: torch.Tensor = torch.cat([p.logits for p in prefills])
         self._logprobs: torch.Tensor | None = None
         self._hidden = {layer: torch.cat([p.hidden[layer] for p in prefills])
