@@ -7,9 +7,13 @@ recomputed from the model when the policy loads), and a tau calibrated on those 
         --offset 500 --n-retrieved 5 --n-verbalized 2"
 
 Only training rows belong there (label with --offset 500; the benchmarks evaluate rows
-0-299). The tau: each labelled question is routed with the others voting (leave-one-out, the
-k nearest after dropping itself), and the threshold whose routes agree most with the labels is
-kept (ties: the lower retrieval share), so no evaluation row is used to choose it.
+0-299). k: the paper's 30, or a third of the labelled questions when there are fewer than 90
+(so that a vote is not the whole datastore). The tau: each labelled question is routed with
+the others voting (leave-one-out, the k nearest after dropping itself), and the threshold
+whose routes agree most with the labels is kept (ties: the lower retrieval share; "never
+retrieve" is a candidate too), so no evaluation row is used to choose it. The agreement of
+always retrieving (the share labelled retrieval) is recorded beside it: a tau that does no
+better than that has learned nothing.
 """
 
 from __future__ import annotations
@@ -41,8 +45,8 @@ def leave_one_out_scores(lm: object, entries: list[PolicyEntry], k: int) -> list
 
 
 def best_tau(scores: list[float], labels: list[bool]) -> tuple[float, float, float]:
-    """(tau, agreement, retrieval share): retrieve iff score >= tau."""
-    candidates = sorted(set(scores))
+    """(tau, agreement, retrieval share): retrieve iff score >= tau (tau capped at 1)."""
+    candidates = [*sorted(set(scores)), 1.01]  # the last: never retrieve
     best: tuple[float, float, float] | None = None
     for tau in candidates:
         routes = [s >= tau for s in scores]
@@ -51,7 +55,7 @@ def best_tau(scores: list[float], labels: list[bool]) -> tuple[float, float, flo
         if best is None or (agreement, -share) > (best[1], -best[2]):
             best = (tau, agreement, share)
     assert best is not None
-    return best
+    return min(best[0], 1.0), best[1], best[2]
 
 
 def main() -> None:
@@ -59,7 +63,8 @@ def main() -> None:
     parser.add_argument("--labels", type=Path, required=True)
     parser.add_argument("--out", type=Path, default=DEFAULT_POLICY_LABELS)
     parser.add_argument("--made-with", default="", help="The labelling command, recorded.")
-    parser.add_argument("--k", type=int, default=DEFAULT_K)
+    parser.add_argument("--k", type=int, default=None,
+                        help="Neighbours that vote (default: 30, or a third of the labels).")
     args = parser.parse_args()
     header, labels = read_labels(args.labels)
     entries = [PolicyEntry(id=lb.id, dataset=lb.dataset, question=lb.question,
@@ -68,17 +73,19 @@ def main() -> None:
     if lm.model_id != header["model_id"]:
         raise SystemExit(f"the labels are {header['model_id']}'s; the default model is "
                          f"{lm.model_id}")
+    k = args.k or min(DEFAULT_K, max(1, len(entries) // 3))
     is_retrieval = [e.source == RETRIEVAL for e in entries]
-    tau, agreement, share = best_tau(leave_one_out_scores(lm, entries, args.k), is_retrieval)
-    calibration = {"agreement": agreement, "retrieval_share": share, "k": float(args.k),
+    tau, agreement, share = best_tau(leave_one_out_scores(lm, entries, k), is_retrieval)
+    calibration = {"agreement": agreement, "retrieval_share": share,
                    "labelled_retrieval_share": sum(is_retrieval) / len(entries)}
     out = write_policy_labels(args.out, entries, str(header["model_id"]), args.made_with,
-                              tau=tau, calibration=calibration)
+                              tau=tau, calibration=calibration, k=k)
     counts = Counter((e.dataset, e.source) for e in entries)
     print(f"{len(entries)} labelled questions -> {out}: "
           + ", ".join(f"{d} {s} {n}" for (d, s), n in sorted(counts.items()))
-          + f"; tau {tau:.4g} agrees with {100 * agreement:.1f}% of the labels (leave-one-out)"
-          f", routes {100 * share:.1f}% to retrieval")
+          + f"; k {k}, tau {tau:.4g} agrees with {100 * agreement:.1f}% of the labels "
+          f"(leave-one-out; always retrieving: {100 * calibration['labelled_retrieval_share']:.1f}"
+          f"%), routes {100 * share:.1f}% to retrieval")
 
 
 if __name__ == "__main__":

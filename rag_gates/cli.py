@@ -193,7 +193,11 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
     one question routed each way is shown with its neighbours and answer."""
     from rag_gates.retrieval.bm25 import BM25Retriever
     from rag_gates.srrag import DEFAULT_TAU, SelfRoutingGate, SRRAGPipeline
-    from rag_gates.srrag.shipped import load_default_policy, read_policy_labels
+    from rag_gates.srrag.shipped import (
+        DEFAULT_POLICY_LABELS,
+        load_default_policy,
+        read_policy_labels,
+    )
 
     if not data.is_file():
         console.print(f"[yellow]SR-RAG skipped: {data} is missing[/]")
@@ -201,12 +205,14 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
     rows = [json.loads(line) for line in data.read_text().splitlines()[:candidates]]
     header, _ = read_policy_labels()
     with console.status(f"keying the shipped policy's {header.questions} labelled questions"):
-        policy = load_default_policy(lm)
+        policy = load_default_policy(lm, labels=DEFAULT_POLICY_LABELS)  # not $RAG_GATES_...
     tau = DEFAULT_TAU if header.tau is None else header.tau
     gate = SelfRoutingGate(lm, policy, tau=tau)
     chosen = (f"the paper's {tau:g}, not calibrated for this model" if header.tau is None else
-              f"{tau:.3g}, calibrated leave-one-out on the labelled questions: "
-              f"{100 * header.calibration.get('agreement', math.nan):.0f}% agree with labels")
+              f"{tau:.3g}, calibrated leave-one-out on the labelled questions: routes agree "
+              f"with {100 * header.calibration.get('agreement', math.nan):.0f}% of their "
+              "labels, always retrieving with "
+              f"{100 * header.calibration.get('labelled_retrieval_share', math.nan):.0f}%")
     console.print(f"\n[bold]SR-RAG[/]: retrieve when p_M x p_D >= tau ({chosen}), else the "
                   "model writes what it knows and answers from that. p_D: the "
                   f"{policy.k} nearest of {len(policy)} labelled training questions (the "

@@ -101,8 +101,9 @@ def boundary_by_method(records: Iterable[Any], reference: str = "no-rag",
     """Per method, its retrieval choices against the ``reference`` method's wrong answers,
     on the questions both answered. ``records`` are bench records (``rag-gates bench``'s
     ``RunRecord``: ``id``, ``method``, ``accuracy``, ``retrievals``), from one run or pooled
-    from several runs over the same dataset. Methods that never vary (the reference itself,
-    ``single``) are included: their MCC is None, which is the point.
+    from several runs over the same dataset and model (a question answered twice by a method
+    counts once: the later record). The reference itself is left out; methods that never
+    vary (``single``) are included: their MCC is None, which is the point.
 
     Raises:
         ValueError: no ``reference`` record (run the bench with ``--methods no-rag,...``).

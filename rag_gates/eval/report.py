@@ -150,7 +150,8 @@ class ReportData:
     points: list[_Point] = field(default_factory=list)
     gates: list[_Gate] = field(default_factory=list)
     records: dict[str, list[RunRecord]] = field(default_factory=dict)
-    """Bench records per dataset, pooled over the directories (for the boundary table)."""
+    """Bench records per (dataset, model, data file), pooled over the directories (for the
+    boundary table: one model's closed-book answers never judge another's retrievals)."""
 
     @property
     def datasets(self) -> list[str]:
@@ -214,7 +215,10 @@ def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> 
         data.markdown += [f"| {r['quartile']} | {r['min']:.0f} - {r['max']:.0f} | "
                           f"{r['questions']} | {r['accuracy']:.1f} |" for r in rows]
         data.markdown.append("")
-    data.records.setdefault(cfg["dataset"], []).extend(bench["records"])
+    setting = cfg["dataset"] + "".join(
+        f", {name} {cfg[key]}" for key, name in (("model", "model"), ("data_path", "data"))
+        if cfg.get(key) not in (None, "default"))
+    data.records.setdefault(setting, []).extend(bench["records"])
     for method, s in bench["summary"].items():
         data.points.append(_Point(method, cfg["dataset"], int(s["questions"]),
                                   int(cfg.get("offset", 0)), s["retrievals_per_question"],

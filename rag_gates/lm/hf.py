@@ -257,13 +257,14 @@ class HFWhiteBoxLM(BaseTextLM):
         if prefix_cache_mb:
             self.enable_prefix_cache(prefix_cache_mb)
 
-    def enable_prefix_cache(self, max_mb: float = 256) -> PrefixCache:
+    def enable_prefix_cache(self, max_mb: float = 256) -> PrefixCache | None:
         """Turn on prompt-prefix reuse (see :class:`PrefixCache`) with a ``max_mb`` budget;
-        ``max_mb=0`` turns it off. Returns the cache (its ``stats`` count the reuse)."""
+        ``max_mb=0`` turns it off (returns None). Returns the cache (its ``stats`` count the
+        reuse)."""
         if max_mb < 0:
             raise ValueError(f"max_mb must be >= 0, got {max_mb}")
         self.prefix_cache = PrefixCache(int(max_mb * 2**20)) if max_mb else None
-        return self.prefix_cache  # type: ignore[return-value]
+        return self.prefix_cache
 
     # ------------------------------------------------------------------ construction
     @classmethod
@@ -1060,9 +1061,11 @@ class StreamGroup:
             tokens = torch.tensor([list(ids[start:])], dtype=torch.long)
             prefills.append(self._pass(tokens, torch.arange(start, len(ids))[None], cache,
                                        None))
-            if reuse is not None:
-                reuse.store(ids, [(layer.keys, layer.values)
-                                  for layer in prefills[-1].cache.layers])
+            layers = prefills[-1].cache.layers
+            # Only a cache holding every position can be cut to a prefix: a sliding-window
+            # layer keeps just the last window of keys.
+            if reuse is not None and all(layer.keys.shape[-2] == len(ids) for layer in layers):
+                reuse.store(ids, [(layer.keys, layer.values) for layer in layers])
         self._logits: torch.Tensor = torch.cat([p.logits for p in prefills])
         self._logprobs: torch.Tensor | None = None
         self._hidden = {layer: torch.cat([p.hidden[layer] for p in prefills])

@@ -52,7 +52,9 @@ resize, whose fresh random rows a small model would have to learn from a few hun
 labels; (2) the trained model stays a normal checkpoint every loader and server here reads
 (GGUF, llama.cpp, OpenAI-compatible servers) with its own tokenizer; (3) the untuned router
 already reads ``p_M`` from the routing words' first tokens after the same prompt, so the same
-:class:`~rag_gates.srrag.gate.SelfRoutingGate` routes a trained model unchanged. The one
+:class:`~rag_gates.srrag.gate.SelfRoutingGate` routes a trained model unchanged (routing
+only: :class:`~rag_gates.srrag.pipeline.SRRAGPipeline` still verbalizes with the GenRead
+prompt and answers with the QA prompt, not the trained single sequence). The one
 constraint, checked at export: the two source words must start with different tokens.
 
 Records longer than the model's context are skipped and counted. Writing a trainer is out of

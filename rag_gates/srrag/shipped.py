@@ -3,9 +3,10 @@
 The package carries the *labels* (question, preferred source), not the keys: the keys are the
 model's own hidden states, recomputed when the policy is loaded (one forward pass per
 question, a few seconds), so the datastore always matches the model that asks. The labels
-come from ``rag-gates srrag label`` on PopQA and PubMedQA training rows (offset 500, held apart
-from the questions every benchmark uses); ``benchmarks/srrag_ship_policy.py`` writes the file
-from a labels JSONL.
+come from ``rag-gates srrag label`` on training rows (offset 500, held apart from the
+questions every benchmark uses; the header's ``made_with`` names the command and how many
+rows); ``benchmarks/srrag_ship_policy.py`` writes the file from a labels JSONL, with the
+``k`` and ``tau`` it calibrates on them.
 
 For any other model, label and build a datastore (``rag-gates srrag label``, ``rag-gates
 srrag build-policy``) and point ``RAG_GATES_SRRAG_POLICY`` at it (a local directory or an
@@ -48,24 +49,28 @@ class ShippedLabelsHeader(BaseModel):
     model_id: str = Field(..., description="The model whose likelihoods chose each source.")
     questions: int = Field(..., ge=0, description="Labelled questions that follow.")
     made_with: str = Field("", description="The command that wrote the labels.")
+    k: int | None = Field(None, ge=1, description=(
+        "Neighbours that vote: the paper's 30, fewer for a small file (None: DEFAULT_K)."))
     tau: float | None = Field(None, ge=0.0, le=1.0, description=(
         "The threshold calibrated on these questions themselves, leave-one-out (each voted "
         "on by the others): the one whose routes agree most with the labels. None: not "
         "calibrated (use DEFAULT_TAU)."))
     calibration: dict[str, float] = Field(default_factory=dict, description=(
         "How the calibrated tau did on the labelled questions: agreement with the labels, "
-        "share routed to retrieval, share labelled retrieval, k."))
+        "share routed to retrieval, share labelled retrieval (the agreement of always "
+        "retrieving)."))
 
 
 def write_policy_labels(path: str | Path, entries: Sequence[PolicyEntry], model_id: str,
                         made_with: str = "", tau: float | None = None,
-                        calibration: dict[str, float] | None = None) -> Path:
+                        calibration: dict[str, float] | None = None,
+                        k: int | None = None) -> Path:
     """Write ``entries`` (one labelled question a line) under a header naming ``model_id``
     (and the calibrated ``tau``, see :class:`ShippedLabelsHeader`)."""
     out = Path(path)
     out.parent.mkdir(parents=True, exist_ok=True)
     header = ShippedLabelsHeader(model_id=model_id, questions=len(entries), made_with=made_with,
-                                 tau=tau, calibration=calibration or {})
+                                 tau=tau, calibration=calibration or {}, k=k)
     lines = [header.model_dump_json()] + [e.model_dump_json() for e in entries]
     out.write_text("\n".join(lines) + "\n")
     return out
@@ -80,7 +85,12 @@ def read_policy_labels(path: str | Path = DEFAULT_POLICY_LABELS,
             of questions than its header says (a cut or edited file would move the votes).
     """
     where = Path(path)
-    lines = [line for line in where.read_text().splitlines() if line.strip()]
+    try:
+        lines = [line for line in where.read_text(encoding="utf-8").splitlines()
+                 if line.strip()]
+    except UnicodeDecodeError as exc:
+        raise ArtifactError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
+                            "restore or rewrite the file") from exc
     try:
         header = ShippedLabelsHeader.model_validate_json(lines[0]) if lines else None
     except ValidationError as exc:
@@ -105,29 +115,33 @@ def _entries(where: Path, lines: Iterable[str]) -> Iterable[PolicyEntry]:
                                 f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
 
 
-def load_default_policy(lm: Any, *, k: int = DEFAULT_K,
-                        labels: str | Path = DEFAULT_POLICY_LABELS) -> SourcePolicy:
-    """``$RAG_GATES_SRRAG_POLICY`` (a built datastore: directory or Qdrant URL) if set, else
-    the shipped labels keyed by ``lm``'s hidden states in an in-memory datastore.
+def load_default_policy(lm: Any, *, k: int | None = None,
+                        labels: str | Path | None = None) -> SourcePolicy:
+    """A labels file (``labels``) keyed by ``lm``'s hidden states in an in-memory datastore;
+    with no ``labels``, ``$RAG_GATES_SRRAG_POLICY`` (a built datastore: directory or Qdrant
+    URL) if set, else the shipped file. ``k``: the file's own (see
+    :class:`ShippedLabelsHeader`) unless given.
 
     Raises:
         PolicyMismatchError: the labels were made with another model than ``lm`` (its own
             likelihoods chose each source, so they say nothing about another model).
         ArtifactError: the labels file is damaged.
     """
-    where = os.environ.get(POLICY_ENV)
+    where = os.environ.get(POLICY_ENV) if labels is None else None
     if where:
         remote = where.startswith(("http://", "https://"))
         return SourcePolicy.open_existing(lm, path=None if remote else where,
-                                          url=where if remote else None, k=k)
+                                          url=where if remote else None, k=k or DEFAULT_K)
     from rag_gates.srrag.policy import HiddenStateKeys
 
+    labels = DEFAULT_POLICY_LABELS if labels is None else labels
     header, entries = read_policy_labels(labels)
     if header.model_id != lm.model_id:
         raise PolicyMismatchError(
             f"{labels} holds {header.model_id!r}'s source labels, not {lm.model_id!r}'s: label "
             "your model's own questions (rag-gates srrag label), build a datastore (rag-gates "
             f"srrag build-policy) and set {POLICY_ENV} to it")
-    policy = SourcePolicy.open(HiddenStateKeys(lm), path=":memory:", k=k)
+    policy = SourcePolicy.open(HiddenStateKeys(lm), path=":memory:",
+                               k=k or header.k or DEFAULT_K)
     policy.add_questions(entries)
     return policy

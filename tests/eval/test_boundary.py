@@ -75,3 +75,18 @@ def test_report_pools_no_rag_from_another_run() -> None:
     section = text[text.index("### knowledge boundary on hotpotqa"):]
     assert "| flare | 200 |" in section
     assert "| single |" not in section  # not adaptive: left out of the table
+
+
+def test_report_never_pools_two_models(tmp_path: Path) -> None:
+    import json
+    import shutil
+
+    other = tmp_path / "flare-other-model"
+    shutil.copytree(EVAL / "hotpotqa-200-flare", other)
+    stored = json.loads((other / "config.json").read_text())
+    stored["config"]["model"] = "some/other-model"
+    (other / "config.json").write_text(json.dumps(stored))
+    text = "\n".join(collect([EVAL / "hotpotqa-200", other]).markdown)
+    section = text[text.index("### knowledge boundary on hotpotqa"):]
+    assert "| flare |" not in section  # its no-rag truth would be another model's
+    assert "| quco |" in section

@@ -98,3 +98,27 @@ def test_the_bench_setting_is_not_part_of_a_runs_identity() -> None:
     a = BenchConfig(dataset="hotpotqa", methods=["deeprag"], prefix_cache_mb=256)
     b = BenchConfig(dataset="hotpotqa", methods=["deeprag"])
     assert a.model_dump() == b.model_dump()
+
+
+def test_a_sliding_window_model_is_never_reused() -> None:
+    """A sliding-window cache keeps only the last window of keys: cutting it to a prefix
+    would give the wrong positions, so such prompts are not stored."""
+    transformers = pytest.importorskip("transformers")
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    _, tok = tiny_model_and_tokenizer()
+    torch.manual_seed(0)
+    config = transformers.MistralConfig(
+        vocab_size=len(tok), hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=512,
+        sliding_window=16, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
+        bos_token_id=tok.bos_token_id, initializer_range=0.5)
+    lm = HFWhiteBoxLM(transformers.MistralForCausalLM(config).eval(), tok,
+                      model_id="tiny-mistral-sw16", chat_template=False)
+    plain = lm.generate(STEPS[1], max_new_tokens=6, logprobs=0)
+    cache = lm.enable_prefix_cache(16)
+    lm.generate(STEPS[1], max_new_tokens=1)
+    again = lm.generate(STEPS[1], max_new_tokens=6, logprobs=0)
+    assert again.text == plain.text
+    assert len(cache) == 0 and cache.stats["hits"] == 0

@@ -93,3 +93,18 @@ def test_the_environment_points_at_a_built_datastore(tiny: Any, tmp_path: Path,
     policy = load_default_policy(tiny, k=2)
     assert len(policy) == 2
     policy.close()
+
+
+def test_explicit_labels_win_over_the_environment(tiny: Any, tmp_path: Path,
+                                                  monkeypatch: Any) -> None:
+    monkeypatch.setenv(POLICY_ENV, str(tmp_path / "no-such-datastore"))
+    path = write_policy_labels(tmp_path / "p.jsonl", ENTRIES, tiny.model_id, k=2)
+    policy = load_default_policy(tiny, labels=path)
+    assert len(policy) == 3 and policy.k == 2  # the file's own k
+
+
+def test_a_file_that_is_not_text_is_refused(tmp_path: Path) -> None:
+    path = write_policy_labels(tmp_path / "p.jsonl", ENTRIES, "m")
+    path.write_bytes(path.read_bytes()[:40] + b"\xff\xfe" + path.read_bytes()[40:])
+    with pytest.raises(ArtifactError, match="not UTF-8"):
+        read_policy_labels(path)

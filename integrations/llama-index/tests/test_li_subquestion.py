@@ -46,7 +46,8 @@ class _ScriptedModel:
     Everything else (tokenizer, chat template, white-box checks) comes from the tiny model,
     which RagGatesLLM requires."""
 
-    def __init__(self, lm: Any, plan: str | Exception, answer: str = "American") -> None:
+    def __init__(self, lm: Any, plan: str | Exception,
+                 answer: str | Exception = "American") -> None:
         self._lm = lm
         self.plan = plan
         self.answer = answer
@@ -60,6 +61,8 @@ class _ScriptedModel:
         self.calls.append((text, kwargs["max_new_tokens"]))
         # "<User Question>" marks LlamaIndex's sub-question prompt (question_gen/prompts.py).
         if "<User Question>" not in text:
+            if isinstance(self.answer, Exception):
+                raise self.answer
             reply = self.answer
         elif isinstance(self.plan, Exception):
             raise self.plan
@@ -68,9 +71,9 @@ class _ScriptedModel:
         return Generation(text=reply, finish_reason="eos", completion_tokens=len(reply.split()))
 
 
-def _scripted(bm25: BM25Retriever, tiny: Any, plan: str | Exception
-              ) -> tuple[SubQuestionMethod, _ScriptedModel]:
-    model = _ScriptedModel(tiny, plan)
+def _scripted(bm25: BM25Retriever, tiny: Any, plan: str | Exception,
+              answer: str | Exception = "American") -> tuple[SubQuestionMethod, _ScriptedModel]:
+    model = _ScriptedModel(tiny, plan, answer)
     ctx = MethodContext(lm=model, retriever=bm25, dataset="hotpotqa", k=2, max_new_tokens=8)
     method = make_method("subquestion", ctx)
     assert isinstance(method, SubQuestionMethod)
@@ -174,3 +177,24 @@ def test_parse_failures_are_told_apart_from_model_errors(bm25: BM25Retriever, ti
     method, _ = _scripted(bm25, tiny, '{"items": null}')  # the parser's TypeError
     [error] = _notes(method.answer(QUESTION), "subquestion-error")
     assert str(error["error"]).startswith("TypeError")
+
+
+def test_a_server_error_inside_a_sub_question_fails_the_run(bm25: BM25Retriever,
+                                                            tiny: Any) -> None:
+    """LlamaIndex swallows a sub-question's exception (it only logs it); rag-gates' own
+    errors must still stop the run instead of scoring as wrong answers."""
+    from rag_gates.errors import ServerUnavailableError
+
+    method, _ = _scripted(bm25, tiny, PLAN, answer=ServerUnavailableError("server down"))
+    with pytest.raises(ServerUnavailableError, match="server down"):
+        method.answer(QUESTION)
+
+
+def test_another_error_inside_a_sub_question_is_counted_as_failed(bm25: BM25Retriever,
+                                                                 tiny: Any) -> None:
+    method, _ = _scripted(bm25, tiny, PLAN, answer=RuntimeError("odd model output"))
+    result = method.answer(QUESTION)
+    [note] = _notes(result, "subquestion")
+    assert note["generated"] == 2 and note["answered"] == 0
+    assert [f["sub_question"] for f in note["failed"]] == SUB_QUESTIONS
+    assert result.answer == ""

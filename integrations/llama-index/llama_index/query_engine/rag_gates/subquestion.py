@@ -30,6 +30,7 @@ In Python:
 
 from __future__ import annotations
 
+import inspect
 from typing import Any
 
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload
@@ -44,6 +45,7 @@ from llama_index.query_engine.rag_gates._recorded import recorded_llm, recorded_
 from llama_index.retrievers.rag_gates import nodes_to_passages
 from pydantic import JsonValue
 
+from rag_gates.errors import RagGatesError
 from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
 from rag_gates.types import TraceRecorder
 
@@ -88,6 +90,39 @@ class _SignallingParser(SubQuestionOutputParser):
             raise SubQuestionParseError(output, error) from error
 
 
+class _ErrorWatch:
+    """Passes every call through to ``target`` and remembers rag-gates' own errors (a server
+    down, a prompt over the context): LlamaIndex's engine catches every exception of a
+    sub-question and only logs it (``_query_subq``), which would score a broken run as
+    wrong answers. The method raises the first remembered error after the query."""
+
+    def __init__(self, target: Any, errors: list[RagGatesError]) -> None:
+        self._target = target
+        self._errors = errors
+
+    def __getattr__(self, attr: str) -> Any:
+        value = getattr(self._target, attr)
+        if not callable(value):
+            return value
+        errors = self._errors
+        if inspect.iscoroutinefunction(value):
+            async def watched_async(*args: Any, **kwargs: Any) -> Any:
+                try:
+                    return await value(*args, **kwargs)
+                except RagGatesError as error:
+                    errors.append(error)
+                    raise
+            return watched_async
+
+        def watched(*args: Any, **kwargs: Any) -> Any:
+            try:
+                return value(*args, **kwargs)
+            except RagGatesError as error:
+                errors.append(error)
+                raise
+        return watched
+
+
 class SubQuestionMethod:
     """LlamaIndex's ``SubQuestionQueryEngine`` on the run's model and retriever, with one tool
     (the retriever's query engine) and LlamaIndex's default ``LLMQuestionGenerator``.
@@ -109,13 +144,15 @@ class SubQuestionMethod:
 
     def answer(self, question: str) -> MethodResult:
         rec = TraceRecorder()
-        llm = recorded_llm(self.ctx, rec)
+        errors: list[RagGatesError] = []
+        ctx = self.ctx.model_copy(update={"lm": _ErrorWatch(self.ctx.lm, errors)})
+        llm = recorded_llm(ctx, rec)
         # The LlamaIndex callbacks report each sub-question and its outcome (the engine drops
         # a failed sub-question with only a logged warning: sub_question_query_engine.py).
         events = LlamaDebugHandler(print_trace_on_end=False)
         tool = QueryEngineTool.from_defaults(
             query_engine=RetrieverQueryEngine.from_args(
-                recorded_retriever(self.ctx, self.retriever, rec), llm=llm,
+                recorded_retriever(ctx, _ErrorWatch(self.retriever, errors), rec), llm=llm,
                 callback_manager=CallbackManager([events]),
             ),
             name=TOOL_NAME, description=TOOL_DESCRIPTION,
@@ -123,7 +160,7 @@ class SubQuestionMethod:
         # The default generator, given explicitly: from_defaults() without one tries the
         # OpenAI function-calling generator and raises ImportError when its package is absent.
         question_gen = LLMQuestionGenerator.from_defaults(
-            llm=recorded_llm(self.ctx, rec, max_new_tokens=self.question_gen_tokens,
+            llm=recorded_llm(ctx, rec, max_new_tokens=self.question_gen_tokens,
                              name="subquestion-gen"),
             output_parser=_SignallingParser(),
         )
@@ -143,6 +180,8 @@ class SubQuestionMethod:
                 data["output"] = error.output
                 data["question_gen_tokens"] = self.question_gen_tokens
             return MethodResult(answer="", trace=rec.trace())
+        if errors:  # swallowed inside a sub-question: a failure of the run, not an answer
+            raise errors[0]
         answered, nodes = _record_sub_questions(rec, events, self.question_gen_tokens)
         if not answered:
             # Zero sub-questions (or none that reached the tool): the synthesizer makes no model
@@ -166,11 +205,13 @@ def _record_sub_questions(rec: TraceRecorder, events: LlamaDebugHandler,
         sub_q = (start.payload or {})[EventPayload.SUB_QUESTION].sub_q
         asked.append(sub_q.sub_question)
         outcome = end.payload or {}
-        if EventPayload.EXCEPTION in outcome:
-            # E.g. a KeyError when the model named a tool other than TOOL_NAME.
-            error = outcome[EventPayload.EXCEPTION]
+        if EventPayload.SUB_QUESTION not in outcome:
+            # An exception: in the event itself (e.g. a KeyError when the model named a tool
+            # other than TOOL_NAME) or deeper, where the engine ends the event empty.
+            error = outcome.get(EventPayload.EXCEPTION)
             failed.append({"sub_question": sub_q.sub_question, "tool_name": sub_q.tool_name,
-                           "error": f"{type(error).__name__}: {error}"})
+                           "error": f"{type(error).__name__}: {error}" if error is not None
+                           else "failed inside the tool (LlamaIndex logged it, no outcome)"})
         else:
             answered += 1
             nodes.extend(outcome[EventPayload.SUB_QUESTION].sources)
