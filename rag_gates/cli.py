@@ -188,9 +188,10 @@ def demo(
 
 
 def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
-    """SR-RAG on PopQA questions: the shipped policy (the model's own source labels on
-    training rows, keyed by its hidden states) and the routing word's probability decide;
-    one question routed each way is shown with its neighbours and answer."""
+    """SR-RAG on PopQA questions about the most and the least popular subjects: the shipped
+    policy (the model's own source labels on training rows, keyed by its hidden states) and
+    the routing word's probability decide; one question routed each way is shown with its
+    neighbours and answer."""
     from rag_gates.retrieval.bm25 import BM25Retriever
     from rag_gates.srrag import DEFAULT_TAU, SelfRoutingGate, SRRAGPipeline
     from rag_gates.srrag.shipped import (
@@ -202,7 +203,10 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
     if not data.is_file():
         console.print(f"[yellow]SR-RAG skipped: {data} is missing[/]")
         return
-    rows = [json.loads(line) for line in data.read_text().splitlines()[:candidates]]
+    # The most and the least popular subjects (PopQA's s_pop): where a policy should differ.
+    ranked = sorted((json.loads(line) for line in data.read_text().splitlines()),
+                    key=lambda r: -float(r.get("s_pop") or 0))
+    rows = ranked[: candidates // 2] + ranked[len(ranked) - candidates // 2:]
     header, _ = read_policy_labels()
     with console.status(f"keying the shipped policy's {header.questions} labelled questions"):
         policy = load_default_policy(lm, labels=DEFAULT_POLICY_LABELS)  # not $RAG_GATES_...
