@@ -211,6 +211,13 @@ class DeepRAG:
                           stop_reason=stop_reason, malformed=tuple(malformed))
 
     def _result(self, trajectory: Trajectory, rec: TraceRecorder) -> DeepRAGResult:
+        # The steps in the trace too, so a logged trace (a bench record) says which subquery
+        # each decision was about (per-subquery analyses read this note).
+        with rec.timed("note", "trajectory") as data:
+            data["steps"] = [{"subquery": st.subquery, "retrieve": st.retrieved,
+                              "answer": st.answer} for st in trajectory.steps]
+            data["stop_reason"] = trajectory.stop_reason
+            data["malformed"] = len(trajectory.malformed)
         return DeepRAGResult(answer=trajectory.final_answer, trace=rec.trace(),
                              passages=trajectory.passages, trajectory=trajectory)
 

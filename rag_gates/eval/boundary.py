@@ -23,11 +23,12 @@ Example:
 from __future__ import annotations
 
 import math
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
 
-__all__ = ["BoundaryAgreement", "boundary_agreement", "boundary_by_method"]
+__all__ = ["BoundaryAgreement", "SubqueryAgreement", "boundary_agreement", "boundary_by_method",
+           "hop_of", "subquery_boundary"]
 
 
 @dataclass(frozen=True)
@@ -120,3 +121,65 @@ def boundary_by_method(records: Iterable[Any], reference: str = "no-rag",
     return {method: boundary_agreement(list(by_id.values()),
                                        [closed_book_wrong[i] for i in by_id])
             for method, by_id in choices.items()}
+
+
+@dataclass(frozen=True)
+class SubqueryAgreement:
+    """Per-subquery agreement of a decomposing method (DeepRAG) on two-hop questions whose
+    hops are known: each step matched to the hop it asks about, "retrieved" against "the
+    model could not answer that hop alone"."""
+
+    agreement: BoundaryAgreement
+    steps: int      # steps the method took on those questions
+    unmatched: int  # steps naming neither hop's subject (left out of the agreement)
+
+    def as_dict(self) -> dict[str, Any]:
+        return {**self.agreement.as_dict(), "steps": self.steps, "unmatched": self.unmatched}
+
+
+def hop_of(subquery: str, subjects: Sequence[str]) -> int | None:
+    """The hop a subquery asks about: the latest hop whose subject it names (the second
+    hop's subject, the bridge entity, is what a second subquery must name; the first
+    subject may come back in it), or None."""
+    text = subquery.casefold()
+    for i in reversed(range(len(subjects))):
+        if subjects[i] and subjects[i].casefold() in text:
+            return i
+    return None
+
+
+def subquery_boundary(records: Iterable[Any], hops: Mapping[str, Sequence[tuple[str, str]]],
+                      hop_closed_book_wrong: Mapping[str, bool],
+                      ) -> dict[str, SubqueryAgreement]:
+    """Per method, its per-step retrieval choices against the hops' closed-book truth.
+
+    ``records``: bench records of two-hop questions whose trace ends with DeepRAG's
+    ``trajectory`` note (other methods are skipped); ``hops``: question id -> the hops as
+    ``(hop id, subject)`` in order; ``hop_closed_book_wrong``: hop id -> whether the model's
+    closed-book answer to that hop's own question was wrong (a ``no-rag`` run on
+    ``testbed-hops:DIR``). Steps about a hop without a closed-book answer are unmatched.
+    """
+    steps: dict[str, list[tuple[bool, bool]]] = {}
+    counts: dict[str, list[int]] = {}
+    for r in records:
+        row = hops.get(r.id)
+        events = (r.trace or {}).get("events") or []
+        note = next((e for e in reversed(events)
+                     if e.get("kind") == "note" and e.get("name") == "trajectory"), None)
+        if row is None or note is None:
+            continue
+        seen = counts.setdefault(r.method, [0, 0])
+        pairs = steps.setdefault(r.method, [])
+        subjects = [subject for _, subject in row]
+        for step in note["data"]["steps"]:
+            seen[0] += 1
+            hop = hop_of(str(step["subquery"]), subjects)
+            hop_id = row[hop][0] if hop is not None else None
+            if hop_id is None or hop_id not in hop_closed_book_wrong:
+                seen[1] += 1
+                continue
+            pairs.append((bool(step["retrieve"]), hop_closed_book_wrong[hop_id]))
+    return {method: SubqueryAgreement(
+                agreement=boundary_agreement([p[0] for p in pairs], [p[1] for p in pairs]),
+                steps=counts[method][0], unmatched=counts[method][1])
+            for method, pairs in steps.items()}

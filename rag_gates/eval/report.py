@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_gates._optional import require
-from rag_gates.eval.boundary import boundary_by_method
+from rag_gates.eval.boundary import boundary_by_method, subquery_boundary
 from rag_gates.eval.runner import (
     CONFIG,
     RunRecord,
@@ -149,7 +149,7 @@ class ReportData:
     markdown: list[str] = field(default_factory=list)
     points: list[_Point] = field(default_factory=list)
     gates: list[_Gate] = field(default_factory=list)
-    records: dict[str, list[RunRecord]] = field(default_factory=dict)
+    records: dict[tuple[str, str, str | None], list[RunRecord]] = field(default_factory=dict)
     """Bench records per (dataset, model, data file), pooled over the directories (for the
     boundary table: one model's closed-book answers never judge another's retrievals)."""
 
@@ -215,9 +215,7 @@ def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> 
         data.markdown += [f"| {r['quartile']} | {r['min']:.0f} - {r['max']:.0f} | "
                           f"{r['questions']} | {r['accuracy']:.1f} |" for r in rows]
         data.markdown.append("")
-    setting = cfg["dataset"] + "".join(
-        f", {name} {cfg[key]}" for key, name in (("model", "model"), ("data_path", "data"))
-        if cfg.get(key) not in (None, "default"))
+    setting = (cfg["dataset"], cfg.get("model", "default"), cfg.get("data_path"))
     data.records.setdefault(setting, []).extend(bench["records"])
     for method, s in bench["summary"].items():
         data.points.append(_Point(method, cfg["dataset"], int(s["questions"]),
@@ -266,9 +264,48 @@ def collect(run_dirs: Sequence[str | Path]) -> ReportData:
             _bench_section(data, directory, bench)
         if gate_eval is not None:
             _gate_section(data, gate_eval)
-    for dataset, records in data.records.items():
-        _boundary_section(data, dataset, records)
+    for setting, records in data.records.items():
+        label = setting[0] + "".join(f", {name} {value}" for name, value in
+                                     (("model", setting[1]), ("data", setting[2]))
+                                     if value not in (None, "default"))
+        _boundary_section(data, label, records)
+        _subquery_section(data, setting, label, records)
     return data
+
+
+def _subquery_section(data: ReportData, setting: tuple[str, str, str | None], label: str,
+                      records: Sequence[RunRecord]) -> None:
+    """On a testbed's two-hop questions, with a no-rag run on its hops (``testbed-hops:DIR``,
+    same model): each DeepRAG step's retrieval against that hop's closed-book answer."""
+    prefix, _, directory = setting[0].partition(":")
+    truth = data.records.get((f"testbed-hops:{directory}", setting[1], setting[2]), [])
+    wrong = {r.id: r.accuracy < 1.0 for r in truth if r.method == "no-rag"}
+    if prefix not in ("testbed-twohop", "testbed-twohop-calibration") or not wrong:
+        return
+    from rag_gates.eval.testbed.dataset import twohop_hops
+
+    table = subquery_boundary(records, twohop_hops(directory), wrong)
+    if not table:
+        return
+    data.markdown += [
+        f"### per-subquery knowledge boundary on {label}", "",
+        "Each step matched to the hop it names, retrieved against the closed-book answer to "
+        "that hop's own question being wrong (testbed-hops no-rag run).", "",
+        "| method | steps | unmatched | retrieved % | hop wrong alone % | F1 | balanced accuracy "
+        "| MCC |", "| --- | ---: | ---: | ---: | ---: | ---: | ---: | ---: |"]
+    for method, s in table.items():
+        a = s.agreement
+        n = max(1, a.questions)
+        data.markdown.append(
+            f"| {method} | {s.steps} | {s.unmatched} | "
+            f"{100 * (a.true_positive + a.false_positive) / n:.1f} | "
+            f"{100 * (a.true_positive + a.false_negative) / n:.1f} | {_num(a.f1)} | "
+            f"{_num(a.balanced_accuracy)} | {_num(a.mcc)} |")
+    data.markdown.append("")
+
+
+def _num(value: float | None) -> str:
+    return "n/a" if value is None else f"{value:.3f}"
 
 
 def _boundary_section(data: ReportData, dataset: str, records: Sequence[RunRecord]) -> None:
@@ -280,10 +317,7 @@ def _boundary_section(data: ReportData, dataset: str, records: Sequence[RunRecor
             if 0 < a.true_positive + a.false_positive < a.questions}  # adaptive ones only
     if not rows:
         return
-
-    def num(value: float | None) -> str:
-        return "n/a" if value is None else f"{value:.3f}"
-
+    num = _num
     data.markdown += [
         f"### knowledge boundary on {dataset}", "",
         "Per question: retrieved at least once, against the no-rag answer being wrong "

@@ -20,7 +20,10 @@ from tests.deeprag.conftest import QUESTION, ScriptedLM, jaws_world, last_answer
 
 
 def kinds(result: DeepRAGResult) -> list[str]:
-    return [e.kind if e.kind != "llm_call" else e.name for e in result.trace.events]
+    """The trace's events (model calls by name), without the closing trajectory note."""
+    events = result.trace.events
+    assert events[-1].kind == "note" and events[-1].name == "trajectory"
+    return [e.kind if e.kind != "llm_call" else e.name for e in events[:-1]]
 
 
 def test_generate_mode_model_decides_and_retrieval_uses_the_subquery(bm25: Any) -> None:
@@ -36,6 +39,13 @@ def test_generate_mode_model_decides_and_retrieval_uses_the_subquery(bm25: Any) 
     # One call writes subquery, marker and direct answer; a retrieval adds an answer call.
     assert kinds(result) == ["step", "decision", "step", "decision", "retrieval",
                              "answer-retrieved", "step"]
+    # The closing note puts the steps in the trace, for logs and per-subquery analyses.
+    note = result.trace.events[-1]
+    assert note.name == "trajectory" and note.data["stop_reason"] == "answered"
+    assert note.data["steps"] == [
+        {"subquery": "Who directed Jaws?", "retrieve": False, "answer": "Steven Spielberg"},
+        {"subquery": "Who was the father of Steven Spielberg?", "retrieve": True,
+         "answer": "Arnold Spielberg"}]
     retrieval = next(e for e in result.trace.events if e.kind == "retrieval")
     assert retrieval.data["query"] == "Who was the father of Steven Spielberg?"
     assert retrieval.data["ids"][0] == "arnold"

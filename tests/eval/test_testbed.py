@@ -384,6 +384,61 @@ def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):
     assert row["by_repetitions"] == {} and row["all"]["n"] == 2
 
 
+def test_hops_dataset_asks_each_hop_alone_once(planned):
+    from rag_gates.eval.datasets import load_dataset
+
+    hops = load_dataset(f"testbed-hops:{planned}").examples
+    rows = [r for r in _read(planned / "twohop.jsonl") if "subqueries" in r]
+    expected = {h: sub for r in rows for h, sub in zip(r["hops"], r["subqueries"], strict=True)}
+    assert sorted(e.id for e in hops) == sorted(expected)  # each hop once
+    for e in hops:
+        assert e.question == expected[e.id]["question"] and e.answers == expected[e.id]["answers"]
+    assert not {e.question for e in hops} & {r["question"] for r in rows}  # hops, not two-hop
+
+
+def test_subquery_boundary_on_real_runs_and_on_steps_that_name_the_hops(planned, tmp_path):
+    """End to end with the tiny model (its subqueries are noise: counted, unmatched), then
+    the same function on DeepRAG steps that name each hop's subject."""
+    from rag_gates.eval.boundary import hop_of, subquery_boundary
+    from rag_gates.eval.report import collect
+    from rag_gates.eval.runner import BenchConfig, RunRecord, read_records, run_bench
+    from rag_gates.eval.testbed.dataset import twohop_hops
+    from rag_gates.testing import tiny_lm
+
+    lm = tiny_lm(max_context=4096)
+    twohop, truth = tmp_path / "twohop", tmp_path / "hops"
+    run_bench(BenchConfig(dataset=f"testbed-twohop:{planned}", methods=["deeprag-always"],
+                          n=3, max_new_tokens=6), twohop, lm=lm)
+    run_bench(BenchConfig(dataset=f"testbed-hops:{planned}", methods=["no-rag"], n=1000,
+                          max_new_tokens=4), truth, lm=lm)
+    text = "\n".join(collect([twohop, truth]).markdown)
+    assert "### per-subquery knowledge boundary on testbed-twohop:" in text
+    records = read_records(twohop)
+    wrong = {r.id: r.accuracy < 1 for r in read_records(truth)}
+    hops = twohop_hops(planned)
+    [real] = subquery_boundary(records, hops, wrong).values()
+    steps = sum(len(e["data"]["steps"]) for r in records for e in r.trace["events"]
+                if e["kind"] == "note" and e["name"] == "trajectory")
+    assert real.steps == steps and real.agreement.questions == steps - real.unmatched
+
+    # Steps that name the hops: the first asks about the fact's subject, the second about
+    # the bridge's person; one retrieves, one does not.
+    rid, [(h1, s1), (h2, s2)] = next(iter(hops.items()))
+    assert hop_of(f"Who composed {s1}?", [s1, s2]) == 0
+    assert hop_of(f"Where was {s2} born, the composer of {s1}?", [s1, s2]) == 1
+    record = RunRecord(id=rid, method="deeprag", question="q", answers=["a"], prediction="",
+                       em=0, f1=0, accuracy=0, retrievals=1, llm_calls=3, generated_tokens=9,
+                       wall_s=1.0, trace={"events": [{"kind": "note", "name": "trajectory",
+                                                      "data": {"steps": [
+                           {"subquery": f"Who is behind {s1}?", "retrieve": False},
+                           {"subquery": f"Where was {s2} born?", "retrieve": True},
+                           {"subquery": "Anything else?", "retrieve": True}]}}]})
+    [made] = subquery_boundary([record], hops, {h1: False, h2: True}).values()
+    assert (made.steps, made.unmatched) == (3, 1)
+    a = made.agreement
+    assert (a.true_positive, a.true_negative, a.false_positive, a.false_negative) == (1, 1, 0, 0)
+
+
 def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
     from rag_gates.eval.corpus import load_corpus_stats
 

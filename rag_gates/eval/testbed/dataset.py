@@ -7,7 +7,10 @@ Dataset names (DIR is a directory written by ``rag-gates testbed build``):
 - ``testbed-all:DIR``: every fact;
 - ``testbed-twohop:DIR``: two-hop questions whose first hop is an evaluation fact ("In
   what city was the director of X born?": the fact, then its purpose-written bridge);
-  ``testbed-twohop-calibration:DIR``: those over calibration facts (to calibrate on).
+  ``testbed-twohop-calibration:DIR``: those over calibration facts (to calibrate on);
+- ``testbed-hops:DIR``: each hop of the two-hop questions asked alone (the facts and the
+  bridges, once each): its closed-book answers say which subqueries the model could answer
+  without retrieval (:func:`rag_gates.eval.boundary.subquery_boundary`).
 
 Every question's ``meta`` carries its fact's repetition count (``repetitions``; a list of two
 for two-hop questions, with each hop's own question and answers in ``subqueries``), split,
@@ -31,12 +34,13 @@ from rag_gates.eval.datasets import DatasetLoad, QAExample
 from rag_gates.types import Passage
 
 __all__ = ["TESTBED_SPLITS", "is_testbed", "load_testbed_dataset", "testbed_dir",
-           "testbed_passages"]
+           "testbed_passages", "twohop_hops"]
 
 #: dataset-name prefix -> which questions it holds
 TESTBED_SPLITS = {"testbed": "evaluation", "testbed-calibration": "calibration",
                   "testbed-probe": "probe", "testbed-all": "all", "testbed-twohop": "twohop",
-                  "testbed-twohop-calibration": "twohop-calibration"}
+                  "testbed-twohop-calibration": "twohop-calibration",
+                  "testbed-hops": "hops"}
 
 
 def is_testbed(name: str) -> bool:
@@ -72,7 +76,18 @@ def load_testbed_dataset(name: str, *, n: int | None = None, offset: int = 0) ->
     if n is not None and n < 1:
         raise ValueError(f"n must be >= 1, got {n}")
     examples: list[QAExample] = []
-    if split.startswith("twohop"):
+    if split == "hops":
+        path = directory / "twohop.jsonl"
+        seen: set[str] = set()
+        for row in _rows(path):
+            for hop, sub, r in zip(row["hops"], row.get("subqueries") or [],
+                                   row["repetitions"], strict=False):
+                if hop in seen:
+                    continue
+                seen.add(hop)
+                examples.append(QAExample(id=hop, dataset="testbed", question=sub["question"],
+                                          answers=sub["answers"], meta={"repetitions": r}))
+    elif split.startswith("twohop"):
         path = directory / "twohop.jsonl"
         wanted = "calibration" if split == "twohop-calibration" else "evaluation"
         for row in _rows(path):
@@ -109,3 +124,15 @@ def testbed_passages(name: str) -> list[Passage]:
     _, directory = _parse(name)
     return [Passage(id=r["id"], title=r.get("title"), text=r["text"])
             for r in _rows(directory / "passages.jsonl")]
+
+
+def twohop_hops(directory: str | Path) -> dict[str, list[tuple[str, str]]]:
+    """Two-hop question id -> its hops as ``(hop id, subject)`` in order (the fact's subject,
+    then the bridge's person), for per-subquery analyses."""
+    root = Path(directory).expanduser()
+    subjects = {r["id"]: r["subj"] for r in _rows(root / "manifest.jsonl")}
+    bridges = root / "bridges.jsonl"
+    if bridges.is_file():
+        subjects |= {r["id"]: r["subj"] for r in _rows(bridges)}
+    return {row["id"]: [(hop, subjects.get(hop, "")) for hop in row["hops"]]
+            for row in _rows(root / "twohop.jsonl")}
