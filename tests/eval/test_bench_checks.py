@@ -56,9 +56,16 @@ def test_a_bad_method_option_is_refused_by_the_registry_without_a_model(name: st
         check_method_name(name, available_methods())
 
 
+@pytest.mark.parametrize("name", ["quco@-1", "quco@many", "quco@nan", "quco-no-runtime@inf"])
+def test_a_bad_tau_entity_is_refused_by_the_registry(name: str) -> None:
+    with pytest.raises(ValueError, match="tau_entity, an entity count >= 0"):
+        check_method_name(name, available_methods())
+
+
 def test_the_option_hook_accepts_good_options() -> None:
     methods = available_methods()
-    for name in ("cbdr", "cbdr@0", "cbdr@0.9", "cbdr@1"):
+    for name in ("cbdr", "cbdr@0", "cbdr@0.9", "cbdr@1", "quco", "quco@0", "quco@82",
+                 "quco-no-precheck@12.5"):
         check_method_name(name, methods)
     assert callable(methods["cbdr"].validate_option)  # type: ignore[attr-defined]
 

@@ -466,3 +466,23 @@ def test_quco_on_a_testbed_counts_in_its_training_corpus(planned):
     decision = gate.decide(seen["question"])
     counts = decision.evidence["counts"]
     assert counts[seen["subj"]] >= 8, counts  # stated 8 times in the corpus
+
+
+def test_quco_method_takes_tau_entity_calibrated_for_the_testbed_corpus(planned):
+    from rag_gates.eval.methods import MethodContext, make_method
+    from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+    from rag_gates.retrieval.bm25 import BM25Retriever
+    from rag_gates.testing import tiny_lm
+    from rag_gates.types import Passage
+
+    ctx = MethodContext(lm=tiny_lm(), dataset=f"testbed:{planned}",
+                        retriever=BM25Retriever.from_passages([Passage(id="p", text="a passage")]))
+    default, tuned = make_method("quco", ctx), make_method("quco-no-runtime@3", ctx)
+    assert default.gate.tau_entity == BENCH_TAU_ENTITY
+    assert tuned.gate.tau_entity == 3.0 and tuned.name == "quco-no-runtime@3"
+    facts = [f for f in _read(planned / "manifest.jsonl")
+             if not f["gold_paragraph"] and f["subj"] in f["question"]]
+    seen = next(f for f in facts if f["repetitions"] == 8)
+    # Stated 8 times: rare at the Wikipedia index's tau (82), known at tau 3.
+    assert default.gate.decide(seen["question"]).retrieve
+    assert not tuned.gate.decide(seen["question"]).retrieve

@@ -1,7 +1,11 @@
 """QuCo-RAG in ``rag-gates bench`` and ``rag-gates eval-gate`` (entry points).
 
 Methods: ``quco`` (the full loop), ``quco-no-precheck`` and ``quco-no-runtime`` (the paper's
-ablations). Gate: ``quco`` (the pre-generation gate alone, for ``eval-gate``).
+ablations), each also as ``NAME@TAU_ENTITY`` (``quco@20``: retrieve when an entity is seen at
+most 20 times), for a corpus whose counts differ from the default index's, such as a
+testbed's: calibrate with ``eval-gate --gate quco`` on calibration rows, then
+``tau_entity = 1 / threshold - 1`` (:meth:`QuCoGate.tau_from_threshold`). Gate: ``quco`` (the
+pre-generation gate alone, for ``eval-gate``).
 
 Counts come from the local infini-gram index over the Wikipedia paragraphs of HotpotQA and
 2WikiMultihopQA (:func:`rag_gates.eval.corpus.load_corpus_stats`, built on first use and
@@ -14,14 +18,15 @@ rarity threshold 0.01205 is ``tau_entity = 1 / 0.01205 - 1 = 82``.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 from rag_gates.eval.methods import MethodContext, need_retriever
 from rag_gates.quco.gate import QuCoGate
 from rag_gates.quco.pipeline import QuCoPipeline
 
-__all__ = ["BENCH_TAU_ENTITY", "quco_gate", "quco_method", "quco_no_precheck",
-           "quco_no_runtime"]
+__all__ = ["BENCH_TAU_ENTITY", "parse_tau_entity", "quco_gate", "quco_method",
+           "quco_no_precheck", "quco_no_runtime"]
 
 #: tau_entity for the dataset-paragraph index (calibrated on PopQA; see the module docstring).
 BENCH_TAU_ENTITY = 82.0
@@ -36,9 +41,31 @@ def _stats(ctx: MethodContext) -> Any:
     return load_corpus_stats()
 
 
-def _pipeline(ctx: MethodContext, name: str, **overrides: Any) -> QuCoPipeline:
+def parse_tau_entity(option: str | None) -> float:
+    """The ``tau_entity`` of ``quco@TAU_ENTITY`` (default :data:`BENCH_TAU_ENTITY`): a count
+    >= 0, else a ValueError that says what the option is.
+
+    Example:
+        >>> parse_tau_entity("20"), parse_tau_entity(None)
+        (20.0, 82.0)
+    """
+    if option is None:
+        return BENCH_TAU_ENTITY
+    try:
+        value = float(option)
+    except ValueError:
+        value = math.nan
+    if not math.isfinite(value) or value < 0:
+        raise ValueError(f"quco@{option}: the option is tau_entity, an entity count >= 0 "
+                         "(e.g. quco@82)")
+    return value
+
+
+def _pipeline(ctx: MethodContext, base: str, **overrides: Any) -> QuCoPipeline:
+    name = base if ctx.option is None else f"{base}@{ctx.option}"
     pipeline = QuCoPipeline(
-        ctx.lm, need_retriever(ctx, name), _stats(ctx), tau_entity=BENCH_TAU_ENTITY, k=ctx.k,
+        ctx.lm, need_retriever(ctx, name), _stats(ctx), tau_entity=parse_tau_entity(ctx.option),
+        k=ctx.k,
         chunk_tokens=ctx.max_new_tokens, max_new_tokens=ctx.max_new_tokens,
         dataset=ctx.dataset, **overrides)
     pipeline.name = name
@@ -58,6 +85,12 @@ def quco_no_precheck(ctx: MethodContext) -> QuCoPipeline:
 def quco_no_runtime(ctx: MethodContext) -> QuCoPipeline:
     """Ablation: the pre-generation gate only (then one generation)."""
     return _pipeline(ctx, "quco-no-runtime", runtime_check=False)
+
+
+for _factory in (quco_method, quco_no_precheck, quco_no_runtime):
+    _factory.accepts_option = True  # type: ignore[attr-defined]
+    # Checked by the method registry before any model is loaded (see check_method_name).
+    _factory.validate_option = parse_tau_entity  # type: ignore[attr-defined]
 
 
 def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
