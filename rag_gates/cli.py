@@ -410,7 +410,8 @@ def bench(
     prefix_cache_mb: Annotated[float, typer.Option(
         min=0, help="In-process models: MB of recent prompts' keys and values kept, so a "
                     "prompt that extends one prefills only its new tokens (DeepRAG, FLARE); "
-                    "0: off.")] = 0,
+                    "0: off. Log-probabilities equal an uncached run's up to float rounding "
+                    "(about 1e-5), so a greedy near-tie may differ.")] = 0,
     concurrency: Annotated[int, typer.Option(
         min=1, max=64, help="Questions answered at once (a served model only; the server "
                             "batches them). In-process models answer one at a time.")] = 1,

@@ -23,6 +23,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import asdict, dataclass
 from typing import Any
@@ -140,10 +141,12 @@ class SubqueryAgreement:
 def hop_of(subquery: str, subjects: Sequence[str]) -> int | None:
     """The hop a subquery asks about: the latest hop whose subject it names (the second
     hop's subject, the bridge entity, is what a second subquery must name; the first
-    subject may come back in it), or None."""
+    subject may come back in it), or None. A subject counts only as whole words: short
+    PopQA titles ("Ex", "10", "Once") are inside many unrelated words."""
     text = subquery.casefold()
     for i in reversed(range(len(subjects))):
-        if subjects[i] and subjects[i].casefold() in text:
+        if subjects[i] and re.search(rf"(?<!\w){re.escape(subjects[i].casefold())}(?!\w)",
+                                     text):
             return i
     return None
 
@@ -161,7 +164,9 @@ def subquery_boundary(records: Iterable[Any], hops: Mapping[str, Sequence[tuple[
     """
     steps: dict[str, list[tuple[bool, bool]]] = {}
     counts: dict[str, list[int]] = {}
-    for r in records:
+    # As in boundary_by_method: a question answered in two pooled runs counts once (the later).
+    latest = {(r.method, r.id): r for r in records}
+    for r in latest.values():
         row = hops.get(r.id)
         events = (r.trace or {}).get("events") or []
         note = next((e for e in reversed(events)

@@ -263,7 +263,8 @@ class HFWhiteBoxLM(BaseTextLM):
         reuse)."""
         if max_mb < 0:
             raise ValueError(f"max_mb must be >= 0, got {max_mb}")
-        self.prefix_cache = PrefixCache(int(max_mb * 2**20)) if max_mb else None
+        # A budget under one byte still means "on": keep at least one byte, not an error.
+        self.prefix_cache = PrefixCache(max(1, int(max_mb * 2**20))) if max_mb else None
         return self.prefix_cache
 
     # ------------------------------------------------------------------ construction

@@ -29,6 +29,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rag_gates._io import write_text_atomic
 from rag_gates.errors import ArtifactError
 from rag_gates.srrag.policy import DEFAULT_K, PolicyEntry, PolicyMismatchError, SourcePolicy
 
@@ -72,7 +73,8 @@ def write_policy_labels(path: str | Path, entries: Sequence[PolicyEntry], model_
     header = ShippedLabelsHeader(model_id=model_id, questions=len(entries), made_with=made_with,
                                  tau=tau, calibration=calibration or {}, k=k)
     lines = [header.model_dump_json()] + [e.model_dump_json() for e in entries]
-    out.write_text("\n".join(lines) + "\n")
+    # Atomic: the reader refuses a cut file, and this one ships inside the package.
+    write_text_atomic(out, "\n".join(lines) + "\n")
     return out
 
 

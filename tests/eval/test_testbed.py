@@ -338,6 +338,8 @@ def test_bridges_are_taught_as_often_as_their_rung_and_cover_every_pair(planned)
     facts = {f["id"]: f for f in manifest}
     for r in rows:
         assert r["question"] not in texts  # the two-hop wording is never trained
+        if "subqueries" not in r:  # facts chained in PopQA itself carry no bridge
+            continue
         first, second = r["subqueries"]
         assert first["answers"] == facts[r["hops"][0]]["answers"]
         assert second["answers"] == r["answers"]
@@ -437,6 +439,20 @@ def test_subquery_boundary_on_real_runs_and_on_steps_that_name_the_hops(planned,
     assert (made.steps, made.unmatched) == (3, 1)
     a = made.agreement
     assert (a.true_positive, a.true_negative, a.false_positive, a.false_negative) == (1, 1, 0, 0)
+    # The same question answered in two pooled runs counts once (the later record).
+    [pooled] = subquery_boundary([record, record], hops, {h1: False, h2: True}).values()
+    assert (pooled.steps, pooled.agreement.questions) == (3, 2)
+
+
+def test_a_short_subject_names_a_hop_only_as_whole_words():
+    from rag_gates.eval.boundary import hop_of
+
+    # PopQA titles as short as "Ex" or "10" sit inside unrelated words.
+    assert hop_of("What is the next step?", ["Ex", "Fred Smith"]) is None
+    assert hop_of("Who composed the 2010 score?", ["10", "Fred Smith"]) is None
+    assert hop_of("Who directed Ex?", ["Ex", "Fred Smith"]) == 0
+    assert hop_of("Who wrote \"10\" (the film)?", ["10", "Fred Smith"]) == 0
+    assert hop_of("Where was Fred Smith born?", ["Ex", "Fred Smith"]) == 1
 
 
 def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):

@@ -100,9 +100,9 @@ def test_the_bench_setting_is_not_part_of_a_runs_identity() -> None:
     assert a.model_dump() == b.model_dump()
 
 
-def test_a_sliding_window_model_is_never_reused() -> None:
+def test_a_prompt_longer_than_a_sliding_window_is_never_reused() -> None:
     """A sliding-window cache keeps only the last window of keys: cutting it to a prefix
-    would give the wrong positions, so such prompts are not stored."""
+    would give the wrong positions, so prompts longer than the window are not stored."""
     transformers = pytest.importorskip("transformers")
     from rag_gates.lm.hf import HFWhiteBoxLM
     from rag_gates.testing import tiny_model_and_tokenizer
@@ -122,3 +122,10 @@ def test_a_sliding_window_model_is_never_reused() -> None:
     again = lm.generate(STEPS[1], max_new_tokens=6, logprobs=0)
     assert again.text == plain.text
     assert len(cache) == 0 and cache.stats["hits"] == 0
+
+
+def test_a_budget_under_one_byte_still_turns_the_cache_on() -> None:
+    from rag_gates.testing import tiny_lm
+
+    cache = tiny_lm().enable_prefix_cache(1e-9)
+    assert cache is not None and cache.max_bytes >= 1
