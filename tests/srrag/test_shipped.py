@@ -36,6 +36,9 @@ def test_the_shipped_file_is_smollm2s_training_labels() -> None:
     assert len({(e.dataset, e.id) for e in entries}) == len(entries)  # no question twice
     if header.tau is not None:
         assert 0 <= header.tau <= 1 and 0 <= header.calibration["agreement"] <= 1
+    # Its own k, below the number of labels: else every vote is the whole datastore and p_D
+    # is the same number for every question.
+    assert header.k is not None and 1 <= header.k < header.questions
     # Training rows only: none of the PopQA slice the examples and benchmarks evaluate.
     import json
     sample = Path(__file__).resolve().parents[2] / "examples" / "data" / "popqa_dev_sample.jsonl"
