@@ -220,7 +220,7 @@ def test_bench_method_names_take_beta(tiny: Any, probe: ConfidenceProbe, tmp_pat
     ctx = MethodContext(lm=tiny, retriever=BM25Retriever.from_passages(passages))
     method = make_method("cbdr@0.25", ctx)
     assert method.name == "cbdr@0.25" and method.gate.beta == 0.25  # type: ignore[attr-defined]
-    with pytest.raises(ValueError, match=r"beta must be in \[0, 1\]"):
+    with pytest.raises(ValueError, match=r"beta, a number in \[0, 1\]"):
         make_method("cbdr@2", ctx)
     with pytest.raises(ValueError, match="takes no @option"):
         make_method("single@3", ctx)

@@ -9,7 +9,40 @@ benchmark's corpus. A new method adds a module here and its entry points.
 
 from __future__ import annotations
 
-__all__ = ["unit_interval_option"]
+import math
+
+__all__ = ["number_option", "unit_interval_option"]
+
+
+def number_option(option: str | None, method: str, what: str, default: float, *,
+                  low: float = -math.inf, high: float = math.inf) -> float:
+    """The finite number in ``[low, high]`` of ``METHOD@OPTION`` (``default`` without an
+    option), or a ValueError naming the method, what the option is and its range: a typo
+    or ``nan`` never reaches a method as a threshold.
+
+    Example:
+        >>> number_option("20", "quco", "tau_entity, an entity count", 82.0, low=0)
+        20.0
+    """
+    if option is None:
+        return default
+    try:
+        value = float(option)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and low <= value <= high):
+        raise ValueError(f"{method}@{option}: the option is {what}, {_range_words(low, high)}")
+    return value
+
+
+def _range_words(low: float, high: float) -> str:
+    if math.isfinite(low) and math.isfinite(high):
+        return f"a number in [{low:g}, {high:g}]"
+    if math.isfinite(low):
+        return f"a number >= {low:g}"
+    if math.isfinite(high):
+        return f"a number <= {high:g}"
+    return "a finite number"
 
 
 def unit_interval_option(option: str | None, method: str, what: str, default: float) -> float:
@@ -20,13 +53,4 @@ def unit_interval_option(option: str | None, method: str, what: str, default: fl
         >>> unit_interval_option("0.9", "cbdr", "beta", 0.5)
         0.9
     """
-    if option is None:
-        return default
-    try:
-        value = float(option)
-    except ValueError:
-        raise ValueError(f"{method}@{option}: the option is {what}, a number in [0, 1]"
-                         ) from None
-    if not 0.0 <= value <= 1.0:
-        raise ValueError(f"{method}@{option}: {what} must be in [0, 1]")
-    return value
+    return number_option(option, method, what, default, low=0.0, high=1.0)

@@ -21,13 +21,13 @@ from the instruction alone).
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 from typing import Any
 
 from rag_gates.deeprag import DEMONSTRATION, DeepRAG, DeepRAGConfig, DeepRAGPrompt
 from rag_gates.deeprag.train import PROMPT_FILE
 from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
+from rag_gates.eval.plugins import number_option
 from rag_gates.gate import Gate
 
 __all__ = ["PROMPT_FILE", "bench_prompt", "deeprag_always", "deeprag_gate", "deeprag_likelihood",
@@ -73,16 +73,8 @@ def deeprag_never(ctx: MethodContext) -> DeepRAG:
 
 def parse_threshold(option: str | None) -> float:
     """The ``T`` of ``deeprag-likelihood@T`` (default 0: the likelier marker wins)."""
-    if option is None:
-        return 0.0
-    try:
-        value = float(option)
-    except ValueError:
-        raise ValueError(f"deeprag-likelihood@{option}: the option is a log-probability "
-                         "margin, a number such as 0 or -1.5") from None
-    if not math.isfinite(value):
-        raise ValueError(f"deeprag-likelihood@{option}: the threshold must be finite")
-    return value
+    return number_option(option, "deeprag-likelihood",
+                         "a log-probability margin (e.g. 0 or -1.5)", 0.0)
 
 
 def deeprag_likelihood(ctx: MethodContext) -> DeepRAG:

@@ -18,10 +18,11 @@ rarity threshold 0.01205 is ``tau_entity = 1 / 0.01205 - 1 = 82``.
 
 from __future__ import annotations
 
-import math
+from functools import partial
 from typing import Any
 
 from rag_gates.eval.methods import MethodContext, need_retriever
+from rag_gates.eval.plugins import number_option
 from rag_gates.quco.gate import QuCoGate
 from rag_gates.quco.pipeline import QuCoPipeline
 
@@ -41,7 +42,7 @@ def _stats(ctx: MethodContext) -> Any:
     return load_corpus_stats()
 
 
-def parse_tau_entity(option: str | None) -> float:
+def parse_tau_entity(option: str | None, method: str = "quco") -> float:
     """The ``tau_entity`` of ``quco@TAU_ENTITY`` (default :data:`BENCH_TAU_ENTITY`): a count
     >= 0, else a ValueError that says what the option is.
 
@@ -49,23 +50,15 @@ def parse_tau_entity(option: str | None) -> float:
         >>> parse_tau_entity("20"), parse_tau_entity(None)
         (20.0, 82.0)
     """
-    if option is None:
-        return BENCH_TAU_ENTITY
-    try:
-        value = float(option)
-    except ValueError:
-        value = math.nan
-    if not math.isfinite(value) or value < 0:
-        raise ValueError(f"quco@{option}: the option is tau_entity, an entity count >= 0 "
-                         "(e.g. quco@82)")
-    return value
+    return number_option(option, method, "tau_entity (an entity count)", BENCH_TAU_ENTITY,
+                         low=0.0)
 
 
 def _pipeline(ctx: MethodContext, base: str, **overrides: Any) -> QuCoPipeline:
     name = base if ctx.option is None else f"{base}@{ctx.option}"
     pipeline = QuCoPipeline(
-        ctx.lm, need_retriever(ctx, name), _stats(ctx), tau_entity=parse_tau_entity(ctx.option),
-        k=ctx.k,
+        ctx.lm, need_retriever(ctx, name), _stats(ctx),
+        tau_entity=parse_tau_entity(ctx.option, base), k=ctx.k,
         chunk_tokens=ctx.max_new_tokens, max_new_tokens=ctx.max_new_tokens,
         dataset=ctx.dataset, **overrides)
     pipeline.name = name
@@ -87,10 +80,11 @@ def quco_no_runtime(ctx: MethodContext) -> QuCoPipeline:
     return _pipeline(ctx, "quco-no-runtime", runtime_check=False)
 
 
-for _factory in (quco_method, quco_no_precheck, quco_no_runtime):
+for _name, _factory in (("quco", quco_method), ("quco-no-precheck", quco_no_precheck),
+                       ("quco-no-runtime", quco_no_runtime)):
     _factory.accepts_option = True  # type: ignore[attr-defined]
     # Checked by the method registry before any model is loaded (see check_method_name).
-    _factory.validate_option = parse_tau_entity  # type: ignore[attr-defined]
+    _factory.validate_option = partial(parse_tau_entity, method=_name)  # type: ignore[attr-defined]
 
 
 def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
