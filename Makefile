@@ -29,7 +29,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed
-	$(PIP) -e ".[hf,eval,corpus,train,api,dev]"
+	$(PIP) -e ".[hf,eval,corpus,train,trl,api,dev]"
 	touch $@
 
 install: $(VENV)/.installed

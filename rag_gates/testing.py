@@ -26,6 +26,7 @@ __all__ = [
     "TINY_CHAT_TEMPLATE",
     "ScriptedTurn",
     "VerifyReviseScript",
+    "exported_names",
     "save_tiny_lm",
     "tiny_lm",
     "tiny_model_and_tokenizer",
@@ -195,3 +196,37 @@ def revise(text: str, flag: dict[str, Any], documents: Sequence[dict[str, Any]])
                    if head in f"{d.get('title') or ''} {d['text']}".lower()), documents[0])
     sentences[target] = (split_sentences(source["text"]) or [source["text"]])[0]
     return " ".join(sentences)
+
+
+def exported_names(init_file: str | Path, package: str) -> set[str]:
+    """The public names a package's ``__init__.py`` binds itself: imports from its own
+    submodules (also those under ``if TYPE_CHECKING:``, which lazy packages resolve in
+    ``__getattr__``), and its own definitions. A test compares them with ``__all__``, so a
+    name added to the package but not exported (or exported but gone) fails.
+
+    Example:
+        >>> import rag_gates.srrag as srrag
+        >>> exported_names(srrag.__file__, "rag_gates.srrag") == set(srrag.__all__)
+        True
+    """
+    import ast
+
+    tree = ast.parse(Path(init_file).read_text())
+    names: set[str] = set()
+
+    def visit(body: list[ast.stmt]) -> None:
+        for node in body:
+            if isinstance(node, ast.If):  # if TYPE_CHECKING: the lazy package's imports
+                visit(node.body)
+            elif isinstance(node, ast.ImportFrom):
+                own = node.level > 0 or (node.module or "").startswith(package + ".")
+                if own:
+                    names.update(a.asname or a.name for a in node.names)
+            elif isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef, ast.ClassDef)):
+                names.add(node.name)
+            elif isinstance(node, (ast.Assign, ast.AnnAssign)):
+                targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+                names.update(t.id for t in targets if isinstance(t, ast.Name))
+
+    visit(tree.body)
+    return {n for n in names if not n.startswith("_")}

@@ -12,7 +12,7 @@ import pytest
 from rag_gates.confidence import FirstTokenProbGate
 from rag_gates.deeprag import DeepRAG, DeepRAGResult
 from rag_gates.deeprag.gates import MarkerLikelihoodGate
-from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+from rag_gates.deeprag.trajectory import FINAL, INTERMEDIATE, RETRIEVE
 from rag_gates.gate import UNDECIDED_SCORE
 from rag_gates.retrieval.base import BaseRetriever
 from rag_gates.types import Passage
@@ -163,6 +163,17 @@ def test_missing_decision_marker_retrieves(bm25: Any) -> None:
     d = t.steps[1].decision
     assert d.retrieve and d.score == UNDECIDED_SCORE and "no decision marker" in d.reason
     assert t.steps[1].passages is not None and result.trace.retrievals == 1
+
+
+def test_a_question_with_no_decomposition_is_answered_directly(bm25: Any) -> None:
+    # The model writes the final answer at once: no step, no decision, no retrieval.
+    lm = ScriptedLM(lambda question, so_far: f"{FINAL} Paris\n")
+    result = DeepRAG(lm, bm25).run("In which city is the Eiffel Tower?")
+    t = result.trajectory
+    assert t.steps == () and result.decisions == [] and result.trace.retrievals == 0
+    assert result.answer == t.final_answer == "Paris"
+    assert t.stop_reason == "answered" and not t.forced and not t.malformed
+    assert kinds(result) == ["step"] and len(lm.asked) == 1
 
 
 def test_nothing_retrieved_is_said_and_the_loop_goes_on() -> None:

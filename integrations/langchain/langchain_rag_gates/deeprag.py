@@ -184,30 +184,41 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
         return out
 
     # ------------------------------------------------------------------ Runnable
+    def _stream_steps(self, inputs: Iterator[Any], run_manager: CallbackManagerForChainRun
+                      ) -> Iterator[AddableDict]:
+        # One code path for invoke and stream: each step is yielded and dispatched as an event.
+        for input in inputs:
+            for i, item in enumerate(self._agent.stream(self.question_of(input))):
+                chunk = self._chunks(item, i)
+                if isinstance(item, Step):
+                    dispatch_custom_event(
+                        STEP_EVENT, chunk["steps"][0],
+                        config=RunnableConfig(callbacks=run_manager.get_child()))
+                yield chunk
+
+    async def _astream_steps(self, inputs: AsyncIterator[Any],
+                             run_manager: AsyncCallbackManagerForChainRun
+                             ) -> AsyncIterator[AddableDict]:
+        async for input in inputs:
+            i = 0
+            async for item in self._agent.astream(self.question_of(input)):
+                chunk = self._chunks(item, i)
+                i += 1
+                if isinstance(item, Step):
+                    await adispatch_custom_event(
+                        STEP_EVENT, chunk["steps"][0],
+                        config=RunnableConfig(callbacks=run_manager.get_child()))
+                yield chunk
+
     def _run(
         self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
     ) -> dict[str, Any]:
-        chunks = []
-        for i, item in enumerate(self._agent.stream(self.question_of(input))):
-            chunks.append(self._chunks(item, i))
-            if isinstance(item, Step):
-                dispatch_custom_event(STEP_EVENT, chunks[-1]["steps"][0],
-                                      config=RunnableConfig(callbacks=run_manager.get_child()))
-        return self._merge(chunks)
+        return self._merge(list(self._stream_steps(iter([input]), run_manager)))
 
     async def _arun(
         self, input: Any, run_manager: AsyncCallbackManagerForChainRun, config: RunnableConfig
     ) -> dict[str, Any]:
-        chunks = []
-        i = 0
-        async for item in self._agent.astream(self.question_of(input)):
-            chunks.append(self._chunks(item, i))
-            i += 1
-            if isinstance(item, Step):
-                await adispatch_custom_event(
-                    STEP_EVENT, chunks[-1]["steps"][0],
-                    config=RunnableConfig(callbacks=run_manager.get_child()))
-        return self._merge(chunks)
+        return self._merge([c async for c in self._astream_steps(_once(input), run_manager)])
 
     def invoke(
         self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
@@ -221,12 +232,15 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                ) -> Iterator[dict[str, Any]]:
-        for i, item in enumerate(self._agent.stream(self.question_of(input))):
-            yield self._chunks(item, i)
+        # Through the callback manager, so tracing and the step events see a streamed run.
+        yield from self._transform_stream_with_config(iter([input]), self._stream_steps, config)
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                       ) -> AsyncIterator[dict[str, Any]]:
-        i = 0
-        async for item in self._agent.astream(self.question_of(input)):
-            yield self._chunks(item, i)
-            i += 1
+        async for chunk in self._atransform_stream_with_config(_once(input),
+                                                                self._astream_steps, config):
+            yield chunk
+
+
+async def _once(value: Any) -> AsyncIterator[Any]:
+    yield value

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping
-from typing import Any, Literal
+from typing import Any, Literal, cast
 
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, AIMessageChunk
@@ -180,16 +180,34 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
         return AIMessageChunk(content="", response_metadata=self._metadata(item),
                               chunk_position="last")
 
+    def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[AIMessageChunk]:
+        for input in inputs:
+            question, passages = self._split(input)
+            for item in self.decoder.stream_events(question, passages=passages,
+                                                   **self._kwargs()):
+                yield self._chunk(item)
+
+    async def _astream_chunks(self, inputs: AsyncIterator[Any]
+                              ) -> AsyncIterator[AIMessageChunk]:
+        async for input in inputs:
+            question, passages = self._split(input)
+            async for item in self.decoder.astream_events(question, passages=passages,
+                                                          **self._kwargs()):
+                yield self._chunk(item)
+
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                ) -> Iterator[AIMessageChunk]:
-        question, passages = self._split(input)
-        for item in self.decoder.stream_events(question, passages=passages, **self._kwargs()):
-            yield self._chunk(item)
+        # Through the callback manager, so tracing and callbacks see a streamed run.
+        for chunk in self._transform_stream_with_config(iter([input]), self._stream_chunks,
+                                                        config):
+            yield cast(AIMessageChunk, chunk)  # Output is AIMessage; the stream's are chunks
 
     async def astream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                       ) -> AsyncIterator[AIMessageChunk]:
-        question, passages = self._split(input)
-        async for item in self.decoder.astream_events(question, passages=passages,
-                                                      **self._kwargs()):
-            yield self._chunk(item)
+        async for chunk in self._atransform_stream_with_config(_once(input),
+                                                                self._astream_chunks, config):
+            yield cast(AIMessageChunk, chunk)
 
+
+async def _once(value: Any) -> AsyncIterator[Any]:
+    yield value

@@ -80,9 +80,16 @@ class ScriptedChat(BaseChatModel):
 class Events(BaseCallbackHandler):
     def __init__(self) -> None:
         self.events: list[tuple[str, Any]] = []
+        self.chain: list[str] = []  # the runnable's own start/end, as a tracer sees them
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
         self.events.append((name, data))
+
+    def on_chain_start(self, serialized: Any, inputs: Any, **kwargs: Any) -> None:
+        self.chain.append("start")
+
+    def on_chain_end(self, outputs: Any, **kwargs: Any) -> None:
+        self.chain.append("end" if "answer" in outputs else "end without answer")
 
 
 def runnable(**kwargs: Any) -> DeepRAGRunnable:
@@ -110,7 +117,11 @@ def test_invoke_returns_the_trajectory_and_sends_each_step() -> None:
 
 def test_stream_chunks_add_up_to_invoke() -> None:
     deeprag = runnable()
-    chunks = list(deeprag.stream(QUESTION))
+    events = Events()
+    chunks = list(deeprag.stream(QUESTION, config={"callbacks": [events]}))
+    # A streamed run is traced as invoke's is: each step as an event, the merged output.
+    assert [name for name, _ in events.events] == [STEP_EVENT, STEP_EVENT]
+    assert events.chain == ["start", "end"]
     assert [sorted(c) for c in chunks[:2]] == [["steps"], ["steps"]]
     total = chunks[0]
     for chunk in chunks[1:]:
@@ -124,10 +135,15 @@ def test_stream_chunks_add_up_to_invoke() -> None:
 def test_async_forms() -> None:
     deeprag = runnable()
 
+    events = Events()
+
     async def both() -> tuple[dict[str, Any], list[dict[str, Any]]]:
-        return await deeprag.ainvoke(QUESTION), [c async for c in deeprag.astream(QUESTION)]
+        return await deeprag.ainvoke(QUESTION), [
+            c async for c in deeprag.astream(QUESTION, config={"callbacks": [events]})]
 
     out, chunks = asyncio.run(both())
+    assert [name for name, _ in events.events] == [STEP_EVENT, STEP_EVENT]
+    assert events.chain == ["start", "end"]
     assert out["answer"] == "Arnold Spielberg" and len(chunks) == 3
     assert chunks[-1]["answer"] == "Arnold Spielberg"
 

@@ -6,8 +6,10 @@ from __future__ import annotations
 import asyncio
 import copy
 from typing import Any
+from uuid import UUID
 
 import pytest
+from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage
 from langchain_core.output_parsers import StrOutputParser
@@ -48,22 +50,43 @@ def test_invoke_matches_the_core_decoder(tiny: Any) -> None:
     assert before == DOCS
 
 
+class ChainEnds(BaseCallbackHandler):
+    """Each chain run's output by run name, as a tracer records it."""
+
+    def __init__(self) -> None:
+        self.names: dict[UUID, str] = {}
+        self.outputs: dict[str, Any] = {}
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID, **kwargs: Any
+                       ) -> None:
+        self.names[run_id] = kwargs.get("name") or ""
+
+    def on_chain_end(self, outputs: Any, *, run_id: UUID, **kwargs: Any) -> None:
+        self.outputs[self.names.get(run_id, "")] = outputs
+
+
 def test_lcel_chain_after_a_retriever_streams_and_runs_async(tiny: Any) -> None:
     retriever = RunnableLambda(lambda q: list(DOCS))  # any retriever: str -> documents
     tokrag = TokRAGRunnable(lm=tiny, max_new_tokens=8)
     chain = {"question": RunnablePassthrough(), "documents": retriever} | tokrag
     msg = chain.invoke(Q)
     assert (chain | StrOutputParser()).invoke(Q) == msg.content
-    chunks = list(chain.stream(Q))
+    ends = ChainEnds()
+    chunks = list(chain.stream(Q, config={"callbacks": [ends]}))
     assert "".join(str(c.content) for c in chunks) == msg.content
+    # The streamed run reaches callbacks and tracers, with the chunks merged as its output.
+    assert ends.outputs["TokRAGRunnable"].content == msg.content
     assert chunks[-1].response_metadata[CHOICES_KEY]["choices"] == \
         msg.response_metadata[CHOICES_KEY]["choices"]
     assert asyncio.run(chain.ainvoke(Q)).content == msg.content
 
     async def collect() -> str:
-        return "".join([str(c.content) async for c in chain.astream(Q)])
+        return "".join([str(c.content) async for c in chain.astream(
+            Q, config={"callbacks": [async_ends]})])
 
+    async_ends = ChainEnds()
     assert asyncio.run(collect()) == msg.content
+    assert async_ends.outputs["TokRAGRunnable"].content == msg.content
 
 
 def test_cad_and_bad_input(tiny: Any) -> None:

@@ -18,6 +18,7 @@ from __future__ import annotations
 from typing import Any
 
 from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
+from rag_gates.eval.plugins import number_option
 from rag_gates.retrieval.recorded import retrieve_recorded
 from rag_gates.types import TraceRecorder
 
@@ -43,16 +44,8 @@ def parse_alpha(option: str | None) -> float:
     """The weight of ``cad@ALPHA`` (default: the CAD paper's 0.5)."""
     from rag_gates.tokrag.cad import DEFAULT_CAD_ALPHA, check_alpha
 
-    if option is None:
-        return DEFAULT_CAD_ALPHA
-    try:
-        value = float(option)
-    except ValueError:
-        raise ValueError(f"cad@{option}: the option is alpha, a number >= 0") from None
-    try:
-        return check_alpha(value)
-    except ValueError as exc:
-        raise ValueError(f"cad@{option}: {exc}") from None
+    return check_alpha(number_option(option, "cad", "alpha (0 = standard RAG)",
+                                     DEFAULT_CAD_ALPHA, low=0.0))
 
 
 class TwoStreamMethod:
