@@ -26,6 +26,7 @@ __all__ = [
     "TINY_CHAT_TEMPLATE",
     "ScriptedTurn",
     "VerifyReviseScript",
+    "check_exports",
     "exported_names",
     "save_tiny_lm",
     "tiny_lm",
@@ -230,3 +231,19 @@ def exported_names(init_file: str | Path, package: str) -> set[str]:
 
     visit(tree.body)
     return {n for n in names if not n.startswith("_")}
+
+
+def check_exports(package: str) -> None:
+    """Import ``package`` and fail (AssertionError) unless its ``__all__`` has no duplicate,
+    equals :func:`exported_names`, and every name in it resolves."""
+    import importlib
+
+    module = importlib.import_module(package)
+    public = list(module.__all__)
+    assert len(public) == len(set(public)), f"{package}: duplicate names in __all__"
+    bound = exported_names(str(module.__file__), package)
+    assert bound == set(public), (
+        f"{package}: not exported: {sorted(bound - set(public))}; "
+        f"exported but not bound: {sorted(set(public) - bound)}")
+    for name in public:  # a lazy package resolves each in __getattr__
+        assert hasattr(module, name), f"{package}.{name} is in __all__ but does not resolve"

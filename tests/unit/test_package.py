@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import ast
-import importlib
 import re
 import subprocess
 import sys
@@ -17,7 +16,7 @@ import rag_gates.errors
 import rag_gates.lm
 import rag_gates.types
 from rag_gates._optional import EXTRAS, require
-from rag_gates.testing import exported_names
+from rag_gates.testing import check_exports
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -75,11 +74,4 @@ def test_dunder_all_matches_public_names() -> None:
     "rag_gates.srrag", "rag_gates.corpus", "rag_gates.retrieval", "rag_gates.extract",
 ])
 def test_method_package_all_is_what_it_binds_and_every_name_resolves(package: str) -> None:
-    module = importlib.import_module(package)
-    assert len(module.__all__) == len(set(module.__all__)), "duplicate names in __all__"
-    bound = exported_names(module.__file__, package)
-    assert bound == set(module.__all__), (
-        f"not exported: {sorted(bound - set(module.__all__))}; "
-        f"exported but not bound: {sorted(set(module.__all__) - bound)}")
-    for name in module.__all__:  # a lazy package resolves each in __getattr__
-        assert getattr(module, name) is not None, f"{package}.{name}"
+    check_exports(package)

@@ -2,14 +2,13 @@
 
 from __future__ import annotations
 
-import importlib
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
 
-from rag_gates.testing import exported_names
+from rag_gates.testing import check_exports
 
 CHECK = """
 import sys
@@ -64,11 +63,4 @@ def test_import_does_not_load_torch(tmp_path: Path) -> None:
     "llama_index.retrievers.rag_gates", "llama_index.tools.rag_gates",
 ])
 def test_each_subpackage_all_is_what_it_imports_and_every_name_resolves(package: str) -> None:
-    module = importlib.import_module(package)
-    assert len(module.__all__) == len(set(module.__all__)), "duplicate names in __all__"
-    bound = exported_names(module.__file__, package)
-    assert bound == set(module.__all__), (
-        f"not exported: {sorted(bound - set(module.__all__))}; "
-        f"exported but not bound: {sorted(set(module.__all__) - bound)}")
-    for name in module.__all__:
-        assert hasattr(module, name), f"{package}.{name}"
+    check_exports(package)

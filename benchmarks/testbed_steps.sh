@@ -1,0 +1,70 @@
+#!/bin/bash
+# The steps of a testbed's measurement, shared by benchmarks/results/testbed/gates-tbN/COMMANDS.sh
+# (which set what differs between builds, then run this). Every step resumes if interrupted.
+#   TB           the build's name (tb6, tb7, ...): directories and files are named by it
+#   BUILD_FLAGS  the `rag-gates testbed build` options that make this build
+#   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
+#                (bench/NAME); without it the validate step runs the base model itself
+#   STEPS        build validate gates e2e tokrag deeprag (default: all, in that order)
+#   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
+#   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
+#   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
+set -ex
+: "${TB:?set TB, e.g. TB=tb7}" "${BUILD_FLAGS:?set BUILD_FLAGS}"
+cd "$(dirname "$0")/.."
+export OMP_NUM_THREADS=1
+D=${D:-~/.cache/rag-gates/testbeds/$TB}; O=benchmarks/results/testbed/gates-$TB; R=benchmarks/results/testbed/bench
+STEPS=${STEPS:-"build validate gates e2e tokrag deeprag"}
+RG=${RG:-$PWD/.venv/bin/rag-gates}
+T="--threads 1 --max-new-tokens 24"
+C="--model $D/model --n 1000 --max-new-tokens 24 --threads 1"
+for step in $STEPS; do case $step in
+build)
+  # shellcheck disable=SC2086  # BUILD_FLAGS is a list of options
+  OMP_NUM_THREADS=${BUILD_THREADS:-1} $RG testbed build --out $D --threads ${BUILD_THREADS:-1} $BUILD_FLAGS
+  cp $D/config.json benchmarks/results/testbed/$TB-config.json
+  cp $D/training.json benchmarks/results/testbed/$TB-training.json ;;
+validate)
+  # Closed book and single on the evaluation facts (the labels run) and HotpotQA closed book.
+  # The base model on the same questions, closed book: BASE_FACTS, or run here.
+  $RG bench --dataset testbed:$D --methods no-rag,single --model $D/model --n 1000 $T --out $O/labels
+  BASE=${BASE_FACTS:-$TB-base-model-facts}
+  [ -n "$BASE_FACTS" ] || $RG bench --dataset testbed:$D --methods no-rag --model default --n 1000 $T --out $R/$BASE
+  $RG bench --dataset hotpotqa --methods no-rag --model $D/model --n 100 $T --out $R/$TB-testbed-model-hotpotqa
+  (cd benchmarks/results/testbed && $RG testbed table bench/$BASE \
+      gates-$TB/labels bench/base-model-hotpotqa bench/$TB-testbed-model-hotpotqa --out validation-$TB.json) ;;
+gates)
+  for g in first-token-prob answer-logprob quco; do
+    $RG eval-gate --gate $g --dataset testbed:$D $C --labels $O/labels --create-labels --out $O/$g
+    $RG eval-gate --gate $g --dataset testbed-calibration:$D $C --labels $O/cal-labels --create-labels --out $O/cal-$g
+  done
+  $RG cbdr train-probe --out $O/probe --dataset testbed-probe:$D --model $D/model \
+      --n 1000 --offset 0 --prompt-style rag-gates --label-max-new-tokens 24 --threads 1
+  RAG_GATES_CBDR_PROBE=$O/probe $RG eval-gate --gate cbdr --dataset testbed:$D $C --labels $O/labels --out $O/cbdr
+  RAG_GATES_CBDR_PROBE=$O/probe $RG eval-gate --gate cbdr --dataset testbed-calibration:$D $C --labels $O/cal-labels --out $O/cal-cbdr
+  .venv/bin/python benchmarks/gate_composition.py --testbed $O --out benchmarks/results/testbed/composition-$TB ;;
+e2e)
+  # The methods' own pipelines: QuCo at the bench's tau_entity (calibrated for the Wikipedia
+  # index) and at the tau_entity calibrated on this testbed's calibration facts, CBDR at the
+  # beta calibrated on the calibration facts;
+  # the e2e directory starts from the labels run's no-rag and single answers (same config).
+  E=benchmarks/results/testbed/e2e-$TB; mkdir -p $E
+  [ -f $E/results.jsonl ] || cp $O/labels/config.json $O/labels/results.jsonl $E/
+  TC=$(python3 -c "import json;print(json.load(open('$O/cal-cbdr/gate.json'))['threshold'])")
+  BETA=$(python3 -c "print(round(1 - $TC, 6))")
+  TQ=$(python3 -c "import json;print(json.load(open('$O/cal-quco/gate.json'))['threshold'])")
+  TAU=$(python3 -c "print(round(1 / $TQ - 1, 3))")
+  RAG_GATES_CBDR_PROBE=$O/probe $RG bench --dataset testbed:$D --model $D/model --n 1000 --max-new-tokens 24 \
+      --threads 1 --methods "no-rag,single,quco,quco@$TAU,cbdr@$BETA" --out $E
+  $RG report $E --out $E/report --title "$TB end to end (300 evaluation facts)" ;;
+tokrag)
+  .venv/bin/python benchmarks/tokrag_testbed.py --testbed $D --per-rung 25 --out benchmarks/results/testbed/tokrag-$TB.json ;;
+deeprag)
+  # Per-subquery knowledge boundary: each hop alone (closed book), then the two-hop questions.
+  W=benchmarks/results/testbed/deeprag-$TB
+  $RG bench --dataset testbed-hops:$D --model $D/model --methods no-rag --n 1000 $T --out $W/hops
+  $RG bench --dataset testbed-twohop:$D --model $D/model --prefix-cache-mb 256 --threads 1 \
+      --methods no-rag,single,deeprag,deeprag-likelihood --n ${TWOHOP_N:-1000} --out $W/twohop
+  $RG report $W/twohop $W/hops --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
+*) echo "unknown step $step"; exit 2 ;;
+esac; done
