@@ -7,6 +7,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from llama_index.core.bridge.pydantic import Field
+from llama_index.core.instrumentation import get_dispatcher
+from llama_index.core.instrumentation.event_handlers import BaseEventHandler
+from llama_index.core.instrumentation.events import BaseEvent
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 """The shipped HotpotQA / 2Wiki / PopQA slices."""
@@ -36,3 +40,30 @@ def corpus_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
         stats = load_corpus_stats(path=SLICES, tokenizer=tokenizer)
     yield stats
     stats.close()
+
+
+class Collector(BaseEventHandler):
+    """Keeps every LlamaIndex instrumentation event it sees (the ``collector`` fixture)."""
+
+    events: list[BaseEvent] = Field(default_factory=list)
+
+    @classmethod
+    def class_name(cls) -> str:
+        return "Collector"
+
+    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
+        self.events.append(event)
+
+    def of(self, kind: type[BaseEvent]) -> list[Any]:
+        return [e for e in self.events if isinstance(e, kind)]
+
+
+@pytest.fixture
+def collector() -> Iterator[Collector]:
+    root = get_dispatcher()
+    handler = Collector()
+    root.add_event_handler(handler)
+    try:
+        yield handler
+    finally:
+        root.event_handlers.remove(handler)

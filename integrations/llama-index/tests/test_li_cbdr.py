@@ -4,15 +4,12 @@ and report like LlamaIndex's own rerankers (instrumentation and callback events)
 
 from __future__ import annotations
 
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 import pytest
 from llama_index.core.callbacks import CallbackManager, CBEventType, EventPayload, LlamaDebugHandler
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRankStartEvent
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -23,7 +20,6 @@ from llama_index.postprocessor.rag_gates import (
     ConfidenceGainReranker,
 )
 from llama_index.retrievers.rag_gates import nodes_to_passages, passages_to_nodes
-from pydantic import Field
 
 from rag_gates.cbdr import ConfidenceGainReranker as CoreReranker
 from rag_gates.cbdr import ConfidenceProbe, CrossEncoderReranker, ProbeConfig
@@ -35,21 +31,6 @@ from rag_gates.types import Passage
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 QUERY = "Were Scott Derrickson and Ed Wood of the same nationality?"
 
-
-class Collector(BaseEventHandler):
-    """Keeps every instrumentation event it sees."""
-
-    events: list[BaseEvent] = Field(default_factory=list)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Collector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type[BaseEvent]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
 
 
 class AsyncOnly(BaseReranker):
@@ -110,16 +91,6 @@ def nodes() -> list[NodeWithScore]:
         [p.model_copy(update={"score": round(0.9 - 0.1 * i, 2)}) for i, p in enumerate(passages)]
     )
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    root = get_dispatcher()
-    handler = Collector()
-    root.add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        root.event_handlers.remove(handler)
 
 
 def snapshot(nodes: list[NodeWithScore]) -> list[dict[str, Any]]:
@@ -220,7 +191,7 @@ def test_keep_retrieval_score(core: CoreReranker, nodes: list[NodeWithScore]) ->
 
 
 def test_zero_nodes_and_missing_query(core: CoreReranker, nodes: list[NodeWithScore],
-                                      collector: Collector) -> None:
+                                      collector: Any) -> None:
     counting = Counting()
     reranker = ConfidenceGainReranker(reranker=counting)
     assert reranker.postprocess_nodes([], query_str=QUERY) == []
@@ -233,7 +204,7 @@ def test_zero_nodes_and_missing_query(core: CoreReranker, nodes: list[NodeWithSc
 
 
 async def test_async_path_uses_arerank(core: CoreReranker, nodes: list[NodeWithScore],
-                                       collector: Collector) -> None:
+                                       collector: Any) -> None:
     before = snapshot(nodes)
     sync = ConfidenceGainReranker(reranker=core).postprocess_nodes(nodes, query_str=QUERY)
     collector.events.clear()
@@ -249,7 +220,7 @@ async def test_async_path_uses_arerank(core: CoreReranker, nodes: list[NodeWithS
 
 
 def test_rerank_events(core: CoreReranker, nodes: list[NodeWithScore],
-                       collector: Collector) -> None:
+                       collector: Any) -> None:
     debug = LlamaDebugHandler()
     reranker = ConfidenceGainReranker(reranker=core, top_n=2,
                                       callback_manager=CallbackManager([debug]))
@@ -375,7 +346,7 @@ def test_import_does_not_load_torch(tmp_path: Path) -> None:
 
 @pytest.mark.parametrize("query", ["", "  ", "Who wrote\ud800 Hamlet?"])
 async def test_bad_query_is_refused_even_with_no_nodes(query: str,
-                                                       collector: Collector) -> None:
+                                                       collector: Any) -> None:
     counting = Counting()
     reranker = ConfidenceGainReranker(reranker=counting)
     with pytest.raises(ValueError, match=r"^query"):

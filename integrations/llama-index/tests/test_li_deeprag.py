@@ -6,7 +6,7 @@ tiny random-weight Llama."""
 from __future__ import annotations
 
 import asyncio
-from collections.abc import Iterator, Sequence
+from collections.abc import Sequence
 from typing import Any
 
 import pytest
@@ -18,14 +18,10 @@ from llama_index.core.base.llms.types import (
     LLMMetadata,
     MessageRole,
 )
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.llms import CustomLLM
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.llms.rag_gates import RagGatesLLM
 from llama_index.query_engine.rag_gates import DeepRAGQueryEngine, DeepRAGStepEvent
-from pydantic import Field
 
 from rag_gates.deeprag import ConstantGate
 
@@ -88,29 +84,9 @@ class ScriptedChatLLM(CustomLLM):
         raise AssertionError("not streamed")
 
 
-class Collector(BaseEventHandler):
-    events: list[BaseEvent] = Field(default_factory=list)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Collector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
 
 
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    root = get_dispatcher()
-    handler = Collector()
-    root.add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        root.event_handlers.remove(handler)
-
-
-def test_query_answers_with_the_trajectory_and_step_events(collector: Collector) -> None:
+def test_query_answers_with_the_trajectory_and_step_events(collector: Any) -> None:
     engine = DeepRAGQueryEngine(ScriptedChatLLM(), KeywordRetriever(), k=2)
     response = engine.query(QUESTION)
     assert str(response) == "Arnold Spielberg"
@@ -129,7 +105,7 @@ def test_query_answers_with_the_trajectory_and_step_events(collector: Collector)
         meta["steps"][1]["subquery"]
 
 
-def test_aquery_and_settings(collector: Collector) -> None:
+def test_aquery_and_settings(collector: Any) -> None:
     engine = DeepRAGQueryEngine(ScriptedChatLLM(), KeywordRetriever(), gate=ConstantGate(True))
     response = asyncio.run(engine.aquery(QUESTION))
     assert engine.config.mode == "gate"

@@ -3,15 +3,11 @@ with a real gate, LlamaIndex instrumentation, and a RetrieverQueryEngine on the 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import pytest
 from llama_index.core import VectorStoreIndex
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.instrumentation.events.llm import LLMChatStartEvent
 from llama_index.core.instrumentation.events.retrieval import RetrievalStartEvent
 from llama_index.core.query_engine import RetrieverQueryEngine
@@ -22,7 +18,7 @@ from llama_index.retrievers.rag_gates import (
     GatedRetriever,
     passages_to_nodes,
 )
-from pydantic import Field, JsonValue
+from pydantic import JsonValue
 
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.gate import BaseGate
@@ -44,21 +40,6 @@ class CapitalisedWordsGate(BaseGate):
         return float(len(words)), {"capitalised": list(words)}
 
 
-class Collector(BaseEventHandler):
-    """Keeps every instrumentation event it sees."""
-
-    events: list[BaseEvent] = Field(default_factory=list)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Collector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
-
-    def of(self, kind: type[BaseEvent]) -> list[Any]:
-        return [e for e in self.events if isinstance(e, kind)]
-
 
 @pytest.fixture(scope="module")
 def index() -> VectorStoreIndex:
@@ -72,16 +53,6 @@ def index() -> VectorStoreIndex:
     return VectorStoreIndex(nodes, embed_model=HuggingFaceEmbedding(
         model_name=str(default_embedder_path()), device="cpu"))
 
-
-@pytest.fixture
-def collector() -> Iterator[Collector]:
-    root = get_dispatcher()
-    handler = Collector()
-    root.add_event_handler(handler)
-    try:
-        yield handler
-    finally:
-        root.event_handlers.remove(handler)
 
 
 @pytest.fixture
@@ -116,7 +87,7 @@ def test_yes_returns_annotated_copies_of_the_inner_nodes(
 
 
 def test_no_skips_the_inner_retriever(
-    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Any
 ) -> None:
     gated = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K), gate=gate)
     assert gated.retrieve(SKIP) == []
@@ -129,7 +100,7 @@ def test_no_skips_the_inner_retriever(
 
 
 def test_each_decision_is_an_instrumentation_event(
-    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Any
 ) -> None:
     gated = GatedRetriever(index.as_retriever(similarity_top_k=TOP_K), gate=gate)
     gated.retrieve(ASK)
@@ -147,7 +118,7 @@ def test_each_decision_is_an_instrumentation_event(
 
 
 async def test_async_path_uses_adecide_and_aretrieve(
-    index: VectorStoreIndex, collector: Collector
+    index: VectorStoreIndex, collector: Any
 ) -> None:
     class AsyncOnlyGate(CapitalisedWordsGate):
         # Proves the async path goes through adecide, not decide.
@@ -184,7 +155,7 @@ def test_custom_annotation_key(index: VectorStoreIndex, gate: CapitalisedWordsGa
 
 
 def test_drops_into_a_retriever_query_engine(
-    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Collector
+    index: VectorStoreIndex, gate: CapitalisedWordsGate, collector: Any
 ) -> None:
     from llama_index.llms.rag_gates import RagGatesLLM
 

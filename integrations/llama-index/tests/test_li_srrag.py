@@ -6,9 +6,6 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
-from llama_index.core.instrumentation import get_dispatcher
-from llama_index.core.instrumentation.event_handlers import BaseEventHandler
-from llama_index.core.instrumentation.events.base import BaseEvent
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import QueryBundle
 from llama_index.retrievers.rag_gates import (
@@ -16,7 +13,6 @@ from llama_index.retrievers.rag_gates import (
     PassageRetriever,
     SelfRoutingRetriever,
 )
-from pydantic import Field
 
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.srrag import HiddenStateKeys, PolicyEntry, SelfRoutingGate, SourcePolicy, Verbalizer
@@ -27,17 +23,6 @@ Q = "Who wrote Hamlet?"
 CORPUS = [Passage(id="p1", title="Hamlet", text="William Shakespeare wrote Hamlet."),
           Passage(id="p2", title="France", text="The capital of France is Paris."),
           Passage(id="p3", text="The quick brown fox jumps over the lazy dog.")]
-
-
-class Collector(BaseEventHandler):
-    events: list[BaseEvent] = Field(default_factory=list)
-
-    @classmethod
-    def class_name(cls) -> str:
-        return "Collector"
-
-    def handle(self, event: BaseEvent, **kwargs: Any) -> None:
-        self.events.append(event)
 
 
 @pytest.fixture(scope="module")
@@ -65,16 +50,10 @@ def test_retrieval_route_returns_annotated_copies(lm: Any, bm25: PassageRetrieve
     assert "rag_gates" not in plain[0].node.metadata
 
 
-async def test_parametric_route_returns_one_verbalized_node(lm: Any,
-                                                            bm25: PassageRetriever) -> None:
+async def test_parametric_route_returns_one_verbalized_node(lm: Any, bm25: PassageRetriever,
+                                                            collector: Any) -> None:
     retriever = routed(lm, bm25, 1.5)  # p_M never reaches 1.5: always verbalize
-    collector = Collector()
-    dispatcher = get_dispatcher("llama_index.retrievers.rag_gates.gated")
-    dispatcher.add_event_handler(collector)
-    try:
-        (node,) = retriever.retrieve(Q)
-    finally:
-        dispatcher.event_handlers.remove(collector)
+    (node,) = retriever.retrieve(Q)
     expected = Verbalizer(lm, max_new_tokens=6).verbalize(Q)
     assert node.node.get_content() == expected.text and node.node.node_id == expected.id
     assert node.node.metadata["source"] == "parametric"

@@ -11,6 +11,11 @@ from typing import Any
 import pytest
 from llama_index.core.base.base_retriever import BaseRetriever
 from llama_index.core.base.response.schema import AsyncStreamingResponse, StreamingResponse
+from llama_index.core.callbacks import CallbackManager, CBEventType, LlamaDebugHandler
+from llama_index.core.instrumentation.events.synthesis import (
+    SynthesizeEndEvent,
+    SynthesizeStartEvent,
+)
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
 from llama_index.response_synthesizers.rag_gates import (
@@ -96,8 +101,10 @@ def test_cad_method_and_bad_input(tiny_li: Any) -> None:
     assert no_nodes.additional_kwargs[CHOICES_KEY]["warnings"]
 
 
-def test_query_engine_switches_with_one_argument(tiny_li: Any) -> None:
-    synth = TokRAGSynthesizer(lm=tiny_li, max_new_tokens=8)
+def test_query_engine_switches_with_one_argument(tiny_li: Any, collector: Any) -> None:
+    debug = LlamaDebugHandler()
+    synth = TokRAGSynthesizer(lm=tiny_li, max_new_tokens=8,
+                              callback_manager=CallbackManager([debug]))
     # llm= only because no Settings.llm is configured offline (from_args reads it eagerly).
     engine = RetrieverQueryEngine.from_args(FixedRetriever(NODES), llm=synth.llm,
                                             response_synthesizer=synth)
@@ -107,7 +114,13 @@ def test_query_engine_switches_with_one_argument(tiny_li: Any) -> None:
     assert [n.node.node_id for n in response.source_nodes] == ["n1", "n2"]
     assert response.metadata is not None
     assert response.metadata[CHOICES_KEY]["disagreements"] == len(core.disagreements)
+    # The synthesis is visible as LlamaIndex's own is: start/end events, a callback event.
+    (end,) = collector.of(SynthesizeEndEvent)
+    assert len(collector.of(SynthesizeStartEvent)) == 1 and end.response is response
+    assert len(debug.get_event_pairs(CBEventType.SYNTHESIZE)) == 1
     assert str(asyncio.run(engine.aquery(Q))) == core.text
+    assert len(collector.of(SynthesizeEndEvent)) == 2
+    assert len(debug.get_event_pairs(CBEventType.SYNTHESIZE)) == 2
 
 
 def test_streaming_query_engine(tiny_li: Any) -> None:

@@ -3,9 +3,11 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import AsyncGenerator, Generator, Iterable, Sequence
+from collections.abc import AsyncGenerator, Generator, Iterable, Iterator, Sequence
+from contextlib import contextmanager
 from typing import Any, Literal
 
+import llama_index.core.instrumentation as instrument
 from llama_index.core.base.llms.types import (
     CompletionResponse,
     CompletionResponseAsyncGen,
@@ -20,6 +22,11 @@ from llama_index.core.base.response.schema import (
 )
 from llama_index.core.bridge.pydantic import Field, PrivateAttr
 from llama_index.core.callbacks import CallbackManager
+from llama_index.core.callbacks.schema import CBEventType, EventPayload
+from llama_index.core.instrumentation.events.synthesis import (
+    SynthesizeEndEvent,
+    SynthesizeStartEvent,
+)
 from llama_index.core.llms.callbacks import llm_completion_callback
 from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.prompts.mixin import PromptDictType
@@ -36,6 +43,8 @@ from rag_gates.lm.base import WhiteBoxLM
 from rag_gates.types import Passage
 
 __all__ = ["CHOICES_KEY", "TokRAGLLM", "TokRAGSynthesizer", "to_passages"]
+
+dispatcher = instrument.get_dispatcher(__name__)
 
 CHOICES_KEY = "tokrag"
 """Key of the decoder's record (choices, counts, trace) in response metadata and in
@@ -311,30 +320,53 @@ class TokRAGSynthesizer(BaseSynthesizer):
     def _question(query: QueryTextType) -> str:
         return query.query_str if isinstance(query, QueryBundle) else str(query)
 
+    # synthesize/asynthesize are overridden because the base class answers "Empty Response"
+    # to no nodes and hands get_response bare text (titles lost); they still fire what
+    # LlamaIndex's own fire: the span, the start/end events and the SYNTHESIZE callback event.
+    @contextmanager
+    def _synthesis_events(self, query: QueryTextType, question: str
+                          ) -> Iterator[list[RESPONSE_TYPE]]:
+        dispatcher.event(SynthesizeStartEvent(query=query))
+        out: list[RESPONSE_TYPE] = []  # the caller appends its response
+        with self._callback_manager.event(
+                CBEventType.SYNTHESIZE, payload={EventPayload.QUERY_STR: question}) as event:
+            yield out
+            event.on_end(payload={EventPayload.RESPONSE: out[0]})
+        dispatcher.event(SynthesizeEndEvent(query=query, response=out[0]))
+
+    @staticmethod
+    def _response(completion: CompletionResponse, sources: list[NodeWithScore]) -> Response:
+        return Response(completion.text, source_nodes=sources,
+                        metadata={CHOICES_KEY: completion.additional_kwargs[CHOICES_KEY]})
+
+    @dispatcher.span
     def synthesize(self, query: QueryTextType, nodes: list[NodeWithScore],
                    additional_source_nodes: Sequence[NodeWithScore] | None = None,
                    **response_kwargs: Any) -> RESPONSE_TYPE:
-        question = self._question(query)
-        passages = to_passages(nodes)
+        question, passages = self._question(query), to_passages(nodes)
         sources = list(nodes) + list(additional_source_nodes or [])
-        if self._streaming:
-            meta: dict[str, Any] = {}
-            return StreamingResponse(self._stream_text(question, passages, meta),
-                                     source_nodes=sources, metadata=meta)
-        r = self.llm.complete(question, passages=passages)
-        return Response(r.text, source_nodes=sources,
-                        metadata={CHOICES_KEY: r.additional_kwargs[CHOICES_KEY]})
+        with self._synthesis_events(query, question) as out:
+            if self._streaming:
+                meta: dict[str, Any] = {}
+                out.append(StreamingResponse(self._stream_text(question, passages, meta),
+                                             source_nodes=sources, metadata=meta))
+            else:
+                out.append(self._response(self.llm.complete(question, passages=passages),
+                                          sources))
+        return out[0]
 
+    @dispatcher.span
     async def asynthesize(self, query: QueryTextType, nodes: list[NodeWithScore],
                           additional_source_nodes: Sequence[NodeWithScore] | None = None,
                           **response_kwargs: Any) -> RESPONSE_TYPE:
-        question = self._question(query)
-        passages = to_passages(nodes)
+        question, passages = self._question(query), to_passages(nodes)
         sources = list(nodes) + list(additional_source_nodes or [])
-        if self._streaming:
-            meta: dict[str, Any] = {}
-            return AsyncStreamingResponse(self._astream_text(question, passages, meta),
-                                          source_nodes=sources, metadata=meta)
-        r = await self.llm.acomplete(question, passages=passages)
-        return Response(r.text, source_nodes=sources,
-                        metadata={CHOICES_KEY: r.additional_kwargs[CHOICES_KEY]})
+        with self._synthesis_events(query, question) as out:
+            if self._streaming:
+                meta: dict[str, Any] = {}
+                out.append(AsyncStreamingResponse(self._astream_text(question, passages, meta),
+                                                  source_nodes=sources, metadata=meta))
+            else:
+                out.append(self._response(
+                    await self.llm.acomplete(question, passages=passages), sources))
+        return out[0]
