@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
+from rag_gates._console import error_line
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Generation, Passage
 
@@ -398,7 +399,7 @@ def bench(
     n: Annotated[int, typer.Option(min=1, help="Number of questions.")] = 200,
     offset: Annotated[int, typer.Option(min=0, help="Questions skipped first.")] = 0,
     model: Annotated[str, typer.Option(
-        help="'default', an HF path/id (in process), or openai:URL[#model-name] (a model "
+        help="'default', an HF path/id (in process), or openai:URL\\[#model-name] (a model "
              "behind an OpenAI-compatible server; API key from $OPENAI_API_KEY).")
     ] = "default",
     retriever: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
@@ -455,7 +456,7 @@ def bench(
             summary = run_bench(config, out, progress=progress)
         except (ValueError, FileNotFoundError, ConfigMismatchError, WhiteBoxRequiredError,
                 ServerError) as exc:
-            console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+            console.print(error_line(exc), highlight=False, soft_wrap=True)
             raise typer.Exit(2) from exc
     console.print((out / "summary.md").read_text())
     console.print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
@@ -513,7 +514,7 @@ def eval_gate(
         try:
             report = evaluate_gate(config, out, progress=progress)
         except (ValueError, FileNotFoundError, TypeError) as exc:  # incl. ConfigMismatchError
-            console.print(f"[red]error:[/] {exc}")
+            console.print(error_line(exc))
             raise typer.Exit(2) from exc
     c = report.calibrated
     console.print(f"[bold]{gate}[/] on {dataset} ({report.questions} questions): "
@@ -544,7 +545,7 @@ def fit_weighted_command(
     try:
         fitted = fit_weighted_from_runs(run, labels, target_rate=target_rate)
     except (ValueError, FileNotFoundError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from exc
     write_text_atomic(out, json.dumps(fitted, indent=2))
     weights = ", ".join(f"{g} {w:+.3f}" for g, w in zip(fitted["gates"], fitted["weights"],
@@ -572,7 +573,7 @@ def report(
         if doc is not None:
             console.print(f"updated {update_document(doc, path)}")
     except (FileNotFoundError, ValueError) as exc:
-        console.print(f"[red]error:[/] {exc}")
+        console.print(error_line(exc))
         raise typer.Exit(2) from exc
     console.print(f"wrote {path}")
 

@@ -22,6 +22,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
+from rag_gates._console import error_line
 from rag_gates.errors import RagGatesError
 from rag_gates.types import QAExample
 
@@ -41,7 +42,7 @@ def clean_errors() -> Iterator[None]:
     try:
         yield
     except (RagGatesError, FileNotFoundError, ImportError, ValueError) as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 

@@ -171,7 +171,7 @@ def train_command(
                                        "with (written to deeprag.json).")] = "chat",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
 ) -> None:
-    """Fine-tune with TRL (pip install "rag-gates[trl]"): SFT on the trajectories, then
+    """Fine-tune with TRL (pip install "rag-gates\\[trl]"): SFT on the trajectories, then
     DPO on the step-wise decision pairs; writes a model directory that bench loads, with
     training.json (loss per step) and loss.png."""
     from rag_gates.deeprag.train import train_dpo, train_sft

@@ -26,6 +26,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
+from rag_gates._console import error_line
 from rag_gates.corpus.errors import CorpusError
 
 __all__ = ["index_app"]
@@ -43,7 +44,7 @@ def _clean_errors() -> Iterator[None]:
     try:
         yield
     except (CorpusError, FileNotFoundError, ImportError, ValueError) as exc:
-        err_console.print(f"[red]error:[/] {exc}", highlight=False, soft_wrap=True)
+        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
         raise typer.Exit(1) from None
 
 

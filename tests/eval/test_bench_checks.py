@@ -94,6 +94,18 @@ def test_bench_cli_refuses_a_bad_option_with_exit_2(tmp_path: Path,
     assert no_model_loads == [] and not run.exists()
 
 
+def test_bench_error_text_is_printed_as_written(tmp_path: Path,
+                                                 no_model_loads: list[str]) -> None:
+    # Brackets in a message must survive rich's markup ("[#model-name]" is a style tag to it).
+    result = CliRunner().invoke(app, ["bench", "--dataset", "hotpotqa", "--out",
+                                      str(tmp_path / "run"), "--methods", "no-rag",
+                                      "--model", "openai:ftp://host/v1", "--n", "2",
+                                      "--data", str(SLICES)])
+    assert result.exit_code == 2, result.output
+    assert "openai:http(s)://HOST[:PORT]/PATH[#model-name]" in " ".join(result.output.split())
+    assert no_model_loads == []
+
+
 # ---------------------------------------------------------------- data files
 def test_duplicate_question_ids_are_dropped_with_a_warning_and_the_true_count(
         tmp_path: Path, tiny: Any, caplog: pytest.LogCaptureFixture) -> None:

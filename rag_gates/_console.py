@@ -1,0 +1,15 @@
+"""What every command-line app prints the same way."""
+
+from __future__ import annotations
+
+__all__ = ["error_line"]
+
+
+def error_line(exc: BaseException) -> str:
+    """The one red line an expected error becomes, its text escaped so rich prints it as
+    written: unescaped, ``pip install "rag-gates[corpus]"`` would print without its
+    ``[corpus]`` (rich reads it as a style tag).
+    """
+    from rich.markup import escape
+
+    return f"[red]error:[/] {escape(str(exc))}"
