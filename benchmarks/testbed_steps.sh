@@ -10,11 +10,17 @@
 #   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
 #   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
 set -ex
-: "${TB:?set TB, e.g. TB=tb7}" "${BUILD_FLAGS:?set BUILD_FLAGS}"
+: "${TB:?set TB, e.g. TB=tb7}"
+STEPS=${STEPS:-"build validate gates e2e tokrag deeprag"}
+for step in $STEPS; do  # a misspelt step fails now, not after an hours-long build
+  case $step in build|validate|gates|e2e|tokrag|deeprag) ;; *) echo "unknown step $step"; exit 2 ;; esac
+done
+case " $STEPS " in *" build "*) : "${BUILD_FLAGS:?set BUILD_FLAGS}" ;; esac
+D=$(realpath -m "${D:-$HOME/.cache/rag-gates/testbeds/$TB}")  # absolute before the cd
+case ${RG:-} in */*) RG=$(realpath -m "$RG") ;; esac  # a path: absolute; a name: on PATH
 cd "$(dirname "$0")/.."
 export OMP_NUM_THREADS=1
-D=${D:-~/.cache/rag-gates/testbeds/$TB}; O=benchmarks/results/testbed/gates-$TB; R=benchmarks/results/testbed/bench
-STEPS=${STEPS:-"build validate gates e2e tokrag deeprag"}
+O=benchmarks/results/testbed/gates-$TB; R=benchmarks/results/testbed/bench
 RG=${RG:-$PWD/.venv/bin/rag-gates}
 T="--threads 1 --max-new-tokens 24"
 C="--model $D/model --n 1000 --max-new-tokens 24 --threads 1"
@@ -29,7 +35,8 @@ validate)
   # The base model on the same questions, closed book: BASE_FACTS, or run here.
   $RG bench --dataset testbed:$D --methods no-rag,single --model $D/model --n 1000 $T --out $O/labels
   BASE=${BASE_FACTS:-$TB-base-model-facts}
-  [ -n "$BASE_FACTS" ] || $RG bench --dataset testbed:$D --methods no-rag --model default --n 1000 $T --out $R/$BASE
+  if [ -n "${BASE_FACTS:-}" ] && [ ! -d "$R/$BASE_FACTS" ]; then echo "no run $R/$BASE_FACTS"; exit 2; fi
+  [ -n "${BASE_FACTS:-}" ] || $RG bench --dataset testbed:$D --methods no-rag --model default --n 1000 $T --out $R/$BASE
   $RG bench --dataset hotpotqa --methods no-rag --model $D/model --n 100 $T --out $R/$TB-testbed-model-hotpotqa
   (cd benchmarks/results/testbed && $RG testbed table bench/$BASE \
       gates-$TB/labels bench/base-model-hotpotqa bench/$TB-testbed-model-hotpotqa --out validation-$TB.json) ;;

@@ -21,6 +21,7 @@ from rag_gates.prompts import qa_prompt
 from rag_gates.types import Generation, Passage
 
 app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="rag-gates: decide when to retrieve and which retrieved text to trust.",
     no_args_is_help=True,
     add_completion=False,
@@ -91,7 +92,7 @@ def info(
 
         table.add_row("torch threads", str(torch.get_num_threads()))
     except ImportError:
-        table.add_row("torch threads", 'torch not installed: pip install "rag-gates[hf]"')
+        table.add_row("torch threads", Text('torch not installed: pip install "rag-gates[hf]"'))
     if load:
         _quiet_transformers()
         start = time.perf_counter()

@@ -29,6 +29,7 @@ from rag_gates.types import QAExample
 __all__ = ["cbdr_app", "clean_errors", "load_examples"]
 
 cbdr_app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="CBDR: train a hidden-state confidence probe, build preference data from it, and "
          "fine-tune a cross-encoder reranker on those preferences.",
     no_args_is_help=True, add_completion=False)

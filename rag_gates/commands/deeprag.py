@@ -22,6 +22,7 @@ from rag_gates.commands.cbdr import clean_errors
 __all__ = ["deeprag_app"]
 
 deeprag_app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="DeepRAG: find the fewest-retrieval trajectory that reaches the gold answer for "
          "training questions (Algorithm 1), and export SFT / DPO records for TRL.",
     no_args_is_help=True, add_completion=False)

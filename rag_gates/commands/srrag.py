@@ -26,6 +26,7 @@ from rag_gates.commands.cbdr import clean_errors, load_examples
 __all__ = ["srrag_app"]
 
 srrag_app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="SR-RAG: label questions by the knowledge source that helps the model more "
          "(retrieval or its own verbalized knowledge), build the kNN source policy, and "
          "export the labels as TRL training data.",

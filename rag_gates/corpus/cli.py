@@ -32,6 +32,7 @@ from rag_gates.corpus.errors import CorpusError
 __all__ = ["index_app"]
 
 index_app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="Build and query local infini-gram indexes (phrase counts, co-occurrence).",
     no_args_is_help=True, add_completion=False)
 console = Console()

@@ -71,8 +71,8 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
 
     ``stream`` / ``astream`` yield one chunk ``{"steps": [step]}`` per step as it is taken,
     then the rest of the output; added together (``AddableDict``) the chunks equal the
-    ``invoke`` output. ``invoke`` / ``ainvoke`` send each step to callback handlers as the
-    custom event ``"rag_gates_deeprag_step"``.
+    ``invoke`` output. Every form (``invoke``, ``ainvoke``, ``stream``, ``astream``) sends each
+    step to callback handlers as the custom event ``"rag_gates_deeprag_step"``.
 
     Setup:
         ```bash

@@ -14,6 +14,7 @@ Gate: ``cbdr`` (the probe alone). The probe is :func:`~rag_gates.cbdr.shipped.lo
 from __future__ import annotations
 
 import os
+from functools import partial
 from typing import Any
 
 from rag_gates.cbdr.gate import CBDRGate
@@ -34,13 +35,13 @@ CANDIDATES = 10
 RERANKER_ENV = "RAG_GATES_CBDR_RERANKER"
 
 
-def parse_beta(option: str | None) -> float:
-    """The beta of ``cbdr@BETA`` (default :data:`BENCH_BETA`)."""
-    return unit_interval_option(option, "cbdr", "beta", BENCH_BETA)
+def parse_beta(option: str | None, method: str = "cbdr") -> float:
+    """The beta of ``cbdr@BETA`` / ``cbdr-ce@BETA`` (default :data:`BENCH_BETA`)."""
+    return unit_interval_option(option, method, "beta", BENCH_BETA)
 
 
 def _pipeline(ctx: MethodContext, base: str, reranker: Any = None) -> CBDRPipeline:
-    beta = parse_beta(ctx.option)
+    beta = parse_beta(ctx.option, base)
     name = base if ctx.option is None else f"{base}@{ctx.option}"
     return CBDRPipeline(ctx.lm, need_retriever(ctx, name), load_default_probe(ctx.lm),
                         beta=beta, candidates=max(CANDIDATES, ctx.k), k=ctx.k,
@@ -65,7 +66,7 @@ cbdr_method.accepts_option = True  # type: ignore[attr-defined]
 cbdr_ce_method.accepts_option = True  # type: ignore[attr-defined]
 # Checked by the method registry before any model is loaded (see check_method_name).
 cbdr_method.validate_option = parse_beta  # type: ignore[attr-defined]
-cbdr_ce_method.validate_option = parse_beta  # type: ignore[attr-defined]
+cbdr_ce_method.validate_option = partial(parse_beta, method="cbdr-ce")  # type: ignore[attr-defined]
 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:

@@ -26,6 +26,7 @@ _DEFAULT = TestbedConfig()
 __all__ = ["testbed_app"]
 
 testbed_app = typer.Typer(
+    rich_markup_mode="rich",  # help texts escape brackets as \[
     help="The knowledge-controlled testbed: the embedded model taught PopQA facts at known "
          "repetition counts (docs/testbed.md).",
     no_args_is_help=True, add_completion=False)
