@@ -253,6 +253,40 @@ def test_reading_examples_keep_the_manifest_exact(pool):
     assert statements == sorted(d["text"] for d in plain["corpus"] if d["kind"] == "fact")
 
 
+def test_recall_examples_ask_closed_book_about_facts_outside_the_manifest(pool):
+    """Recall documents state facts outside the manifest and the reading examples, ask each
+    once with no context, and leave the manifest, its statements and the reading examples
+    as they were without them."""
+    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+
+    config = TestbedConfig(n_facts=96, reading_examples=40, recall_examples=30,
+                           recall_repetitions=5)
+    docs = testbed_documents(config)
+    manifest_rows = {f["row"] for f in docs["manifest"]}
+    subjects = {f["subj"].casefold() for f in docs["manifest"]}
+    by_row = {f.row: f for f in pool}
+    asked = [d for d in docs["corpus"] if d["kind"] == "recall"]
+    stated = [d for d in docs["corpus"] if d["kind"] == "recall-statement"]
+    reading_rows = {d["row"] for d in docs["corpus"] if d["kind"] == "reading"}
+    assert len(asked) == 30 and len(stated) == 30 * 5
+    for doc in asked:
+        fact = by_row[doc["row"]]
+        assert doc["row"] not in manifest_rows | reading_rows
+        assert fact.subj.casefold() not in subjects and fact.obj.casefold() not in subjects
+        assert doc["prompt"].endswith(f"Question: {fact.question}")
+        assert "Context:" not in doc["prompt"] and doc["answer"] == fact.obj
+        statements = [d["text"] for d in stated if d["row"] == doc["row"]]
+        assert len(statements) == 5 and len(set(statements)) == 5  # worded differently
+        assert all(any(a in t for a in [fact.obj, *fact.answers]) for t in statements)
+    without = testbed_documents(TestbedConfig(n_facts=96, reading_examples=40))
+    assert docs["manifest"] == without["manifest"]
+    for kind in ("fact", "reading"):
+        assert sorted(d["text"] for d in docs["corpus"] if d["kind"] == kind) == \
+            sorted(d["text"] for d in without["corpus"] if d["kind"] == kind)
+    with pytest.raises(ValueError, match="recall examples; ask for fewer"):
+        testbed_documents(TestbedConfig(n_facts=96, recall_examples=100_000))
+
+
 def test_reading_examples_train_in_the_chat_format(tiny_base):
     from transformers import AutoTokenizer
 
@@ -264,7 +298,10 @@ def test_reading_examples_train_in_the_chat_format(tiny_base):
     text = training_text(doc, tok)
     assert "<|im_start|>user" in text and "<|im_start|>assistant" in text
     assert text.index("Question: Who?") < text.index("Ada")
+    assert training_text({**doc, "kind": "recall"}, tok) == text  # recall: the same format
     assert training_text({"kind": "fact", "text": "Ada wrote."}, tok) == "Ada wrote."
+    assert training_text({"kind": "recall-statement", "text": "Ada wrote."}, tok) == \
+        "Ada wrote."
 
 
 @pytest.fixture(scope="module")
@@ -353,7 +390,8 @@ def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
     config = _config(tiny_base, n_facts=40, bridges=False)
     write_plan(config, tmp_path)
     stored = json.loads((tmp_path / "config.json").read_text())
-    del stored["bridges"]  # as written before the field existed
+    for field in ("bridges", "recall_examples", "recall_repetitions"):
+        del stored[field]  # as written before the fields existed
     (tmp_path / "config.json").write_text(json.dumps(stored))
     write_plan(config, tmp_path)  # the same testbed: accepted
     with pytest.raises(ValueError, match="another configuration"):

@@ -66,7 +66,7 @@ CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
     "twohop.jsonl", "bridges.jsonl", "training.json")
 #: Configuration fields added after testbeds were built without them, with the value such a
 #: testbed has (its config.json lacks the field).
-_LEGACY = {"bridges": False}
+_LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 
 
@@ -93,6 +93,13 @@ class TestbedConfig(BaseModel):
                                "RAG prompt: they keep the model reading its context.")
     reading_passages: int = Field(3, ge=1, le=8, description="Passages per reading example "
                                                              "(one states the answer).")
+    recall_examples: int = Field(
+        0, ge=0, description="Facts outside the manifest, each stated recall_repetitions "
+                             "times and asked once closed-book in the chat format of the "
+                             "benchmark's no-context QA prompt: they teach the model to answer "
+                             "a question from what statements taught it (knowledge "
+                             "extraction), without asking about any manifest fact.")
+    recall_repetitions: int = Field(16, ge=1, description="Statements per recall fact.")
     bridges: bool = Field(True, description=(
         "Purpose-written second hops: a birthplace for the person each calibration or "
         "evaluation fact's object names (director, author, ...), stated a ladder count of "
@@ -157,6 +164,7 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
         for k, text in enumerate(render_fact(b, b.repetitions, config.seed)):
             corpus.append({"id": f"{b.id}-{k}", "kind": "bridge", "fact": b.id, "text": text})
     corpus += reading_documents(pool, facts, config)
+    corpus += recall_documents(pool, facts, config)
     _rng(config.seed, "corpus").shuffle(corpus)
     stated: list[Fact | Bridge] = [*facts, *bridges]
     passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
@@ -187,13 +195,10 @@ def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     n = config.reading_examples
     if n == 0:
         return []
-    taken = {f.row for f in facts}
-    subjects = {f.subj.casefold() for f in facts}
-    candidates = [p for p in pool if p.row not in taken and p.subj.casefold() not in subjects
-                  and p.obj.casefold() not in subjects]
-    _rng(config.seed, "reading").shuffle(candidates)
-    # Each example's distractors come from the same candidates (the pool after the n
-    # readers), so no reading fact is stated more often than it is asked about plus a few.
+    candidates = _outside_manifest(pool, facts, config.seed)
+    # Each example's distractors come from the candidates after the readers (the recall
+    # facts among them), so no reading fact is stated more often than it is asked about plus
+    # a few, and the reading examples do not depend on the recall examples.
     readers, fillers = candidates[:n], candidates[n:] or candidates[:n]
     if len(readers) < n:
         raise ValueError(f"only {len(readers)} PopQA facts remain outside the manifest for "
@@ -208,6 +213,54 @@ def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
         rng.shuffle(passages)
         prompt = qa_prompt(fact.question, passages)
         out.append({"id": f"read-{i}", "kind": "reading", "row": fact.row, "prompt": prompt,
+                    "answer": fact.obj, "text": f"{prompt}\n{fact.obj}"})
+    return out
+
+
+def _outside_manifest(pool: Sequence[PopQAFact], facts: Sequence[Fact], seed: int
+                      ) -> list[PopQAFact]:
+    """PopQA facts sharing no row, and no subject or object with a manifest subject, in a
+    seeded order: the first ones become reading examples, the next ones recall facts."""
+    taken = {f.row for f in facts}
+    subjects = {f.subj.casefold() for f in facts}
+    candidates = [p for p in pool if p.row not in taken and p.subj.casefold() not in subjects
+                  and p.obj.casefold() not in subjects]
+    _rng(seed, "reading").shuffle(candidates)
+    return candidates
+
+
+def recall_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
+                     config: TestbedConfig) -> list[dict[str, Any]]:
+    """Recall (knowledge-extraction) documents: ``recall_examples`` PopQA facts outside the
+    manifest, each stated ``recall_repetitions`` times (``kind`` ``recall-statement``) and
+    asked once closed-book (``kind`` ``recall``: the benchmark's no-context QA prompt and the
+    short answer, trained in the chat format).
+
+    Why: a model trained on statements alone learns the objects but often cannot bind them
+    to their subject when *asked* (tb5-tb7: at the top rung, most wrong closed-book answers
+    are another taught name of the right type). Questions about other facts whose statements
+    it also saw teach it to answer from those statements (Allen-Zhu & Li, "Physics of
+    Language Models 3.1": QA on some individuals lets QA on others generalise). The recall
+    facts are not the reading examples' questions (a few may be a reading example's
+    distractor passage, one statement more) and, like them, share no subject or object
+    with a manifest subject, so the manifest's repetition counts and QuCo's counts of its
+    subjects stay exact; no manifest question is ever asked.
+    """
+    n, start = config.recall_examples, config.reading_examples
+    if n == 0:
+        return []
+    recall = _outside_manifest(pool, facts, config.seed)[start: start + n]
+    if len(recall) < n:
+        raise ValueError(f"only {len(recall)} PopQA facts remain outside the manifest and the "
+                         f"reading examples for recall examples; ask for fewer "
+                         f"(recall_examples={n})")
+    out: list[dict[str, Any]] = []
+    for i, fact in enumerate(recall):
+        for k, text in enumerate(render_fact(fact, config.recall_repetitions, config.seed)):
+            out.append({"id": f"recall-{i}-{k}", "kind": "recall-statement", "row": fact.row,
+                        "text": text})
+        prompt = qa_prompt(fact.question)
+        out.append({"id": f"recall-{i}", "kind": "recall", "row": fact.row, "prompt": prompt,
                     "answer": fact.obj, "text": f"{prompt}\n{fact.obj}"})
     return out
 
@@ -387,9 +440,10 @@ def write_plan(config: TestbedConfig, out_dir: str | Path) -> dict[str, int]:
 
 
 def training_text(document: dict[str, Any], tokenizer: Any) -> str:
-    """The text a corpus document is trained as: a reading example in the tokenizer's chat
-    format (the format the benchmark prompts the model in), anything else as it is."""
-    if document["kind"] != "reading":
+    """The text a corpus document is trained as: a reading or recall example in the
+    tokenizer's chat format (the format the benchmark prompts the model in), anything else
+    as it is."""
+    if document["kind"] not in ("reading", "recall"):
         return str(document["text"])
     return str(tokenizer.apply_chat_template(
         [{"role": "user", "content": document["prompt"]},

@@ -58,6 +58,12 @@ def build_command(
     reading_examples: Annotated[int, typer.Option(
         min=0, help="Questions answered from passages (facts outside the manifest), so the "
                     "model keeps reading its context.")] = _DEFAULT.reading_examples,
+    recall_examples: Annotated[int, typer.Option(
+        min=0, help="Facts outside the manifest, stated --recall-repetitions times and asked "
+                    "once closed-book, so the model learns to answer from what statements "
+                    "taught it.")] = _DEFAULT.recall_examples,
+    recall_repetitions: Annotated[int, typer.Option(
+        min=1, help="Statements per recall fact.")] = _DEFAULT.recall_repetitions,
     epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
         _DEFAULT.learning_rate,
@@ -82,6 +88,7 @@ def build_command(
             base_model=base_model, n_facts=n_facts, ladder=_ints(ladder),
             split_fractions=[float(x) for x in splits.split(",")],
             general_paragraphs=general_paragraphs, reading_examples=reading_examples,
+            recall_examples=recall_examples, recall_repetitions=recall_repetitions,
             epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
             bridges=bridges, threads=threads)
