@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JsonlLog", "write_text_atomic"]
+__all__ = ["JsonlLog", "append_locked", "write_text_atomic"]
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -15,6 +15,32 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def append_locked(path: Path) -> IO[str]:
+    """``path`` opened for appending, with an exclusive lock held until it is closed, so two
+    processes resuming the same output (the same ``--out`` twice) cannot both write it: the
+    second gets a :class:`~rag_gates.errors.FileInUseError` before it reads or writes a row.
+
+    Take it before reading the rows already there, so the rows read are the whole truth.
+    Advisory (``flock``): every rag-gates writer takes it; where ``fcntl`` does not exist
+    (Windows) the file is opened unlocked.
+    """
+    from rag_gates.errors import FileInUseError
+
+    handle = path.open("a", encoding="utf-8")
+    try:
+        import fcntl
+    except ImportError:  # pragma: no cover - not on POSIX
+        return handle
+    try:
+        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        handle.close()
+        raise FileInUseError(
+            f"{path} is being written by another process (a second writer would duplicate "
+            "its rows): wait for that run to finish, or write to another --out") from None
+    return handle
 
 
 class JsonlLog:
@@ -38,36 +64,41 @@ class JsonlLog:
         self._handle: IO[str] | None = None
 
     def open(self) -> list[dict[str, Any]]:
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._handle = append_locked(self.path)  # before reading: the rows read are all
+        try:
+            records = self._read()
+            if not self.path.stat().st_size:  # new, or only a torn first line was there
+                self._write(self.header)
+        except BaseException:
+            self.close()
+            raise
+        return records
+
+    def _read(self) -> list[dict[str, Any]]:
         from rag_gates.errors import ArtifactError
 
         records: list[dict[str, Any]] = []
-        if self.path.is_file() and self.path.stat().st_size:
-            data = self.path.read_bytes()
-            if not data.endswith(b"\n"):  # a torn last line: keep only whole lines
-                data = data[: data.rfind(b"\n") + 1]
-                with self.path.open("r+b") as handle:
-                    handle.truncate(len(data))
-            lines = data.decode("utf-8").splitlines()
+        data = self.path.read_bytes()
+        if data and not data.endswith(b"\n"):  # a torn last line: keep only whole lines
+            data = data[: data.rfind(b"\n") + 1]
+            with self.path.open("r+b") as handle:
+                handle.truncate(len(data))
+        lines = data.decode("utf-8").splitlines()
+        try:
+            header = json.loads(lines[0]) if lines else None
+        except json.JSONDecodeError:
+            header = None
+        if lines and header != json.loads(json.dumps(self.header)):
+            raise ArtifactError(
+                f"{self.path} was written with other settings (its first line: "
+                f"{lines[0][:200]}); delete it or write to another file")
+        for number, line in enumerate(lines[1:], start=2):
             try:
-                header = json.loads(lines[0]) if lines else None
-            except json.JSONDecodeError:
-                header = None
-            if lines and header != json.loads(json.dumps(self.header)):
-                raise ArtifactError(
-                    f"{self.path} was written with other settings (its first line: "
-                    f"{lines[0][:200]}); delete it or write to another file")
-            for number, line in enumerate(lines[1:], start=2):
-                try:
-                    records.append(json.loads(line))
-                except json.JSONDecodeError as exc:
-                    raise ArtifactError(f"{self.path}:{number} is not valid JSON ({exc}); "
-                                        "delete that line or the file") from exc
-        else:
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not self.path.is_file() or not self.path.stat().st_size
-        self._handle = self.path.open("a", encoding="utf-8")
-        if fresh:
-            self._write(self.header)
+                records.append(json.loads(line))
+            except json.JSONDecodeError as exc:
+                raise ArtifactError(f"{self.path}:{number} is not valid JSON ({exc}); "
+                                    "delete that line or the file") from exc
         return records
 
     def _write(self, obj: dict[str, Any]) -> None:

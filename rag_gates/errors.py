@@ -5,6 +5,7 @@ from __future__ import annotations
 __all__ = [
     "ArtifactError",
     "ContextLengthError",
+    "FileInUseError",
     "ModelNotFoundError",
     "ProbeMismatchError",
     "RagGatesError",
@@ -40,6 +41,11 @@ class ProbeMismatchError(RagGatesError, ValueError):
 class ArtifactError(RagGatesError, ValueError):
     """A saved artifact (a probe, an index, a cache, a run directory) is damaged, incomplete
     or foreign; the message names the file and what to do (usually: rebuild or retrain it)."""
+
+
+class FileInUseError(ArtifactError):
+    """A resumable output (a bench run, gate decisions, synthesized rows, labels) is being
+    written by another process; a second writer would duplicate its rows."""
 
 
 class ServerError(RagGatesError, RuntimeError):

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates._io import write_text_atomic
+from rag_gates._io import append_locked, write_text_atomic
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
@@ -239,23 +239,23 @@ def _decide_resumably(gate: Any, config: GateEvalConfig, examples: list[Any], ou
     identity = {"config": config.model_dump(mode="json", exclude={"labels_dir"}),
                 "questions": [e.id for e in examples]}
     marker, path = out / "decisions.config.json", out / "decisions.jsonl"
-    if marker.is_file():
-        before = json.loads(marker.read_text())
-        if before != identity:
-            raise ConfigMismatchError(
-                f"{out} holds the decisions of another gate evaluation ({before['config']}); "
-                "use a new --out directory")
-    else:
-        path.unlink(missing_ok=True)  # decisions of an older layout: not resumable
-        write_text_atomic(marker, json.dumps(identity, indent=2))
-    _repair_tail(path)
-    done: dict[str, GateDecision] = {}
-    if path.is_file():
+    # Locked before anything is read or cut: a second eval-gate on the same --out stops here.
+    with append_locked(path) as handle:
+        if marker.is_file():
+            before = json.loads(marker.read_text())
+            if before != identity:
+                raise ConfigMismatchError(
+                    f"{out} holds the decisions of another gate evaluation "
+                    f"({before['config']}); use a new --out directory")
+        else:
+            handle.truncate(0)  # decisions of an older layout: not resumable
+            write_text_atomic(marker, json.dumps(identity, indent=2))
+        _repair_tail(path)
+        done: dict[str, GateDecision] = {}
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)
             key = row.pop("id")
             done[key] = GateDecision.model_validate(row)
-    with path.open("a", encoding="utf-8") as handle:
         for i, example in enumerate(examples, start=1):
             if example.id not in done:
                 d = gate.decide(example.question)

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag_gates._io import write_text_atomic
+from rag_gates._io import append_locked, write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
 from rag_gates.eval.methods import (
     Method,
@@ -420,15 +420,15 @@ def run_bench(
     methods = [make_method(name, ctx) for name in config.methods]
     _prepare_dir(run_path, config, data.fingerprint, served=served)
     results = run_path / RESULTS
-    _repair_tail(results)
-    records = read_records(run_path)
-    done = {(r.id, r.method) for r in records}
-    total = len(data.examples) * len(methods)
-    todo = [(example, method) for example in data.examples for method in methods
-            if (example.id, method.name) not in done]
-    with results.open("a", encoding="utf-8") as out, \
-            concurrent.futures.ThreadPoolExecutor(
-                config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
+    # Locked before the rows are read: a second bench on the same --out stops here.
+    with append_locked(results) as out, concurrent.futures.ThreadPoolExecutor(
+            config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
+        _repair_tail(results)
+        records = read_records(run_path)
+        done = {(r.id, r.method) for r in records}
+        total = len(data.examples) * len(methods)
+        todo = [(example, method) for example in data.examples for method in methods
+                if (example.id, method.name) not in done]
         # At most `concurrency` questions are answered at once; lines are written in
         # question order (a finished answer waits for the ones before it).
         for record in _answers(pool, todo, config):

@@ -10,6 +10,8 @@ from typing import Any
 
 import pytest
 
+from rag_gates._io import append_locked
+from rag_gates.errors import FileInUseError
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.eval.datasets import DATASETS, load_dataset
 from rag_gates.eval.gate_eval import GateEvalConfig, calibrate, evaluate_gate, threshold_curve
@@ -174,6 +176,22 @@ def test_resume_after_interruption_loses_and_duplicates_nothing(
     # Extending the run with another method keeps the earlier records.
     run_bench(_config(methods=["fs-rag"]), run, lm=tiny, retriever=bm25)
     assert len(read_records(run)) == 12
+
+
+def test_a_second_writer_of_the_same_run_is_refused_before_it_writes(
+        tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    # Two benches resuming one --out used to both append every missing row (duplicates).
+    run = tmp_path / "run"
+    run_bench(_config(n=2, methods=["no-rag"]), run, lm=tiny, retriever=bm25)
+    before = (run / RESULTS).read_text()
+    # another process's bench, mid-run:
+    with append_locked(run / RESULTS), \
+            pytest.raises(FileInUseError, match="being written by another process"):
+        run_bench(_config(n=2), run, lm=tiny, retriever=bm25)
+    assert (run / RESULTS).read_text() == before
+    run_bench(_config(n=2), run, lm=tiny, retriever=bm25)  # once it is done: resumes
+    keys = Counter((r.id, r.method) for r in read_records(run))
+    assert len(keys) == 4 and set(keys.values()) == {1}
 
 
 def test_a_different_configuration_is_refused(tiny: Any, bm25: BM25Retriever,

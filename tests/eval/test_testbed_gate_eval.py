@@ -8,6 +8,8 @@ import pytest
 
 pytest.importorskip("torch")
 
+from rag_gates._io import append_locked
+from rag_gates.errors import FileInUseError
 from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
 from rag_gates.eval.runner import ConfigMismatchError
 from rag_gates.testing import save_tiny_lm, tiny_lm
@@ -51,6 +53,11 @@ def test_gate_decisions_resume_after_an_interruption(testbed, tmp_path):
     assert len(lines) == 8 == report.questions
     assert lines[:3] == first  # finished decisions are kept, not recomputed
     assert len({json.loads(line)["id"] for line in lines}) == 8
+    # A second eval-gate on the same --out (another process, mid-run) is refused untouched.
+    with append_locked(out / "decisions.jsonl"), \
+            pytest.raises(FileInUseError, match="another process"):
+        evaluate_gate(config, out, lm=lm)
+    assert (out / "decisions.jsonl").read_text().splitlines() == lines
     # Threads are not part of the identity; another gate or question set is refused.
     evaluate_gate(config.model_copy(update={"threads": 2}), out, lm=lm)
     with pytest.raises(ConfigMismatchError, match="another gate evaluation"):

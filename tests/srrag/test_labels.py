@@ -9,7 +9,8 @@ from typing import Any
 
 import pytest
 
-from rag_gates.errors import ArtifactError
+from rag_gates._io import append_locked
+from rag_gates.errors import ArtifactError, FileInUseError
 from rag_gates.lm.hf import HFWhiteBoxLM
 from rag_gates.prompts import qa_prompt
 from rag_gates.srrag.labels import (
@@ -102,6 +103,11 @@ def test_collection_resumes_and_refuses_other_settings(tiny: Any, bm25: Any,
     with pytest.raises(ArtifactError, match="other settings"):
         collect_labels(tiny, bm25, popqa[:1], SMALL.model_copy(update={"n_verbalized": 3}),
                        out)
+    # Another process labelling into the same file: refused before reading or writing.
+    with append_locked(out), pytest.raises(FileInUseError, match="another process"):
+        collect_labels(tiny, bm25, popqa[:4], SMALL, out)
+    assert out.read_text().splitlines() == lines
+    collect_labels(tiny, bm25, popqa[:1], SMALL, out)  # the lock went with the refusal
     (tmp_path / "other.jsonl").write_text('{"x": 1}\n')
     with pytest.raises(ArtifactError, match="not an SR-RAG label file"):
         read_labels(tmp_path / "other.jsonl")
