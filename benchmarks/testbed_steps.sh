@@ -60,9 +60,10 @@ e2e)
   TC=$(python3 -c "import json;print(json.load(open('$O/cal-cbdr/gate.json'))['threshold'])")
   BETA=$(python3 -c "print(round(1 - $TC, 6))")
   TQ=$(python3 -c "import json;print(json.load(open('$O/cal-quco/gate.json'))['threshold'])")
-  TAU=$(python3 -c "print(round(1 / $TQ - 1, 3))")
+  # rarity threshold TQ = 1 / (1 + tau_entity); TQ = 0 is "always retrieve" (single's run)
+  QT=$(python3 -c "print('' if $TQ <= 0 else ',quco@%s' % round(1 / $TQ - 1, 3))")
   RAG_GATES_CBDR_PROBE=$O/probe $RG bench --dataset testbed:$D --model $D/model --n 1000 --max-new-tokens 24 \
-      --threads 1 --methods "no-rag,single,quco,quco@$TAU,cbdr@$BETA" --out $E
+      --threads 1 --methods "no-rag,single,quco$QT,cbdr@$BETA" --out $E
   $RG report $E --out $E/report --title "$TB end to end (300 evaluation facts)" ;;
 tokrag)
   .venv/bin/python benchmarks/tokrag_testbed.py --testbed $D --per-rung 25 --out benchmarks/results/testbed/tokrag-$TB.json ;;
