@@ -189,11 +189,11 @@ def demo(
     _demo_srrag(lm, POPQA_DEMO_DATA)
 
 
-def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
-    """SR-RAG on PopQA questions about the most and the least popular subjects: the shipped
+def _demo_srrag(lm: Any, data: Path) -> None:
+    """SR-RAG on PopQA questions, the most and the least popular subjects first: the shipped
     policy (the model's own source labels on training rows, keyed by its hidden states) and
-    the routing word's probability decide; one question routed each way is shown with its
-    neighbours and answer."""
+    the routing word's probability decide; questions are routed until one has gone each way,
+    and those two are shown with their neighbours and answers."""
     from rag_gates.retrieval.bm25 import BM25Retriever
     from rag_gates.srrag import DEFAULT_TAU, SelfRoutingGate, SRRAGPipeline
     from rag_gates.srrag.shipped import (
@@ -205,10 +205,12 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
     if not data.is_file():
         console.print(f"[yellow]SR-RAG skipped: {data} is missing[/]")
         return
-    # The most and the least popular subjects (PopQA's s_pop): where a policy should differ.
+    # The most and the least popular subjects (PopQA's s_pop) first, alternating: where a
+    # policy should differ.
     ranked = sorted((json.loads(line) for line in data.read_text().splitlines()),
                     key=lambda r: -float(r.get("s_pop") or 0))
-    rows = ranked[: candidates // 2] + ranked[len(ranked) - candidates // 2:]
+    rows = [r for pair in zip(ranked, reversed(ranked), strict=True) for r in pair
+            ][: len(ranked)]
     header, _ = read_policy_labels()
     with console.status(f"keying the shipped policy's {header.questions} labelled questions"):
         policy = load_default_policy(lm, labels=DEFAULT_POLICY_LABELS)  # not $RAG_GATES_...
@@ -229,8 +231,12 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
     pipeline = SRRAGPipeline(lm, BM25Retriever.from_passages(passages), gate, k=1,
                              max_new_tokens=16, dataset="popqa")
     shown: set[bool] = set()
-    with console.status("routing PopQA questions"):
-        decisions = [(row, gate.decide(row["question"])) for row in rows]
+    decisions = []
+    with console.status("routing PopQA questions until one goes each way"):
+        for row in rows:
+            decisions.append((row, gate.decide(row["question"])))
+            if len({d.retrieve for _, d in decisions}) == 2:
+                break
     for row, d in decisions:
         if d.retrieve in shown:
             continue
@@ -253,7 +259,7 @@ def _demo_srrag(lm: Any, data: Path, candidates: int = 8) -> None:
         console.print(table)
     if len(shown) < 2:
         way = "retrieval" if True in shown else "verbalization"
-        console.print(f"all {len(rows)} questions were routed to {way} at tau {tau:.3g}")
+        console.print(f"all {len(decisions)} questions were routed to {way} at tau {tau:.3g}")
 
 
 def _demo_deeprag(lm: Any, row: dict[str, Any]) -> None:
