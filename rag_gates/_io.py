@@ -3,10 +3,13 @@
 from __future__ import annotations
 
 import json
+import logging
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JsonlLog", "append_locked", "write_text_atomic"]
+__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "write_text_atomic"]
+
+logger = logging.getLogger(__name__)
 
 
 def write_text_atomic(path: Path, text: str) -> None:
@@ -15,6 +18,21 @@ def write_text_atomic(path: Path, text: str) -> None:
     tmp = path.with_name(f".{path.name}.tmp")
     tmp.write_text(text, encoding="utf-8")
     tmp.replace(path)
+
+
+def drop_torn_tail(path: Path) -> bool:
+    """Cut a last line left without its newline by an interrupted write, so the next
+    appended record is not glued onto it; True (and a warning) when something was cut.
+    A missing or empty file is left alone."""
+    if not path.is_file() or path.stat().st_size == 0:
+        return False
+    with path.open("rb+") as handle:
+        data = handle.read()
+        if data.endswith(b"\n"):
+            return False
+        handle.truncate(data.rfind(b"\n") + 1)
+    logger.warning("dropped an interrupted last line of %s", path)
+    return True
 
 
 def append_locked(path: Path) -> IO[str]:
@@ -79,12 +97,8 @@ class JsonlLog:
         from rag_gates.errors import ArtifactError
 
         records: list[dict[str, Any]] = []
-        data = self.path.read_bytes()
-        if data and not data.endswith(b"\n"):  # a torn last line: keep only whole lines
-            data = data[: data.rfind(b"\n") + 1]
-            with self.path.open("r+b") as handle:
-                handle.truncate(len(data))
-        lines = data.decode("utf-8").splitlines()
+        drop_torn_tail(self.path)
+        lines = self.path.read_text(encoding="utf-8").splitlines()
         try:
             header = json.loads(lines[0]) if lines else None
         except json.JSONDecodeError:

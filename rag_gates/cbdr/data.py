@@ -19,6 +19,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from rag_gates._io import drop_torn_tail
 from rag_gates._optional import require
 from rag_gates.answers import score_answer
 from rag_gates.cbdr.prompts import ProbePrompts
@@ -61,15 +62,6 @@ def default_cache_path(lm: Any, prompts: ProbePrompts, layer: int, *, position: 
     digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
     slug = re.sub(r"[^A-Za-z0-9._-]+", "_", str(lm.model_id)).strip("_")[-60:]
     return rag_gates_home() / "cbdr-cache" / slug / f"probe-data-{digest}.jsonl"
-
-
-def _drop_torn_tail(path: Path) -> None:
-    """Cut a last line left without its newline by an interrupted write, so the next
-    record does not get glued onto it."""
-    data = path.read_bytes()
-    if data and not data.endswith(b"\n"):
-        with path.open("r+b") as handle:
-            handle.truncate(data.rfind(b"\n") + 1)
 
 
 def _read_cache(path: Path, identity: dict[str, Any]) -> dict[tuple[str, str], ProbeExample]:
@@ -119,7 +111,7 @@ def collect_probe_data(
         path.parent.mkdir(parents=True, exist_ok=True)
         fresh = not path.is_file()
         if not fresh:
-            _drop_torn_tail(path)
+            drop_torn_tail(path)
         handle = path.open("a", encoding="utf-8")
         if fresh:
             handle.write(json.dumps({"identity": identity}) + "\n")

@@ -26,7 +26,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates._io import append_locked, write_text_atomic
+from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
@@ -34,7 +34,6 @@ from rag_gates.eval.metrics import auroc, roc_curve, spearman
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
-    _repair_tail,
     read_records,
     run_bench,
 )
@@ -250,7 +249,7 @@ def _decide_resumably(gate: Any, config: GateEvalConfig, examples: list[Any], ou
         else:
             handle.truncate(0)  # decisions of an older layout: not resumable
             write_text_atomic(marker, json.dumps(identity, indent=2))
-        _repair_tail(path)
+        drop_torn_tail(path)
         done: dict[str, GateDecision] = {}
         for line in path.read_text(encoding="utf-8").splitlines():
             row = json.loads(line)

@@ -37,7 +37,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from rag_gates._io import append_locked, write_text_atomic
+from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
 from rag_gates.eval.methods import (
     Method,
@@ -186,19 +186,6 @@ def read_records(run_dir: str | Path) -> list[RunRecord]:
             except ValueError:
                 logger.warning("ignoring an incomplete line in %s", path)
     return records
-
-
-def _repair_tail(path: Path) -> None:
-    """Cut a final line without its newline (an interrupted write) so appends stay valid."""
-    if not path.is_file() or path.stat().st_size == 0:
-        return
-    with path.open("rb+") as handle:
-        data = handle.read()
-        if data.endswith(b"\n"):
-            return
-        keep = data.rfind(b"\n") + 1
-        handle.truncate(keep)
-        logger.warning("dropped an interrupted last line of %s", path)
 
 
 def _identity(config: BenchConfig) -> dict[str, Any]:
@@ -423,7 +410,7 @@ def run_bench(
     # Locked before the rows are read: a second bench on the same --out stops here.
     with append_locked(results) as out, concurrent.futures.ThreadPoolExecutor(
             config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
-        _repair_tail(results)
+        drop_torn_tail(results)
         records = read_records(run_path)
         done = {(r.id, r.method) for r in records}
         total = len(data.examples) * len(methods)
