@@ -189,6 +189,18 @@ class Trace(BaseModel):
     def latency_ms(self) -> float:
         return sum(e.latency_ms for e in self.events)
 
+    @property
+    def reused_ms(self) -> float:
+        """Time of work this run reused from an earlier identical call instead of doing it
+        (an event's ``data["reused_ms"]``: a shared greedy verbalization), at that call's cost:
+        add it to a wall time to get the cost of running alone."""
+        total = 0.0
+        for e in self.events:
+            value = e.data.get("reused_ms")
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                total += float(value)
+        return total
+
     def decisions(self) -> list[GateDecision]:
         """The gate decisions recorded in this trace, re-validated as models."""
         return [

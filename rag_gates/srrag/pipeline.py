@@ -35,12 +35,20 @@ __all__ = ["SRRAGPipeline", "verbalize_recorded"]
 
 
 def verbalize_recorded(rec: TraceRecorder, verbalizer: Verbalizer, question: str) -> Passage:
-    """Verbalize and record the call (tokens, whether it hit the token cap) in the trace."""
+    """Verbalize and record the call (tokens, whether it hit the token cap) in the trace.
+
+    A verbalization the verbalizer reused (``Verbalizer(reuse=N)``) is recorded with
+    ``reused`` and the first call's time as ``reused_ms`` (:attr:`Trace.reused_ms`): its
+    tokens are counted as if generated here, so each method's cost reads as if run alone.
+    """
     with rec.timed("llm_call", "verbalize") as data:
         passage = verbalizer.verbalize(question)
         data["tokens"] = passage.metadata.get("tokens", 0)
         data["hit_token_cap"] = passage.metadata.get("hit_token_cap", False)
         data["passage_id"] = passage.id
+        if passage.metadata.get("reused") is True:
+            data["reused"] = True
+            data["reused_ms"] = passage.metadata.get("verbalize_ms")
     return passage
 
 

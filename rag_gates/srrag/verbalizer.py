@@ -21,6 +21,9 @@ from __future__ import annotations
 
 import asyncio
 import hashlib
+import threading
+import time
+from collections import OrderedDict
 from typing import Any, Final
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
@@ -71,6 +74,12 @@ class Verbalizer:
         lm: any TextLM (local, API, framework-wrapped).
         max_new_tokens: the token cap (the paper's 150).
         prompt: the template (default :data:`GENREAD_PROMPT`).
+        reuse: remember the last ``reuse`` greedy verbalizations and return them again for
+            the same question instead of generating (0: never). Greedy decoding gives the
+            same document for the same prompt, so several pipelines sharing one verbalizer
+            (the bench's ``genread`` and ``srrag@TAU`` methods on one question) pay for it
+            once. A reused passage says so (``metadata["reused"]``) and carries the first
+            call's time (``metadata["verbalize_ms"]``), so costs stay countable.
 
     Example:
         >>> v = Verbalizer(lm)                                               # doctest: +SKIP
@@ -80,12 +89,17 @@ class Verbalizer:
     """
 
     def __init__(self, lm: TextLM, max_new_tokens: int = 150, *,
-                 prompt: str = GENREAD_PROMPT) -> None:
+                 prompt: str = GENREAD_PROMPT, reuse: int = 0) -> None:
         if not isinstance(lm, TextLM):
             raise TypeError(f"lm must be a TextLM (generate, stream, ...), got "
                             f"{type(lm).__name__}")
+        if reuse < 0:
+            raise ValueError(f"reuse must be >= 0 (0 turns it off), got {reuse}")
         self.lm = lm
         self.config = VerbalizerConfig(prompt=prompt, max_new_tokens=max_new_tokens)
+        self.reuse = reuse
+        self._recent: OrderedDict[str, Passage] = OrderedDict()
+        self._lock = threading.Lock()
 
     def prompt(self, question: str) -> str:
         """The filled-in prompt for ``question``."""
@@ -95,12 +109,31 @@ class Verbalizer:
                   ) -> Passage:
         """One verbalization: greedy by default; ``temperature`` > 0 samples (with ``seed``
         where the model takes one), for the diverse contexts of source labelling."""
+        prompt = self.prompt(question)
+        greedy = temperature <= 0
+        if greedy and self.reuse:
+            with self._lock:
+                seen = self._recent.get(prompt)
+                if seen is not None:
+                    self._recent.move_to_end(prompt)
+                    return seen.model_copy(update={"metadata": {**seen.metadata,
+                                                                "reused": True}})
         kwargs: dict[str, Any] = {"max_new_tokens": self.config.max_new_tokens,
                                   "temperature": temperature}
-        if seed is not None and temperature > 0:
+        if seed is not None and not greedy:
             kwargs["seed"] = seed
-        generation = self.lm.generate(self.prompt(question), **kwargs)
-        return self.passage(question, generation, temperature=temperature, seed=seed)
+        start = time.perf_counter()
+        generation = self.lm.generate(prompt, **kwargs)
+        passage = self.passage(question, generation, temperature=temperature, seed=seed)
+        if greedy and self.reuse:
+            passage = passage.model_copy(update={"metadata": {
+                **passage.metadata, "reused": False,
+                "verbalize_ms": round((time.perf_counter() - start) * 1000.0, 3)}})
+            with self._lock:
+                self._recent[prompt] = passage
+                while len(self._recent) > self.reuse:
+                    self._recent.popitem(last=False)
+        return passage
 
     async def averbalize(self, question: str, *, temperature: float = 0.0,
                          seed: int | None = None) -> Passage:

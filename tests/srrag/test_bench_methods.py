@@ -58,6 +58,12 @@ def test_methods_route_verbalize_and_say_what_is_missing(
     assert "p_datastore" not in no_knn.decisions[0].evidence
     genread = make_method("genread", ctx.model_copy(update={"retriever": None})).answer(q)
     assert genread.decisions == [] and genread.passages[0].metadata["source"] == "parametric"
+    # The run's methods share one greedy verbalization of a question; its time is kept.
+    assert genread.passages[0].text == skipped.passages[0].text
+    (verbalized,) = [e for e in genread.trace.events if e.name == "verbalize"]
+    assert verbalized.data["reused"] is True and genread.trace.reused_ms > 0
+    assert verbalized.tokens == skipped.passages[0].metadata["tokens"]
+    assert genread.trace.reused_ms == skipped.passages[0].metadata["verbalize_ms"]
     gate = make_gate("srrag:0.2", ctx)
     assert gate.threshold == 0.2 and gate.name == "srrag"
     assert make_gate("srrag-knn-only", ctx).decide(q).evidence["found"] == 3
@@ -85,3 +91,21 @@ def test_skr_over_minilm_embeddings(roomy: Any, tmp_path: Path,
     assert skr.name == "skr" and decision.gate == "skr"
     assert decision.evidence["neighbours"][0]["id"] == "2"  # type: ignore[index]
     assert result.trace.retrievals == int(decision.retrieve)
+
+
+def test_bench_wall_time_counts_a_shared_verbalization_for_each_method(
+        roomy: Any, bm25: Any, popqa: list[Any], tmp_path: Path) -> None:
+    from rag_gates.eval.datasets import DatasetLoad
+    from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+
+    data = DatasetLoad(name="popqa", path=str(tmp_path / "rows.jsonl"), examples=popqa[:2])
+    run_bench(BenchConfig(dataset="popqa", methods=["genread", "srrag-no-knn@1"], n=2,
+                          max_new_tokens=3),
+              tmp_path / "run", lm=roomy, retriever=bm25, data=data)
+    records = {(r.id, r.method): r for r in read_records(tmp_path / "run")}
+    for example in popqa[:2]:
+        first, second = records[(example.id, "genread")], records[(example.id, "srrag-no-knn@1")]
+        (event,) = [e for e in second.trace["events"] if e["name"] == "verbalize"]
+        assert event["data"]["reused"] is True
+        assert second.wall_s >= event["data"]["reused_ms"] / 1000.0
+        assert first.prediction == second.prediction  # same document, same answer prompt

@@ -78,3 +78,21 @@ def test_bad_input_is_refused(tiny: Any) -> None:
         Verbalizer(tiny).verbalize("  ")
     with pytest.raises(ValueError):
         Verbalizer(tiny, max_new_tokens=0)
+
+
+def test_reuse_returns_the_same_greedy_document_and_says_so(tiny: Any) -> None:
+    fresh = Verbalizer(tiny, max_new_tokens=6).verbalize("Who wrote Hamlet?")
+    v = Verbalizer(tiny, max_new_tokens=6, reuse=1)
+    first = v.verbalize("Who wrote Hamlet?")
+    again = v.verbalize("Who wrote Hamlet?")
+    assert first.text == again.text == fresh.text and first.id == again.id == fresh.id
+    assert first.metadata["reused"] is False and again.metadata["reused"] is True
+    assert again.metadata["verbalize_ms"] == first.metadata["verbalize_ms"] > 0
+    # Sampling is never reused; one remembered question: another evicts it.
+    sampled = v.verbalize("Who wrote Hamlet?", temperature=1.0, seed=3)
+    assert "reused" not in sampled.metadata
+    v.verbalize("Who painted the Mona Lisa?")
+    assert v.verbalize("Who wrote Hamlet?").metadata["reused"] is False
+    assert "reused" not in Verbalizer(tiny, max_new_tokens=6).verbalize("q?").metadata
+    with pytest.raises(ValueError, match="reuse"):
+        Verbalizer(tiny, reuse=-1)

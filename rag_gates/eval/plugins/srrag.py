@@ -40,6 +40,7 @@ from rag_gates.srrag.policy import (
 )
 from rag_gates.srrag.shipped import POLICY_ENV
 from rag_gates.srrag.skr import SKRGate
+from rag_gates.srrag.verbalizer import Verbalizer
 
 __all__ = ["BENCH_TAU", "COLLECTION_ENV", "POLICY_ENV", "SKR_POLICY_ENV", "genread_method",
            "parse_tau", "skr_gate", "skr_method", "srrag_gate", "srrag_knn_only_gate",
@@ -53,6 +54,12 @@ COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
 # One client per datastore location in a process: a local Qdrant directory admits one
 # client, and a run may build several methods over the same datastore.
 _CLIENTS: dict[str, Any] = {}
+# The methods of one run share a verbalizer: the bench answers a question with every method
+# before the next question, so genread and each srrag@TAU share one greedy verbalization
+# (identical by construction; its time still counts for each, see Trace.reused_ms). Only the
+# latest model's is kept, so an earlier model is not held alive.
+_SHARED: list[Verbalizer] = []
+VERBALIZATIONS_KEPT = 8
 
 
 @atexit.register
@@ -105,10 +112,16 @@ def _name(base: str, ctx: MethodContext) -> str:
     return base if ctx.option is None else f"{base}@{ctx.option}"
 
 
+def _verbalizer(lm: Any) -> Verbalizer:
+    if not _SHARED or _SHARED[0].lm is not lm:
+        _SHARED[:] = [Verbalizer(lm, reuse=VERBALIZATIONS_KEPT)]
+    return _SHARED[0]
+
+
 def _pipeline(ctx: MethodContext, name: str, gate: Any) -> SRRAGPipeline:
     retriever = need_retriever(ctx, name) if gate is not None else ctx.retriever
-    return SRRAGPipeline(ctx.lm, retriever, gate, k=ctx.k, max_new_tokens=ctx.max_new_tokens,
-                         dataset=ctx.dataset, name=name)
+    return SRRAGPipeline(ctx.lm, retriever, gate, verbalizer=_verbalizer(ctx.lm), k=ctx.k,
+                         max_new_tokens=ctx.max_new_tokens, dataset=ctx.dataset, name=name)
 
 
 def srrag_method(ctx: MethodContext) -> SRRAGPipeline:
