@@ -29,19 +29,25 @@ from rag_gates.srrag.routing import route_features
 from rag_gates.srrag.shipped import DEFAULT_POLICY_LABELS, write_policy_labels
 
 
-def leave_one_out_scores(lm: object, entries: list[PolicyEntry], k: int) -> list[float]:
-    """``p_M * p_D`` of each entry, p_D from its k nearest other entries."""
+def leave_one_out_components(lm: object, entries: list[PolicyEntry], k: int
+                             ) -> list[tuple[float, float]]:
+    """``(p_M, p_D)`` of each entry, p_D from its k nearest other entries."""
     keys = HiddenStateKeys(lm)
     policy = SourcePolicy.open(keys, path=":memory:", k=k)
     policy.add_questions(entries)
-    scores = []
+    components = []
     for e in entries:
         features = route_features(lm, e.question, keys.prompt, keys.layer)
         others = [n for n in policy.vote(features.key, k + 1).neighbours
                   if (n.dataset, n.id) != (e.dataset, e.id)][:k]
         p_data = sum(n.source == RETRIEVAL for n in others) / len(others)
-        scores.append(features.p_model * p_data)
-    return scores
+        components.append((features.p_model, p_data))
+    return components
+
+
+def leave_one_out_scores(lm: object, entries: list[PolicyEntry], k: int) -> list[float]:
+    """``p_M * p_D`` of each entry, p_D from its k nearest other entries."""
+    return [p_model * p_data for p_model, p_data in leave_one_out_components(lm, entries, k)]
 
 
 def best_tau(scores: list[float], labels: list[bool]) -> tuple[float, float, float]:
