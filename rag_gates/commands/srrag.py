@@ -254,7 +254,7 @@ def routing_auroc_command(
         results: dict[str, object] = {
             "labels": str(labels), "label_settings": header, "rule": rule or "as labelled",
             "questions": len(rows), "retrieval_better_share": sum(truth) / len(truth),
-            "gates": {}}
+            "ids": [[r.dataset, r.id] for r in rows], "gates": {}}
         for name in gate or ["srrag", "srrag-no-knn", "srrag-knn-only", "skr"]:
             start = time.perf_counter()
             scores, retrieved, undecided = [], 0, 0
@@ -269,11 +269,22 @@ def routing_auroc_command(
                               else decision.score)
                 retrieved += decision.retrieve
             value = auroc(scores, truth)
+            # Per dataset too: datasets differ in which source wins (a key that only tells
+            # them apart already scores well on the mix).
+            by_dataset = {}
+            for dataset in sorted({r.dataset for r in rows}):
+                picked = [i for i, r in enumerate(rows) if r.dataset == dataset]
+                by_dataset[dataset] = {
+                    "questions": len(picked),
+                    "retrieval_better_share": sum(truth[i] for i in picked) / len(picked),
+                    "auroc": auroc([scores[i] for i in picked], [truth[i] for i in picked])}
             results["gates"][name] = {  # type: ignore[index]
                 "auroc": value, "retrieval_rate": retrieved / len(rows),
-                "undecided": undecided,
-                "ms_per_question": 1000 * (time.perf_counter() - start) / len(rows)}
-            console.print(f"[bold]{name}[/]: AUROC {value:.3f}, retrieval rate "
+                "undecided": undecided, "by_dataset": by_dataset,
+                "ms_per_question": 1000 * (time.perf_counter() - start) / len(rows),
+                "scores": [None if math.isinf(v) else v for v in scores]}
+            per = ", ".join(f"{d} {v['auroc']:.3f}" for d, v in by_dataset.items())
+            console.print(f"[bold]{name}[/]: AUROC {value:.3f} ({per}), retrieval rate "
                           f"{100 * retrieved / len(rows):.1f}% ({undecided} undecided)")
         out.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(out, json.dumps(results, indent=2))

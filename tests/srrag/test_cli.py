@@ -98,3 +98,7 @@ def test_routing_auroc_scores_gates_against_the_labels(model: Path, tmp_path: Pa
                                                                 "srrag-knn-only"}
     assert report["retrieval_better_share"] == sum(r.source == "retrieval" for r in rows) / 3
     assert "AUROC" in scored.output
+    knn = report["gates"]["srrag-knn-only"]
+    assert report["ids"] == [[r.dataset, r.id] for r in rows] and len(knn["scores"]) == 3
+    assert knn["by_dataset"].keys() == {r.dataset for r in rows}
+    assert sum(d["questions"] for d in knn["by_dataset"].values()) == 3
