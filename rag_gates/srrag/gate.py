@@ -33,7 +33,13 @@ from pydantic import JsonValue
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
 from rag_gates.srrag.policy import HiddenStateKeys, PolicyStoreError, PolicyVote, SourcePolicy
-from rag_gates.srrag.routing import RouteFeatures, RoutingPrompt, default_layer, route_features
+from rag_gates.srrag.routing import (
+    RouteFeatures,
+    RoutingPrompt,
+    default_layer,
+    question_keys,
+    route_features,
+)
 
 __all__ = ["DEFAULT_TAU", "NEIGHBOURS_SHOWN", "RoutingMode", "SelfRoutingGate"]
 
@@ -89,8 +95,17 @@ class SelfRoutingGate(BaseGate):
         return self.threshold
 
     def features(self, query: str) -> tuple[RouteFeatures, PolicyVote | None, str | None]:
-        """The routing pass and the datastore vote (or why the lookup failed)."""
-        features = route_features(self.lm, query, self.prompt, self.layer)
+        """The routing pass and the datastore vote (or why the lookup failed).
+
+        ``mode="policy"`` reads no ``p_M`` (NaN in the features): the key alone takes the
+        pass up to the key layer only, about half of SmolLM2's."""
+        if self.mode == "policy":  # another key (e.g. MiniLM) is the datastore's to compute
+            key = question_keys(self.lm, [query], self.prompt, self.layer)[0] \
+                if self._shared_key else None
+            features = RouteFeatures(key=key, p_model=math.nan, option_mass=math.nan,
+                                     one_pass=True, key_position=-1)
+        else:
+            features = route_features(self.lm, query, self.prompt, self.layer)
         if self.policy is None:
             return features, None, None
         try:
@@ -102,10 +117,10 @@ class SelfRoutingGate(BaseGate):
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
         features, vote, error = self.features(query)
-        evidence: dict[str, JsonValue] = {
-            "mode": self.mode, "p_model": features.p_model,
-            "option_mass": features.option_mass, "layer": self.layer,
-            "one_pass": features.one_pass}
+        evidence: dict[str, JsonValue] = {"mode": self.mode, "layer": self.layer}
+        if self.mode != "policy":
+            evidence.update(p_model=features.p_model, option_mass=features.option_mass,
+                            one_pass=features.one_pass)
         p_data: float | None = None
         if self.policy is not None:
             evidence["k"] = self.policy.k

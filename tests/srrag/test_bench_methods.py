@@ -19,7 +19,7 @@ ENTRIES = [
 
 
 @pytest.mark.parametrize("name", ["srrag@2", "srrag@x", "srrag-no-knn@-0.1", "genread@1",
-                                  "skr@1"])
+                                  "skr@1", "srrag-knn-only@1.5"])
 def test_bad_options_are_refused_before_any_model(name: str) -> None:
     with pytest.raises(ValueError, match=name.split("@")[0]):
         check_method_name(name, available_methods())
@@ -53,6 +53,9 @@ def test_methods_route_verbalize_and_say_what_is_missing(
     skipped = never.answer(q)
     assert skipped.trace.retrievals == 0 and skipped.decisions[0].gate == "srrag"
     assert skipped.passages[0].metadata["source"] == "parametric"
+    knn_only = make_method("srrag-knn-only", ctx)
+    assert knn_only.gate.threshold == 0.5  # the neighbours' majority
+    assert make_method("srrag-knn-only@0", ctx).answer(q).trace.retrievals == 1
     no_knn = make_method("srrag-no-knn@0.5", ctx).answer(q)
     assert no_knn.decisions[0].gate == "srrag-no-knn"
     assert "p_datastore" not in no_knn.decisions[0].evidence

@@ -63,6 +63,10 @@ def test_single_factor_modes(tiny: Any, policy: Any) -> None:
     assert "p_datastore" not in d.evidence
     only = SelfRoutingGate(tiny, policy, tau=0.5, mode="policy").decide(Q)
     assert only.gate == "srrag-knn-only" and only.score == pytest.approx(0.6)
+    # The vote alone: no routing distribution read, the same neighbours as the full pass.
+    assert "p_model" not in only.evidence and "p_M" not in only.reason
+    product = SelfRoutingGate(tiny, policy, tau=0.5).decide(Q)
+    assert only.evidence["neighbours"] == product.evidence["neighbours"]
     with pytest.raises(ValueError, match="needs the kNN policy"):
         SelfRoutingGate(tiny, tau=0.5)
     with pytest.raises(ValueError, match="mode"):

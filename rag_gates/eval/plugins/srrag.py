@@ -5,6 +5,7 @@ Methods:
 - ``srrag`` / ``srrag@TAU``: route by ``p_M * p_D >= tau`` (default :data:`BENCH_TAU`);
   retrieve top-k and answer, or verbalize (GenRead, 150 tokens) and answer from that;
 - ``srrag-no-knn@TAU``: the same with ``p_M`` alone (no datastore);
+- ``srrag-knn-only@TAU``: the same with ``p_D`` alone (the datastore's vote);
 - ``genread``: always verbalize, then answer;
 - ``skr``: FlashRAG's SKR judger (a prior-corrected kNN vote over MiniLM question
   embeddings, the same labels) deciding between ``single`` and closed book;
@@ -42,12 +43,15 @@ from rag_gates.srrag.shipped import POLICY_ENV
 from rag_gates.srrag.skr import SKRGate
 from rag_gates.srrag.verbalizer import Verbalizer
 
-__all__ = ["BENCH_TAU", "COLLECTION_ENV", "POLICY_ENV", "SKR_POLICY_ENV", "genread_method",
-           "parse_tau", "skr_gate", "skr_method", "srrag_gate", "srrag_knn_only_gate",
-           "srrag_method", "srrag_no_knn_gate", "srrag_no_knn_method"]
+__all__ = ["BENCH_TAU", "COLLECTION_ENV", "KNN_ONLY_TAU", "POLICY_ENV", "SKR_POLICY_ENV",
+           "genread_method", "parse_tau", "skr_gate", "skr_method", "srrag_gate",
+           "srrag_knn_only_gate", "srrag_knn_only_method", "srrag_method", "srrag_no_knn_gate",
+           "srrag_no_knn_method"]
 
 #: The paper's tau (Llama-2-7B); not yet calibrated for the embedded model.
 BENCH_TAU = DEFAULT_TAU
+#: ``p_D`` alone: retrieve when the neighbours' majority prefers retrieval.
+KNN_ONLY_TAU = 0.5
 SKR_POLICY_ENV = "RAG_GATES_SRRAG_SKR_POLICY"
 COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
 
@@ -77,6 +81,11 @@ def parse_tau(option: str | None, method: str = "srrag") -> float:
 
 def _parse_no_knn_tau(option: str | None) -> float:
     return parse_tau(option, "srrag-no-knn")
+
+
+def _parse_knn_only_tau(option: str | None) -> float:
+    # Default: the neighbours' majority, as the srrag-knn-only gate.
+    return unit_interval_option(option, "srrag-knn-only", "tau", KNN_ONLY_TAU)
 
 
 def _client(env: str, keys: Literal["hidden", "embedding"]) -> tuple[Any, str]:
@@ -129,6 +138,12 @@ def srrag_method(ctx: MethodContext) -> SRRAGPipeline:
     return _pipeline(ctx, _name("srrag", ctx), _gate(ctx, parse_tau(ctx.option), "product"))
 
 
+def srrag_knn_only_method(ctx: MethodContext) -> SRRAGPipeline:
+    """SR-RAG with the kNN policy alone: ``p_D >= tau``."""
+    return _pipeline(ctx, _name("srrag-knn-only", ctx),
+                     _gate(ctx, _parse_knn_only_tau(ctx.option), "policy"))
+
+
 def srrag_no_knn_method(ctx: MethodContext) -> SRRAGPipeline:
     """SR-RAG without the kNN policy: ``p_M >= tau``."""
     return _pipeline(ctx, _name("srrag-no-knn", ctx),
@@ -149,9 +164,11 @@ def skr_method(ctx: MethodContext) -> SelectiveRetrievalMethod:
 
 srrag_method.accepts_option = True  # type: ignore[attr-defined]
 srrag_no_knn_method.accepts_option = True  # type: ignore[attr-defined]
+srrag_knn_only_method.accepts_option = True  # type: ignore[attr-defined]
 # Checked by the method registry before any model is loaded (see check_method_name).
 srrag_method.validate_option = parse_tau  # type: ignore[attr-defined]
 srrag_no_knn_method.validate_option = _parse_no_knn_tau  # type: ignore[attr-defined]
+srrag_knn_only_method.validate_option = _parse_knn_only_tau  # type: ignore[attr-defined]
 
 
 def srrag_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:
@@ -167,7 +184,7 @@ def srrag_no_knn_gate(ctx: MethodContext, threshold: float | None = None) -> Sel
 def srrag_knn_only_gate(ctx: MethodContext, threshold: float | None = None
                         ) -> SelfRoutingGate:
     """``p_D`` alone (default threshold 0.5: the majority of the neighbours)."""
-    return _gate(ctx, 0.5 if threshold is None else threshold, "policy")
+    return _gate(ctx, KNN_ONLY_TAU if threshold is None else threshold, "policy")
 
 
 def skr_gate(ctx: MethodContext, threshold: float | None = None) -> SKRGate:
