@@ -17,7 +17,7 @@ tau() {  # the tau calibrated on the training labels for a mode (see the calibra
   python3 -c "import json;print(round(json.load(open('$S/tau-train.json'))['modes']['$1']['tau'], 4))"
 }
 methods() {
-  echo "no-rag,single,genread,selective@cbdr,skr,srrag-no-knn@$(tau srrag-no-knn),srrag@0.1,srrag@$(tau srrag)"
+  echo "no-rag,single,genread,selective@cbdr,skr,srrag-no-knn@$(tau srrag-no-knn),srrag@0.1,srrag@$(tau srrag),srrag-knn-only@$(tau srrag-knn-only)"
 }
 for step in $STEPS; do case $step in
 policy)
