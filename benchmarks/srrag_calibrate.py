@@ -8,7 +8,9 @@ nearest *other* training questions (the shipped policy's procedure). Then, per m
 product ``p_M * p_D``, ``p_M`` alone = SR-RAG without kNN, ``p_D`` alone), the tau whose
 routes agree most with the labels (ties: fewer retrievals). No evaluation row is used, so the
 end-to-end table can run at these taus. Also recorded: the AUROC of each score for "the label
-prefers retrieval" on these training questions, and the agreement of always retrieving.
+prefers retrieval" on these training questions, the agreement of always retrieving, and the
+same per dataset (``by_dataset``: each dataset's own tau, with ``p_D`` from the whole
+datastore), since a tau for the mix can end up telling the datasets apart.
 """
 
 from __future__ import annotations
@@ -47,18 +49,33 @@ def main() -> None:
     scores = {"srrag": [m * d for m, d in components],
               "srrag-no-knn": [m for m, _ in components],
               "srrag-knn-only": [d for _, d in components]}
-    modes = {}
-    for name, values in scores.items():
-        tau, agreement, share = best_tau(values, is_retrieval)
-        area = auroc(values, is_retrieval)
-        modes[name] = {"tau": tau, "agreement": agreement, "retrieval_share": share,
-                       "auroc_prefers_retrieval": area}
-        print(f"{name}: tau {tau:.4g}, agrees with {100 * agreement:.1f}% of the labels, "
-              f"routes {100 * share:.1f}% to retrieval, AUROC {area:.3f}")
+
+    def calibrate(picked: list[int], label: str) -> dict[str, dict[str, float]]:
+        truth = [is_retrieval[i] for i in picked]
+        out = {}
+        for name, values in scores.items():
+            tau, agreement, share = best_tau([values[i] for i in picked], truth)
+            area = auroc([values[i] for i in picked], truth)
+            out[name] = {"tau": tau, "agreement": agreement, "retrieval_share": share,
+                         "auroc_prefers_retrieval": area}
+            print(f"{label} {name}: tau {tau:.4g}, agrees with {100 * agreement:.1f}% of the "
+                  f"labels, routes {100 * share:.1f}% to retrieval, AUROC {area:.3f}")
+        return out
+
+    modes = calibrate(list(range(len(entries))), "all")
+    # Datasets can prefer opposite sources: a tau for the mix may only tell them apart, so
+    # each dataset's own tau is calibrated too (p_D still from the whole datastore).
+    by_dataset = {}
+    for dataset in sorted({e.dataset for e in entries}):
+        picked = [i for i, e in enumerate(entries) if e.dataset == dataset]
+        by_dataset[dataset] = {
+            "n": len(picked),
+            "labelled_retrieval_share": sum(is_retrieval[i] for i in picked) / len(picked),
+            "modes": calibrate(picked, dataset)}
     result = {
         "labels": str(args.labels), "model_id": lm.model_id, "k": args.k,
         "n": len(entries), "labelled_retrieval_share": sum(is_retrieval) / len(entries),
-        "modes": modes,
+        "modes": modes, "by_dataset": by_dataset,
         "components": [{"dataset": e.dataset, "id": e.id, "p_model": m, "p_data": d,
                         "label": e.source} for e, (m, d) in zip(entries, components, strict=True)],
         "command": " ".join(sys.argv), "python": platform.python_version(),
