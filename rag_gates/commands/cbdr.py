@@ -26,7 +26,7 @@ from rag_gates._console import error_line
 from rag_gates.errors import RagGatesError
 from rag_gates.types import QAExample
 
-__all__ = ["cbdr_app", "clean_errors", "load_examples"]
+__all__ = ["cbdr_app", "clean_errors", "load_example_groups", "load_examples"]
 
 cbdr_app = typer.Typer(
     rich_markup_mode="rich",  # help texts escape brackets as \[
@@ -47,10 +47,12 @@ def clean_errors() -> Iterator[None]:
         raise typer.Exit(1) from None
 
 
-def load_examples(dataset: list[str], n: list[int], offset: int, data: Path | None
-                  ) -> list[QAExample]:
-    """The questions of ``--dataset`` (repeatable) with ``--n`` given once for all or once
-    per dataset, after ``--offset`` valid rows; a dataset with none left is an error."""
+def load_example_groups(dataset: list[str], n: list[int], offset: int, data: Path | None
+                        ) -> list[tuple[str, list[QAExample]]]:
+    """The questions of each ``--dataset`` (repeatable), under the name it was given, with
+    ``--n`` given once for all or once per dataset, after ``--offset`` valid rows; a dataset
+    with none left is an error. The names matter: ``testbed-probe:DIR`` questions all say
+    ``dataset="testbed"``, but only the given name finds their retrieval corpus."""
     from rag_gates.eval.datasets import load_dataset
 
     counts = list(n)
@@ -59,13 +61,19 @@ def load_examples(dataset: list[str], n: list[int], offset: int, data: Path | No
     if len(counts) != len(dataset):
         raise ValueError(f"give --n once, or once per --dataset ({len(dataset)} times); "
                          f"got {len(counts)}")
-    examples: list[QAExample] = []
+    groups: list[tuple[str, list[QAExample]]] = []
     for name, count in zip(dataset, counts, strict=True):
         load = load_dataset(name, data, n=count, offset=offset)
         if not load.examples:
             raise ValueError(f"no {name} questions after offset {offset}; lower --offset")
-        examples.extend(load.examples)
-    return examples
+        groups.append((name, list(load.examples)))
+    return groups
+
+
+def load_examples(dataset: list[str], n: list[int], offset: int, data: Path | None
+                  ) -> list[QAExample]:
+    """:func:`load_example_groups`, flattened in order."""
+    return [e for _, group in load_example_groups(dataset, n, offset, data) for e in group]
 
 
 @cbdr_app.command("train-probe")

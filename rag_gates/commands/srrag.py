@@ -21,7 +21,7 @@ from typing import Annotated, Any
 import typer
 from rich.console import Console
 
-from rag_gates.commands.cbdr import clean_errors, load_examples
+from rag_gates.commands.cbdr import clean_errors, load_example_groups
 
 __all__ = ["srrag_app"]
 
@@ -110,17 +110,16 @@ def label_command(
             "n_retrieved": n_retrieved, "n_verbalized": n_verbalized,
             "temperature": temperature, "seed": seed, "rule": rule,
             "verbalizer": VerbalizerConfig(max_new_tokens=max_verbalize_tokens)})
-        examples = load_examples(dataset, n or [300], offset, data)
+        groups = load_example_groups(dataset, n or [300], offset, data)
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
         labels = []
         start = time.perf_counter()
         with Progress("[progress.description]{task.description}", BarColumn(),
                       MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
-            task = bar.add_task("labelling", total=len(examples))
+            task = bar.add_task("labelling", total=sum(len(g) for _, g in groups))
             done_before = 0
-            for name in dict.fromkeys(e.dataset for e in examples):
-                part = [e for e in examples if e.dataset == name]
+            for name, part in groups:  # by the name given: it finds the corpus
                 source = load_retriever(name, retriever, data)
 
                 def progress(done: int, total: int, retrieval: int,

@@ -102,3 +102,32 @@ def test_routing_auroc_scores_gates_against_the_labels(model: Path, tmp_path: Pa
     assert report["ids"] == [[r.dataset, r.id] for r in rows] and len(knn["scores"]) == 3
     assert knn["by_dataset"].keys() == {r.dataset for r in rows}
     assert sum(d["questions"] for d in knn["by_dataset"].values()) == 3
+
+
+def test_label_finds_a_testbed_split_corpus(model: Path, tmp_path: Path,
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """Testbed questions all say ``dataset="testbed"``; the corpus is found by the name given
+    (``testbed-probe:DIR``), so the labels retrieve from the testbed's own passages."""
+    from rag_gates.eval.datasets import load_dataset
+    from rag_gates.eval.testbed.build import TestbedConfig, write_plan
+    from rag_gates.srrag.labels import read_labels
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    planned = tmp_path / "testbed"
+    write_plan(TestbedConfig(base_model=str(model), n_facts=40, ladder=[0, 2],
+                             general_paragraphs=4, reading_examples=0), planned)
+    out = tmp_path / "labels.jsonl"
+    result = runner.invoke(srrag_app, [
+        "label", "--model", str(model), "--dataset", f"testbed-probe:{planned}",
+        "--dataset", f"testbed-calibration:{planned}", "--n", "2", "--offset", "0",
+        "--n-retrieved", "2", "--n-verbalized", "1", "--max-verbalize-tokens", "3",
+        "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    _, rows = read_labels(out)
+    probe = load_dataset(f"testbed-probe:{planned}", n=2).examples
+    calibration = load_dataset(f"testbed-calibration:{planned}", n=2).examples
+    assert [r.id for r in rows] == [e.id for e in [*probe, *calibration]]
+    corpus = {json.loads(line)["id"] for line in (planned / "passages.jsonl").open()}
+    for row in rows:  # BM25 returns at most --n-retrieved (fewer when few terms match)
+        retrieved = [c.passage_id for c in row.contexts if c.source == "retrieval"]
+        assert 1 <= len(retrieved) <= 2 and set(retrieved) <= corpus
