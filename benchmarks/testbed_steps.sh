@@ -5,15 +5,17 @@
 #   BUILD_FLAGS  the `rag-gates testbed build` options that make this build
 #   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
 #                (bench/NAME); without it the validate step runs the base model itself
-#   STEPS        build validate gates e2e tokrag deeprag (default: all, in that order)
+#   STEPS        build validate gates e2e tokrag deeprag srrag srrag-auroc (default: all, in
+#                that order; srrag needs gates' CBDR probe, srrag-auroc needs srrag's policies)
 #   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
+#   SRRAG_N      caps the questions per split SR-RAG labels and answers (default: all)
 #   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
 #   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
 set -ex
 : "${TB:?set TB, e.g. TB=tb7}"
-STEPS=${STEPS:-"build validate gates e2e tokrag deeprag"}
+STEPS=${STEPS:-"build validate gates e2e tokrag deeprag srrag srrag-auroc"}
 for step in $STEPS; do  # a misspelt step fails now, not after an hours-long build
-  case $step in build|validate|gates|e2e|tokrag|deeprag) ;; *) echo "unknown step $step"; exit 2 ;; esac
+  case $step in build|validate|gates|e2e|tokrag|deeprag|srrag|srrag-auroc) ;; *) echo "unknown step $step"; exit 2 ;; esac
 done
 case " $STEPS " in *" build "*) : "${BUILD_FLAGS:?set BUILD_FLAGS}" ;; esac
 D=$(realpath -m "${D:-$HOME/.cache/rag-gates/testbeds/$TB}")  # absolute before the cd
@@ -74,5 +76,38 @@ deeprag)
   $RG bench --dataset testbed-twohop:$D --model $D/model --prefix-cache-mb 256 --threads 1 \
       --methods no-rag,single,deeprag,deeprag-likelihood --n ${TWOHOP_N:-1000} --out $W/twohop
   $RG report $W/twohop $W/hops --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
+srrag|srrag-auroc)
+  # SR-RAG (docs/methods/srrag.md) with the testbed model: source labels on the probe and
+  # calibration facts (training rows), the kNN datastores from them (SR-RAG's hidden states,
+  # SKR's MiniLM; inside the testbed directory, not committed), tau per mode leave-one-out on
+  # those labels; then the end-to-end table on the evaluation facts, starting from the labels
+  # run's no-rag and single answers, with CBDR at the threshold calibrated in the gates step.
+  S=benchmarks/results/testbed/srrag-$TB; P=$D/srrag-policy; K=$D/srrag-skr-policy
+  export RAG_GATES_SRRAG_POLICY=$P RAG_GATES_SRRAG_SKR_POLICY=$K RAG_GATES_CBDR_PROBE=$O/probe
+  mkdir -p $S
+  if [ $step = srrag ]; then
+    $RG srrag label --dataset testbed-probe:$D --dataset testbed-calibration:$D --n ${SRRAG_N:-1000} \
+        --offset 0 --model $D/model --threads 1 --out $S/labels-train.jsonl
+    $RG srrag build-policy --labels $S/labels-train.jsonl --model $D/model --path $P --replace --threads 1
+    $RG srrag build-policy --labels $S/labels-train.jsonl --keys minilm --path $K --replace --threads 1
+    [ -f $S/tau-train.json ] || .venv/bin/python benchmarks/srrag_calibrate.py \
+        --labels $S/labels-train.jsonl --model $D/model --out $S/tau-train.json
+    tau() { python3 -c "import json;print(round(json.load(open('$S/tau-train.json'))['modes']['$1']['tau'], 4))"; }
+    TC=$(python3 -c "import json;print(round(json.load(open('$O/cal-cbdr/gate.json'))['threshold'], 4))")
+    E=$S/e2e; mkdir -p $E
+    # (the labels run answered all the facts: with SRRAG_N set, no-rag and single run here)
+    [ -f $E/results.jsonl ] || [ -n "${SRRAG_N:-}" ] || cp $O/labels/config.json $O/labels/results.jsonl $E/
+    $RG bench --dataset testbed:$D --model $D/model --n ${SRRAG_N:-1000} --max-new-tokens 24 --threads 1 \
+        --methods "no-rag,single,genread,selective@cbdr:$TC,skr,srrag-no-knn@$(tau srrag-no-knn),srrag@0.1,srrag@$(tau srrag),srrag-knn-only@$(tau srrag-knn-only)" \
+        --out $E
+    $RG report $E --out $E/report --title "$TB: SR-RAG end to end (300 evaluation facts)"
+  else
+    # Source selection on the evaluation facts' own labels (never in a datastore).
+    $RG srrag label --dataset testbed:$D --n ${SRRAG_N:-1000} --offset 0 --model $D/model --threads 1 \
+        --out $S/labels-eval.jsonl
+    $RG srrag routing-auroc --labels $S/labels-eval.jsonl --model $D/model --gate srrag \
+        --gate srrag-no-knn --gate srrag-knn-only --gate skr --gate cbdr --threads 1 \
+        --out $S/routing-auroc.json
+  fi ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac; done
