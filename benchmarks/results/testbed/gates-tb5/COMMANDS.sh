@@ -1,6 +1,6 @@
 #!/bin/bash
 # tb5: the 300-evaluation-fact testbed (500 facts), built, validated, and its gates measured
-# (AUROC on the 300 evaluation facts, thresholds calibrated on the 75 calibration facts, the
+# (AUROC on the 300 evaluation facts, thresholds calibrated on the 76 calibration facts, the
 # CBDR probe retrained on the 125 probe-training facts). One thread throughout.
 set -x
 cd "$(dirname "$0")/../../../.."
