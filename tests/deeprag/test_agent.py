@@ -288,3 +288,45 @@ def test_stream_yields_each_step_then_the_result(bm25: Any) -> None:
     async_items = asyncio.run(collect())
     assert [type(i).__name__ for i in async_items] == ["Step", "Step", "DeepRAGResult"]
     assert async_items[-1].trajectory.render() == final.trajectory.render()
+
+
+class FirstTokenLM(ScriptedLM):
+    """A text-only model with log-probabilities (as a served model without prompt scoring):
+    its next token's top alternatives are given, the rest of its behaviour scripted."""
+
+    def __init__(self, top: dict[str, float]) -> None:
+        super().__init__(jaws_world)
+        self.top = top
+
+    @property
+    def supports_logprobs(self) -> bool:
+        return True
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Any:
+        from rag_gates.types import Generation, TokenLogprob, TopLogprob
+
+        alternatives = [TopLogprob(token=t, logprob=v) for t, v in self.top.items()]
+        first = max(alternatives, key=lambda t: t.logprob)
+        return Generation(text=first.token, finish_reason="length", completion_tokens=1,
+                          logprobs=[TokenLogprob(token=first.token, logprob=first.logprob,
+                                                 top_logprobs=alternatives)])
+
+
+def test_likelihood_gate_reads_first_token_alternatives_from_a_text_only_model() -> None:
+    prompt = "Question: Who directed Jaws?\nFollow up: Who directed Jaws?\n"
+    both = FirstTokenLM({" Let": -1.0, "Let": -3.0, " Intermediate": -2.5, " The": -0.5})
+    gate = MarkerLikelihoodGate(both, threshold=0.0)
+    assert gate.method == "top_logprobs"
+    d = gate.decide("Who directed Jaws?", prompt=prompt)
+    # the best alternative that begins each marker: " Let" (-1.0) and " Intermediate" (-2.5)
+    assert d.score == pytest.approx(1.5) and d.retrieve
+    assert not d.evidence["retrieve_bound"] and not d.evidence["direct_bound"]
+    # A marker missing from the alternatives counts at the lowest one shown (an upper bound).
+    one = FirstTokenLM({" Intermediate": -0.2, " The": -1.0, " A": -4.0})
+    d = MarkerLikelihoodGate(one, threshold=0.0).decide("Who directed Jaws?", prompt=prompt)
+    assert d.score == pytest.approx(-4.0 - -0.2) and not d.retrieve
+    assert d.evidence["retrieve_bound"] and d.evidence["logp_retrieve"] == -4.0
+    # Neither marker: undecided, so it retrieves and says why (fail closed).
+    none = FirstTokenLM({" The": -0.1, " A": -2.0})
+    d = MarkerLikelihoodGate(none, threshold=0.0).decide("Who directed Jaws?", prompt=prompt)
+    assert d.retrieve and "neither marker" in d.reason

@@ -12,6 +12,8 @@ import pytest
 from rag_gates.deeprag import Trajectory
 from rag_gates.deeprag.export import export_dpo, export_sft
 
+SLICE = Path(__file__).resolve().parents[2] / "examples" / "data" / "hotpotqa_dev_sample.jsonl"
+
 pytest.importorskip("trl", reason='needs the trl extra: pip install "rag-gates[trl]"')
 
 TEXT = """Question: Who was the father of the director of Jaws?
@@ -69,6 +71,7 @@ def test_sft_then_dpo_make_loadable_models(tmp_path: Path) -> None:
 def test_train_command(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
+    from rag_gates.cli import app
     from rag_gates.commands.deeprag import deeprag_app
 
     lm = fresh()
@@ -81,6 +84,26 @@ def test_train_command(tmp_path: Path) -> None:
     assert result.exit_code == 0, result.output
     assert "sft: 1 steps" in result.output
     assert (tmp_path / "out" / "loss.png").stat().st_size > 0
+    # Then DPO from the SFT model, and the result answers in the bench by its path.
+    export_dpo([Row()], tmp_path / "dpo.jsonl", lm)
+    dpo = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "dpo", "--data", str(tmp_path / "dpo.jsonl"), "--model",
+        str(tmp_path / "out"), "--out", str(tmp_path / "dpo"), "--max-steps", "1"])
+    assert dpo.exit_code == 0, dpo.output
+    assert "dpo: 1 steps" in dpo.output
+    record = json.loads((tmp_path / "dpo" / "training.json").read_text())
+    assert record["stage"] == "dpo"
+    run = tmp_path / "run"
+    bench = CliRunner().invoke(app, [
+        "bench", "--dataset", "hotpotqa", "--data", str(SLICE), "--n", "1", "--methods",
+        "deeprag-never", "--model", str(tmp_path / "dpo"), "--max-new-tokens", "4",
+        "--threads", "1", "--out", str(run)])
+    assert bench.exit_code == 0, bench.output
+    (line,) = (run / "results.jsonl").read_text().splitlines()
+    answered = json.loads(line)
+    assert answered["method"] == "deeprag-never" and answered["retrievals"] == 0
+    assert any(e["name"] == "trajectory" for e in answered["trace"]["events"])
+    assert json.loads((run / "config.json").read_text())["config"]["model"] == str(tmp_path / "dpo")
     bad = CliRunner().invoke(deeprag_app, [
         "train", "--stage", "ppo", "--data", str(tmp_path / "sft.jsonl"), "--out",
         str(tmp_path / "x")])

@@ -30,7 +30,7 @@ from __future__ import annotations
 from importlib import metadata
 
 from langchain_rag_gates.chat_models import ChatRagGates
-from langchain_rag_gates.deeprag import DeepRAGRunnable
+from langchain_rag_gates.deeprag import STEP_EVENT, DeepRAGRunnable
 from langchain_rag_gates.document_compressors import ConfidenceGainReranker
 from langchain_rag_gates.documents import (
     annotate_document,
@@ -44,7 +44,7 @@ from langchain_rag_gates.quco import QuCoRunnable
 from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
 from langchain_rag_gates.runnables import GateRouter, route_by_gate
 from langchain_rag_gates.srrag import SelfRoutingRetriever
-from langchain_rag_gates.tokrag import TokRAGRunnable
+from langchain_rag_gates.tokrag import CHOICES_KEY, TokRAGRunnable
 from langchain_rag_gates.tools import (
     ClaimVerifierInput,
     ClaimVerifierTool,
@@ -59,6 +59,8 @@ except metadata.PackageNotFoundError:  # running from a source tree without inst
     __version__ = ""
 
 __all__ = [
+    "CHOICES_KEY",
+    "STEP_EVENT",
     "ChatRagGates",
     "ClaimVerifierInput",
     "ClaimVerifierTool",

@@ -77,6 +77,50 @@ class TestSelfRoutingRetrieverStandard(RetrieversIntegrationTests):
         return Q
 
 
+@functools.cache
+def policy() -> SourcePolicy:
+    """A small datastore of labelled questions (both sources), for the product gate."""
+    store = SourcePolicy.open(HiddenStateKeys(lm(), layer=2), path=":memory:", k=3)
+    store.add_questions([
+        PolicyEntry(id="1", question="Who wrote Macbeth?", source="retrieval"),
+        PolicyEntry(id="2", question="What is the capital of Italy?", source="retrieval"),
+        PolicyEntry(id="3", question="What colour is the sky?", source="parametric")])
+    return store
+
+
+class TestSelfRoutingRetrieverWithPolicyStandard(RetrieversIntegrationTests):
+    """The same suite through SR-RAG's own router: p_M * p_D with a kNN lookup per query."""
+
+    @property
+    def retriever_constructor(self) -> type[SelfRoutingRetriever]:
+        return SelfRoutingRetriever
+
+    @property
+    def retriever_constructor_params(self) -> dict[str, Any]:
+        # tau 0: p_M * p_D >= 0 always, so the suite's k checks see the retrieval route.
+        return {"retriever": store().as_retriever(),
+                "gate": SelfRoutingGate(lm(), policy(), tau=0.0, layer=2),
+                "verbalizer": Verbalizer(lm(), max_new_tokens=6)}
+
+    @property
+    def retriever_query_example(self) -> str:
+        return Q
+
+
+def test_product_route_reads_the_datastore_votes() -> None:
+    retriever = SelfRoutingRetriever(retriever=store().as_retriever(),
+                                     gate=SelfRoutingGate(lm(), policy(), tau=0.0, layer=2),
+                                     k=2)
+    docs = retriever.invoke(Q)
+    decision = retriever.last_decision
+    assert decision is not None and decision.gate == "srrag" and decision.retrieve
+    # all 3 entries vote (k = 3), 2 of them for retrieval
+    assert decision.evidence["p_datastore"] == pytest.approx(2 / 3)
+    assert decision.score == pytest.approx(decision.evidence["p_model"] * 2 / 3)
+    assert len(docs) == 2
+    assert docs[0].metadata["rag_gates"]["evidence"]["p_datastore"] == pytest.approx(2 / 3)
+
+
 def test_retrieval_route_returns_annotated_copies() -> None:
     retriever = routed(0.0, k=2)
     plain = store().as_retriever().invoke(Q, k=2)

@@ -139,3 +139,28 @@ def test_streaming_query_engine(tiny_li: Any) -> None:
         return "".join([piece async for piece in r.async_response_gen()])
 
     assert asyncio.run(astream()) == core.text
+
+
+def test_an_existing_index_switches_with_the_synthesizer_alone(
+        tiny_li: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A user whose app already has an LLM and an index changes one argument of
+    ``index.as_query_engine``: the answer is then the decoder's, over the index's nodes."""
+    from llama_index.core import Settings, VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+    from llama_index.core.llms import MockLLM
+
+    # The app's own settings (restored after the test): an LLM that is not ours.
+    monkeypatch.setattr(Settings, "_llm", MockLLM(max_tokens=4))
+    monkeypatch.setattr(Settings, "_embed_model", MockEmbedding(embed_dim=8))
+    index = VectorStoreIndex([n.node for n in NODES])
+    plain = index.as_query_engine(similarity_top_k=2)
+    switched = index.as_query_engine(
+        similarity_top_k=2, response_synthesizer=TokRAGSynthesizer(lm=tiny_li,
+                                                                   max_new_tokens=8))
+    response = switched.query(Q)
+    nodes = [n.node for n in response.source_nodes]
+    core = TokRAGDecoder(tiny_li).generate(Q, passages=to_passages(response.source_nodes),
+                                           max_new_tokens=8)
+    assert {n.node_id for n in nodes} == {"n1", "n2"}
+    assert str(response) == core.text and str(response) != str(plain.query(Q))
+    assert response.metadata is not None and CHOICES_KEY in response.metadata
