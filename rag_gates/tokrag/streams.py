@@ -374,29 +374,35 @@ class TwoStreamDecoder(BaseTextLM):
         max_new_tokens: int = 128,
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
+        logprobs: int | None = None,
     ) -> Generator[str, None, TwoStreamGeneration]:
         """Yield text as each token is chosen; the generator's return value is the
-        :class:`TwoStreamGeneration` (``result = yield from decoder.stream(...)``)."""
+        :class:`TwoStreamGeneration` (``result = yield from decoder.stream(...)``), with the
+        per-token log-probabilities when ``logprobs=k`` (as :meth:`generate`)."""
         return (yield from self._start(prompt, passages, max_new_tokens, stop, temperature,
-                                       None))
+                                       logprobs))
 
     def stream_events(self, prompt: str, *, passages: Sequence[Passage | str] | None = None,
                       max_new_tokens: int = 128, stop: Sequence[str] | None = None,
+                      logprobs: int | None = None,
                       ) -> Generator[str | TwoStreamGeneration, None, None]:
         """Text pieces as tokens are chosen, then the finished :class:`TwoStreamGeneration`
-        as the last item (for adapters that stream and also report the choices)."""
+        as the last item (for adapters that stream and also report the choices and, with
+        ``logprobs=k``, the per-token log-probabilities)."""
         result = yield from self.stream(prompt, passages=passages,
-                                        max_new_tokens=max_new_tokens, stop=stop)
+                                        max_new_tokens=max_new_tokens, stop=stop,
+                                        logprobs=logprobs)
         yield result
 
     async def astream_events(self, prompt: str, *,
                              passages: Sequence[Passage | str] | None = None,
                              max_new_tokens: int = 128, stop: Sequence[str] | None = None,
+                             logprobs: int | None = None,
                              ) -> AsyncIterator[str | TwoStreamGeneration]:
         """:meth:`stream_events` with each step in a worker thread (the event loop is never
         blocked); closing the iterator stops decoding after the current token."""
         events = self.stream_events(prompt, passages=passages, max_new_tokens=max_new_tokens,
-                                    stop=stop)
+                                    stop=stop, logprobs=logprobs)
         done = object()
         try:
             while True:

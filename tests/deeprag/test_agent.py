@@ -330,3 +330,30 @@ def test_likelihood_gate_reads_first_token_alternatives_from_a_text_only_model()
     none = FirstTokenLM({" The": -0.1, " A": -2.0})
     d = MarkerLikelihoodGate(none, threshold=0.0).decide("Who directed Jaws?", prompt=prompt)
     assert d.retrieve and "neither marker" in d.reason
+
+
+def test_completion_style_runs_the_same_loop_on_plain_text(bm25: Any) -> None:
+    """For models that continue text (base models): every prompt is one string, the
+    instruction and question then the steps so far, and the loop decides as in chat style."""
+    from rag_gates.deeprag import DeepRAGPrompt
+
+    class Recording(ScriptedLM):
+        def __init__(self) -> None:
+            super().__init__(jaws_world)
+            self.prompts: list[Any] = []
+
+        def generate(self, prompt: Any, **kwargs: Any) -> Any:
+            self.prompts.append(prompt)
+            return super().generate(prompt, **kwargs)
+
+    chat, text = Recording(), Recording()
+    in_chat = DeepRAG(chat, bm25).run(QUESTION)
+    style = DeepRAGPrompt(style="completion")
+    as_text = DeepRAG(text, bm25, prompt=style).run(QUESTION)
+    assert as_text.trajectory.render() == in_chat.trajectory.render()
+    assert [d.retrieve for d in as_text.decisions] == [False, True]
+    assert all(isinstance(p, str) for p in text.prompts)
+    assert all(not isinstance(p, str) for p in chat.prompts)
+    head = style.user_text(QUESTION)
+    for prompt, (_, so_far) in zip(text.prompts, text.asked, strict=True):
+        assert prompt == f"{head}\n{so_far}"

@@ -36,8 +36,8 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
     kept, Tok-RAG's score and fusion layer), counts, truncation, warnings and the trace;
     ``response_metadata["logprobs"]`` (OpenAI shape) with ``top_logprobs`` set;
     ``usage_metadata`` token counts. ``stream``/``astream`` yield one ``AIMessageChunk`` per
-    chosen piece of text; the last chunk carries the metadata. ``ainvoke`` and ``astream``
-    run the model in a worker thread.
+    chosen piece of text; the last chunk carries the metadata (with the logprobs).
+    ``ainvoke`` and ``astream`` run the model in a worker thread.
 
     Setup:
         ``pip install langchain-rag-gates``
@@ -184,6 +184,7 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
         for input in inputs:
             question, passages = self._split(input)
             for item in self.decoder.stream_events(question, passages=passages,
+                                                   logprobs=self.top_logprobs,
                                                    **self._kwargs()):
                 yield self._chunk(item)
 
@@ -192,6 +193,7 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
         async for input in inputs:
             question, passages = self._split(input)
             async for item in self.decoder.astream_events(question, passages=passages,
+                                                          logprobs=self.top_logprobs,
                                                           **self._kwargs()):
                 yield self._chunk(item)
 

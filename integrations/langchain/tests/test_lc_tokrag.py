@@ -87,6 +87,17 @@ def test_lcel_chain_after_a_retriever_streams_and_runs_async(tiny: Any) -> None:
     async_ends = ChainEnds()
     assert asyncio.run(collect()) == msg.content
     assert async_ends.outputs["TokRAGRunnable"].content == msg.content
+    # With top_logprobs, the last chunk carries them, as invoke's message does.
+    scored = TokRAGRunnable(lm=tiny, max_new_tokens=8, top_logprobs=2)
+    expected = scored.invoke({"question": Q, "documents": DOCS}).response_metadata["logprobs"]
+    last = list(scored.stream({"question": Q, "documents": DOCS}))[-1]
+    assert last.response_metadata["logprobs"] == expected
+    assert len(expected["content"][0]["top_logprobs"]) == 2
+
+    async def last_async() -> Any:
+        return [c async for c in scored.astream({"question": Q, "documents": DOCS})][-1]
+
+    assert asyncio.run(last_async()).response_metadata["logprobs"] == expected
 
 
 def test_cad_and_bad_input(tiny: Any) -> None:

@@ -84,6 +84,17 @@ def test_stream_and_async(tiny_li: Any) -> None:
             Q, passages=NODES)])
 
     assert asyncio.run(collect()) == whole.text
+    # With top_logprobs, the last streamed response carries them, as complete() does.
+    scored = llm.complete(Q, passages=NODES, top_logprobs=2)
+    last = list(llm.stream_complete(Q, passages=NODES, top_logprobs=2))[-1]
+    assert last.logprobs == scored.logprobs and last.logprobs is not None
+    assert len(last.logprobs) == len(scored.additional_kwargs[CHOICES_KEY]["choices"])
+
+    async def last_async() -> Any:
+        return [r async for r in await llm.astream_complete(Q, passages=NODES,
+                                                            top_logprobs=2)][-1]
+
+    assert asyncio.run(last_async()).logprobs == scored.logprobs
 
 
 def test_cad_method_and_bad_input(tiny_li: Any) -> None:

@@ -82,7 +82,8 @@ class TokRAGLLM(CustomLLM):
     ``[0]`` the kept token, as :class:`~llama_index.llms.rag_gates.RagGatesLLM`) and
     ``additional_kwargs["tokrag"]``: one choice per token (both streams' candidates, the side
     kept, Tok-RAG's score and fusion layer), counts and the trace. Streaming yields a
-    response per chosen token; the last one carries ``additional_kwargs["tokrag"]``. Without
+    response per chosen token; the last one carries ``additional_kwargs["tokrag"]`` and the
+    ``logprobs``. Without
     passages it generates plainly and says so in ``warnings``.
 
     Setup:
@@ -182,13 +183,13 @@ class TokRAGLLM(CustomLLM):
             out["stop"] = kwargs["stop"]
         return passages, out
 
-    def _response(self, generation: Any) -> CompletionResponse:
+    def _response(self, generation: Any, delta: str | None = None) -> CompletionResponse:
         extra: dict[str, Any] = {CHOICES_KEY: generation.summary(),
                                  "finish_reason": generation.finish_reason}
         if generation.logprobs is not None:
             extra[LOGPROBS_LAYOUT_KEY] = LOGPROBS_LAYOUT
         return CompletionResponse(
-            text=generation.text, additional_kwargs=extra, raw=generation,
+            text=generation.text, delta=delta, additional_kwargs=extra, raw=generation,
             logprobs=None if generation.logprobs is None
             else to_llama_index_logprobs(generation.logprobs))
 
@@ -211,9 +212,9 @@ class TokRAGLLM(CustomLLM):
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
-        kwargs.pop("top_logprobs", None)  # streamed responses carry no logprobs
+        top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        events = self.decoder.stream_events(prompt, passages=passages, **call)
+        events = self.decoder.stream_events(prompt, passages=passages, logprobs=top, **call)
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -221,18 +222,17 @@ class TokRAGLLM(CustomLLM):
                 if isinstance(item, str):
                     text += item
                     yield CompletionResponse(text=text, delta=item)
-                else:
-                    yield CompletionResponse(text=text, delta="", raw=item,
-                                             additional_kwargs={CHOICES_KEY: item.summary()})
+                else:  # the finished generation: choices and logprobs, as complete() gives
+                    yield self._response(item, delta="")
 
         return gen()
 
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                                ) -> CompletionResponseAsyncGen:
-        kwargs.pop("top_logprobs", None)
+        top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        events = self.decoder.astream_events(prompt, passages=passages, **call)
+        events = self.decoder.astream_events(prompt, passages=passages, logprobs=top, **call)
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
@@ -241,8 +241,7 @@ class TokRAGLLM(CustomLLM):
                     text += item
                     yield CompletionResponse(text=text, delta=item)
                 else:
-                    yield CompletionResponse(text=text, delta="", raw=item,
-                                             additional_kwargs={CHOICES_KEY: item.summary()})
+                    yield self._response(item, delta="")
 
         return gen()
 
