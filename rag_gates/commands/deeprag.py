@@ -11,6 +11,8 @@ saying what to do and exit with status 1.
 
 from __future__ import annotations
 
+import shutil
+import tempfile
 from pathlib import Path
 from typing import Annotated, Any, cast
 
@@ -152,10 +154,14 @@ def export_command(
 @deeprag_app.command("train")
 def train_command(
     stage: Annotated[str, typer.Option(help="sft (trajectories) or dpo (decision pairs).")],
-    data: Annotated[Path, typer.Option(help="Records from 'deeprag export' (--sft or --dpo "
-                                       "file).")],
     out: Annotated[Path, typer.Option(help="Model directory to write (replaced if it "
                                       "exists).")],
+    data: Annotated[Path | None, typer.Option(
+        help="Records from 'deeprag export' (--sft or --dpo file).")] = None,
+    rows: Annotated[Path | None, typer.Option(
+        help="Instead of --data: rows from 'deeprag synthesize', exported for this stage "
+             "with the model being trained (as 'deeprag export' does; the records are kept "
+             "in OUT as STAGE-records.jsonl).")] = None,
     model: Annotated[str, typer.Option(
         help="'default' or an HF path/id: the model to train (for dpo, the SFT output).")
     ] = "default",
@@ -174,7 +180,15 @@ def train_command(
 ) -> None:
     """Fine-tune with TRL (pip install "rag-gates\\[trl]"): SFT on the trajectories, then
     DPO on the step-wise decision pairs; writes a model directory that bench loads, with
-    training.json (loss per step) and loss.png."""
+    training.json (loss per step) and loss.png. From synthesis to a trained model is one
+    command per stage with --rows:
+
+        rag-gates deeprag train --stage sft --rows synth.jsonl --out models/deeprag-sft
+        rag-gates deeprag train --stage dpo --rows synth.jsonl --model models/deeprag-sft \\
+            --out models/deeprag-sft-dpo
+    """
+    from rag_gates.deeprag.export import export_dpo, export_sft
+    from rag_gates.deeprag.synthesis import read_rows
     from rag_gates.deeprag.train import train_dpo, train_sft
     from rag_gates.deeprag.trajectory import DeepRAGPrompt
     from rag_gates.lm.defaults import load_lm
@@ -182,16 +196,30 @@ def train_command(
     with clean_errors():
         if stage not in ("sft", "dpo"):
             raise ValueError(f"--stage must be sft or dpo, got {stage!r}")
+        if (data is None) == (rows is None):
+            raise ValueError("give --data (records from 'deeprag export') or --rows (rows "
+                             "from 'deeprag synthesize'), one of the two")
         prompt = DeepRAGPrompt.model_validate({"style": style})
+        found = read_rows(rows) if rows is not None else None  # a bad file fails before loading
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
-        common: dict[str, Any] = {"epochs": epochs, "max_steps": max_steps,
-                                  "batch_size": batch_size, "grad_accum": grad_accum,
-                                  "seed": seed, "prompt": prompt}
-        if stage == "sft":
-            done = train_sft(lm, data, out, lr=1e-5 if lr is None else lr, **common)
-        else:
-            done = train_dpo(lm, data, out, beta=beta, lr=5e-7 if lr is None else lr, **common)
+        with tempfile.TemporaryDirectory() as scratch:
+            records = Path(scratch) / f"{stage}-records.jsonl" if data is None else data
+            if found is not None:
+                stats = (export_sft if stage == "sft" else export_dpo)(found, records, lm,
+                                                                       prompt)
+                console.print(f"{stage.upper()}: {stats.records} records from "
+                              f"{stats.trajectories} trajectories ({stats.rows} rows)")
+            common: dict[str, Any] = {"epochs": epochs, "max_steps": max_steps,
+                                      "batch_size": batch_size, "grad_accum": grad_accum,
+                                      "seed": seed, "prompt": prompt}
+            if stage == "sft":
+                done = train_sft(lm, records, out, lr=1e-5 if lr is None else lr, **common)
+            else:
+                done = train_dpo(lm, records, out, beta=beta,
+                                 lr=5e-7 if lr is None else lr, **common)
+            if found is not None:  # the directory says what it was trained on
+                shutil.copyfile(records, out / records.name)
         _plot_losses(done.losses, out / "loss.png", f"DeepRAG {stage.upper()} ({model})")
     last = f"{done.losses[-1][1]:.4f}" if done.losses else "-"
     console.print(f"[bold]{stage}: {done.steps} steps[/] on {done.records} records, final "

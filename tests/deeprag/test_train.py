@@ -108,3 +108,40 @@ def test_train_command(tmp_path: Path) -> None:
         "train", "--stage", "ppo", "--data", str(tmp_path / "sft.jsonl"), "--out",
         str(tmp_path / "x")])
     assert bad.exit_code == 1 and "sft or dpo" in bad.output
+
+
+def test_train_from_synthesis_rows_in_one_command_per_stage(tmp_path: Path, bm25: Any) -> None:
+    """``--rows``: the synthesis file goes straight to training; the records exported on
+    the way equal what ``deeprag export`` writes, and stay in the model directory."""
+    from typer.testing import CliRunner
+
+    from rag_gates.commands.deeprag import deeprag_app
+    from rag_gates.deeprag.search import TrajectorySearch
+    from rag_gates.deeprag.synthesis import read_rows, synthesize
+    from tests.deeprag.conftest import ScriptedLM
+    from tests.deeprag.test_search import examples, three_hops
+
+    rows = tmp_path / "synth.jsonl"
+    synthesize(TrajectorySearch(ScriptedLM(three_hops), bm25), examples(), rows)
+    lm = fresh()
+    lm.model.save_pretrained(tmp_path / "tiny")
+    lm.tokenizer.save_pretrained(tmp_path / "tiny")
+    export_sft(read_rows(rows), tmp_path / "sft.jsonl", lm)
+    export_dpo(read_rows(rows), tmp_path / "dpo.jsonl", lm)
+    sft = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "sft", "--rows", str(rows), "--model", str(tmp_path / "tiny"),
+        "--out", str(tmp_path / "sft"), "--max-steps", "1"])
+    assert sft.exit_code == 0, sft.output
+    assert "SFT: 2 records from 2 trajectories (3 rows)" in sft.output
+    assert (tmp_path / "sft" / "sft-records.jsonl").read_text() == \
+        (tmp_path / "sft.jsonl").read_text()
+    dpo = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "dpo", "--rows", str(rows), "--model", str(tmp_path / "sft"),
+        "--out", str(tmp_path / "dpo"), "--max-steps", "1"])
+    assert dpo.exit_code == 0, dpo.output
+    assert (tmp_path / "dpo" / "dpo-records.jsonl").read_text() == \
+        (tmp_path / "dpo.jsonl").read_text()
+    both = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "sft", "--rows", str(rows), "--data", str(tmp_path / "sft.jsonl"),
+        "--out", str(tmp_path / "x")])
+    assert both.exit_code == 1 and "one of the two" in both.output
