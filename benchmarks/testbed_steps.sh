@@ -82,7 +82,9 @@ srrag|srrag-auroc)
   # SKR's MiniLM; inside the testbed directory, not committed), tau per mode leave-one-out on
   # those labels; then the end-to-end table on the evaluation facts, starting from the labels
   # run's no-rag and single answers, with CBDR at the threshold calibrated in the gates step.
-  S=benchmarks/results/testbed/srrag-$TB; P=$D/srrag-policy; K=$D/srrag-skr-policy
+  # A capped trial (SRRAG_N) writes apart, so it never mixes with a full run's files.
+  ( N=${SRRAG_N:+-n$SRRAG_N}
+  S=benchmarks/results/testbed/srrag-$TB$N; P=$D/srrag-policy$N; K=$D/srrag-skr-policy$N
   export RAG_GATES_SRRAG_POLICY=$P RAG_GATES_SRRAG_SKR_POLICY=$K RAG_GATES_CBDR_PROBE=$O/probe
   mkdir -p $S
   if [ $step = srrag ]; then
@@ -90,17 +92,22 @@ srrag|srrag-auroc)
         --offset 0 --model $D/model --threads 1 --out $S/labels-train.jsonl
     $RG srrag build-policy --labels $S/labels-train.jsonl --model $D/model --path $P --replace --threads 1
     $RG srrag build-policy --labels $S/labels-train.jsonl --keys minilm --path $K --replace --threads 1
-    [ -f $S/tau-train.json ] || .venv/bin/python benchmarks/srrag_calibrate.py \
+    [ $S/tau-train.json -nt $S/labels-train.jsonl ] || .venv/bin/python benchmarks/srrag_calibrate.py \
         --labels $S/labels-train.jsonl --model $D/model --out $S/tau-train.json
-    tau() { python3 -c "import json;print(round(json.load(open('$S/tau-train.json'))['modes']['$1']['tau'], 4))"; }
-    TC=$(python3 -c "import json;print(round(json.load(open('$O/cal-cbdr/gate.json'))['threshold'], 4))")
+    # Thresholds rounded DOWN to 4 decimals: a score at the calibrated value still retrieves.
+    floor4() { python3 -c "import json,math;print(math.floor(json.load(open('$1'))$2 * 1e4) / 1e4)"; }
+    TN=$(floor4 $S/tau-train.json "['modes']['srrag-no-knn']['tau']")
+    TS=$(floor4 $S/tau-train.json "['modes']['srrag']['tau']")
+    TK=$(floor4 $S/tau-train.json "['modes']['srrag-knn-only']['tau']")
+    TC=$(floor4 $O/cal-cbdr/gate.json "['threshold']")
     E=$S/e2e; mkdir -p $E
     # (the labels run answered all the facts: with SRRAG_N set, no-rag and single run here)
     [ -f $E/results.jsonl ] || [ -n "${SRRAG_N:-}" ] || cp $O/labels/config.json $O/labels/results.jsonl $E/
     $RG bench --dataset testbed:$D --model $D/model --n ${SRRAG_N:-1000} --max-new-tokens 24 --threads 1 \
-        --methods "no-rag,single,genread,selective@cbdr:$TC,skr,srrag-no-knn@$(tau srrag-no-knn),srrag@0.1,srrag@$(tau srrag),srrag-knn-only@$(tau srrag-knn-only)" \
+        --methods "no-rag,single,genread,selective@cbdr:$TC,skr,srrag-no-knn@$TN,srrag@0.1,srrag@$TS,srrag-knn-only@$TK" \
         --out $E
-    $RG report $E --out $E/report --title "$TB: SR-RAG end to end (300 evaluation facts)"
+    $RG report $E --out $E/report \
+        --title "$TB: SR-RAG end to end (${SRRAG_N:+the first $SRRAG_N of }the evaluation facts)"
   else
     # Source selection on the evaluation facts' own labels (never in a datastore).
     $RG srrag label --dataset testbed:$D --n ${SRRAG_N:-1000} --offset 0 --model $D/model --threads 1 \
@@ -108,6 +115,6 @@ srrag|srrag-auroc)
     $RG srrag routing-auroc --labels $S/labels-eval.jsonl --model $D/model --gate srrag \
         --gate srrag-no-knn --gate srrag-knn-only --gate skr --gate cbdr --threads 1 \
         --out $S/routing-auroc.json
-  fi ;;
+  fi ) ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac; done

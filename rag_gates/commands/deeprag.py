@@ -210,6 +210,9 @@ def train_command(
                                                                        prompt)
                 console.print(f"{stage.upper()}: {stats.records} records from "
                               f"{stats.trajectories} trajectories ({stats.rows} rows)")
+                if stats.records == 0:
+                    raise ValueError(f"{rows} holds no trajectory to train on ({stats.rows} "
+                                     "rows searched, none found): synthesize more questions")
             common: dict[str, Any] = {"epochs": epochs, "max_steps": max_steps,
                                       "batch_size": batch_size, "grad_accum": grad_accum,
                                       "seed": seed, "prompt": prompt}

@@ -145,3 +145,10 @@ def test_train_from_synthesis_rows_in_one_command_per_stage(tmp_path: Path, bm25
         "train", "--stage", "sft", "--rows", str(rows), "--data", str(tmp_path / "sft.jsonl"),
         "--out", str(tmp_path / "x")])
     assert both.exit_code == 1 and "one of the two" in both.output
+    empty = tmp_path / "none-found.jsonl"
+    synthesize(TrajectorySearch(ScriptedLM(three_hops), bm25), examples()[1:2], empty)
+    nothing = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "sft", "--rows", str(empty), "--model", str(tmp_path / "tiny"),
+        "--out", str(tmp_path / "y")])
+    assert nothing.exit_code == 1 and "holds no trajectory" in nothing.output
+    assert not (tmp_path / "y").exists()

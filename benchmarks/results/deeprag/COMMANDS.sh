@@ -8,16 +8,18 @@
 #   hotpotqa-200 2wiki-200     no-rag, single, untrained deeprag on 200 evaluation rows
 #   hotpotqa-sft 2wiki-sft     the SFT model, 200 rows
 #   hotpotqa-dpo 2wiki-dpo     the SFT+DPO model, 200 rows
+#   calibrate       deeprag-likelihood thresholds on held-out rows (offset 300); the -100
+#                   steps run deeprag-likelihood at the best of them (accuracy, then fewer
+#                   retrievals), so calibrate comes first
 #   hotpotqa-100 2wiki-100     the peers and the other decision modes, 100 rows
-#   calibrate       deeprag-likelihood thresholds on held-out rows (offset 300), before
-#                   reading deeprag-likelihood's row in the table
 #   report          the table, with the knowledge-boundary MCC
 set -ex
+case ${RG:-} in */*) RG=$(realpath -m "$RG") ;; esac  # a path: absolute before the cd
 cd "$(dirname "$0")/../../.."
 export OMP_NUM_THREADS=1
 RG=${RG:-$PWD/.venv/bin/rag-gates}
 R=benchmarks/results/deeprag
-STEPS=${STEPS:-"train hotpotqa-200 2wiki-200 hotpotqa-sft 2wiki-sft hotpotqa-dpo 2wiki-dpo hotpotqa-100 2wiki-100 calibrate report"}
+STEPS=${STEPS:-"train hotpotqa-200 2wiki-200 hotpotqa-sft 2wiki-sft hotpotqa-dpo 2wiki-dpo calibrate hotpotqa-100 2wiki-100 report"}
 for step in $STEPS; do  # a misspelt step fails now, not after hours
   case $step in train|hotpotqa-200|2wiki-200|hotpotqa-sft|2wiki-sft|hotpotqa-dpo|2wiki-dpo|hotpotqa-100|2wiki-100|calibrate|report) ;;
   *) echo "unknown step $step"; exit 2 ;; esac
@@ -38,8 +40,16 @@ train)
   $RG bench --dataset ${step%-dpo} --n 200 $B --model models/deeprag-sft-dpo --methods deeprag \
       --out $R/${step%-dpo}-200-sft-dpo ;;
 *-100)
+  # The threshold the calibrate step chose (held-out rows only).
+  T=$(python3 -c "
+import json, collections
+rows = [json.loads(l) for l in open('$R/likelihood-calib/results.jsonl') if l.strip()]
+by = collections.defaultdict(list)
+for r in rows: by[r['method']].append(r)
+best = max(by, key=lambda m: (sum(r['accuracy'] for r in by[m]), -sum(r['retrievals'] for r in by[m])))
+print(best.split('@')[1])")
   $RG bench --dataset ${step%-100} --n 100 $B \
-      --methods flare,subquestion,deeprag-likelihood,deeprag-always,deeprag-never,deeprag-gate@quco \
+      --methods "flare,subquestion,deeprag-likelihood@$T,deeprag-always,deeprag-never,deeprag-gate@quco" \
       --out $R/$step ;;
 calibrate)
   $RG bench --dataset hotpotqa --n 50 --offset 300 $B \
@@ -47,7 +57,7 @@ calibrate)
       --out $R/likelihood-calib ;;
 report)
   runs=$(for d in hotpotqa-200 2wiki-200 hotpotqa-200-sft 2wiki-200-sft hotpotqa-200-sft-dpo \
-      2wiki-200-sft-dpo hotpotqa-100 2wiki-100; do [ -d $R/$d ] && echo $R/$d; done)
+      2wiki-200-sft-dpo hotpotqa-100 2wiki-100; do [ ! -d $R/$d ] || echo $R/$d; done)
   # shellcheck disable=SC2086  # a list of directories
   $RG report $runs --out $R/report --title "DeepRAG end to end (SmolLM2-135M)" ;;
 esac; done
