@@ -126,6 +126,7 @@ class _Point:
     offset: int
     cost: float
     accuracy: float
+    model: str = "default"
 
 
 @dataclass(frozen=True)
@@ -220,7 +221,7 @@ def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> 
     for method, s in bench["summary"].items():
         data.points.append(_Point(method, cfg["dataset"], int(s["questions"]),
                                   int(cfg.get("offset", 0)), s["retrievals_per_question"],
-                                  s["accuracy"]))
+                                  s["accuracy"], str(cfg.get("model", "default"))))
 
 
 def _gate_section(data: ReportData, gate_eval: dict[str, Any]) -> None:
@@ -434,11 +435,19 @@ def _place_labels(fig: Figure, ax: Axes, labels: Sequence[tuple[str, float, floa
 
 def _method_labels(points: Sequence[_Point]) -> list[tuple[str, float, float]]:
     """One label per marker position: methods at the same point share it ("single =
-    fs-rag"); a method run on two question sets of the dataset says which ("n=500")."""
+    fs-rag"); a method run with two models says which ("deeprag [deeprag-sft]", the model
+    directory's name), one run on two question sets of the dataset says which ("n=500")."""
     names = Counter(p.method for p in points)
+    models: dict[str, set[str]] = {}
+    for p in points:
+        models.setdefault(p.method, set()).add(p.model)
     at: dict[tuple[float, float], list[str]] = {}
     for p in points:
-        name = f"{p.method} (n={p.questions})" if names[p.method] > 1 else p.method
+        name = p.method
+        if len(models[p.method]) > 1:
+            name += f" [{Path(p.model).name or p.model}]"
+        if names[p.method] > len(models[p.method]):  # the same model on several sets
+            name += f" (n={p.questions})"
         at.setdefault((round(p.cost, 6), round(p.accuracy, 6)), []).append(name)
     return [(" = ".join(v), x, y) for (x, y), v in at.items()]
 

@@ -157,3 +157,19 @@ def test_update_document_keeps_the_hand_written_notes(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="BEGIN rag-gates report"):
         update_document(doc, report)
     assert doc.read_text() == "no markers here\n"
+
+
+def test_labels_tell_apart_a_method_run_with_several_models() -> None:
+    from rag_gates.eval.report import _method_labels, _Point
+
+    def point(model: str, n: int, acc: float) -> _Point:
+        return _Point("deeprag", "hotpotqa", n, 0, 0.5, acc, model)
+
+    labels = {t for t, _, _ in _method_labels([
+        point("default", 200, 6.0), point("models/deeprag-sft", 200, 7.8),
+        point("models/deeprag-sft-dpo/", 200, 8.0)])}
+    assert labels == {"deeprag [default]", "deeprag [deeprag-sft]", "deeprag [deeprag-sft-dpo]"}
+    sizes = {t for t, _, _ in _method_labels([point("default", 200, 6.0),
+                                               point("default", 100, 5.0)])}
+    assert sizes == {"deeprag (n=200)", "deeprag (n=100)"}
+    assert [t for t, _, _ in _method_labels([point("default", 200, 6.0)])] == ["deeprag"]
