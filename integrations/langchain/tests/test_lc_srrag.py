@@ -88,23 +88,14 @@ def policy() -> SourcePolicy:
     return store
 
 
-class TestSelfRoutingRetrieverWithPolicyStandard(RetrieversIntegrationTests):
+class TestSelfRoutingRetrieverWithPolicyStandard(TestSelfRoutingRetrieverStandard):
     """The same suite through SR-RAG's own router: p_M * p_D with a kNN lookup per query."""
-
-    @property
-    def retriever_constructor(self) -> type[SelfRoutingRetriever]:
-        return SelfRoutingRetriever
 
     @property
     def retriever_constructor_params(self) -> dict[str, Any]:
         # tau 0: p_M * p_D >= 0 always, so the suite's k checks see the retrieval route.
-        return {"retriever": store().as_retriever(),
-                "gate": SelfRoutingGate(lm(), policy(), tau=0.0, layer=2),
-                "verbalizer": Verbalizer(lm(), max_new_tokens=6)}
-
-    @property
-    def retriever_query_example(self) -> str:
-        return Q
+        return {**super().retriever_constructor_params,
+                "gate": SelfRoutingGate(lm(), policy(), tau=0.0, layer=2)}
 
 
 def test_product_route_reads_the_datastore_votes() -> None:
