@@ -5,17 +5,19 @@
 #   BUILD_FLAGS  the `rag-gates testbed build` options that make this build
 #   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
 #                (bench/NAME); without it the validate step runs the base model itself
-#   STEPS        build validate gates e2e tokrag deeprag srrag srrag-auroc (default: all, in
-#                that order; srrag needs gates' CBDR probe, srrag-auroc needs srrag's policies)
+#   STEPS        build validate gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc
+#                (default: all, in that order; deeprag-trained reports with deeprag's runs,
+#                srrag needs gates' CBDR probe, srrag-auroc needs srrag's policies)
 #   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
 #   SRRAG_N      caps the questions per split SR-RAG labels and answers (default: all)
 #   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
 #   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
 set -ex
 : "${TB:?set TB, e.g. TB=tb7}"
-STEPS=${STEPS:-"build validate gates e2e tokrag deeprag srrag srrag-auroc"}
+STEPS=${STEPS:-"build validate gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc"}
 for step in $STEPS; do  # a misspelt step fails now, not after an hours-long build
-  case $step in build|validate|gates|e2e|tokrag|deeprag|srrag|srrag-auroc) ;; *) echo "unknown step $step"; exit 2 ;; esac
+  case $step in build|validate|gates|e2e|tokrag|deeprag|deeprag-trained|srrag|srrag-auroc) ;;
+  *) echo "unknown step $step"; exit 2 ;; esac
 done
 case " $STEPS " in *" build "*) : "${BUILD_FLAGS:?set BUILD_FLAGS}" ;; esac
 D=$(realpath -m "${D:-$HOME/.cache/rag-gates/testbeds/$TB}")  # absolute before the cd
@@ -76,6 +78,30 @@ deeprag)
   $RG bench --dataset testbed-twohop:$D --model $D/model --prefix-cache-mb 256 --threads 1 \
       --methods no-rag,single,deeprag,deeprag-likelihood --n ${TWOHOP_N:-1000} --out $W/twohop
   $RG report $W/twohop $W/hops --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
+deeprag-trained)
+  # DeepRAG's trained form (docs/methods/deeprag.md, "On the testbed"): the testbed model
+  # does not decompose in the one-shot format (tb6), so the synthesis asks the rows' own
+  # subqueries (--decomposition given) and searches, per subquery, answering from memory vs
+  # from passages; on the training facts only: the probe and calibration facts (one subquery
+  # each) and the two-hop questions over calibration facts. SFT on the trajectories found
+  # (the model inside the testbed directory, not committed), then the two-hop evaluation
+  # questions with the trained model, and each hop alone with it (its own closed-book
+  # answers judge its per-subquery decisions); the report adds deeprag's runs if there.
+  W=benchmarks/results/testbed/deeprag-$TB
+  $RG deeprag synthesize --decomposition given --dataset testbed-probe:$D \
+      --dataset testbed-calibration:$D --dataset testbed-twohop-calibration:$D --n 1000 \
+      --offset 0 --model $D/model --threads 1 --out $W/synth-given.jsonl
+  [ -f $D/deeprag-sft/training.json ] || $RG deeprag train --stage sft \
+      --rows $W/synth-given.jsonl --model $D/model --out $D/deeprag-sft --threads 1
+  mkdir -p $W/sft && cp $D/deeprag-sft/training.json $D/deeprag-sft/loss.png $W/sft/
+  $RG bench --dataset testbed-twohop:$D --model $D/deeprag-sft --prefix-cache-mb 256 --threads 1 \
+      --methods deeprag --n ${TWOHOP_N:-1000} --out $W/twohop-sft
+  # The trained model's own closed-book answers to each hop: its per-subquery boundary.
+  $RG bench --dataset testbed-hops:$D --model $D/deeprag-sft --methods no-rag --n 1000 $T \
+      --out $W/hops-sft
+  runs=$(for d in twohop twohop-sft hops hops-sft; do [ ! -d $W/$d ] || echo $W/$d; done)
+  # shellcheck disable=SC2086  # a list of directories
+  $RG report $runs --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
 srrag|srrag-auroc)
   # SR-RAG (docs/methods/srrag.md) with the testbed model: source labels on the probe and
   # calibration facts (training rows), the kNN datastores from them (SR-RAG's hidden states,

@@ -14,7 +14,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from pathlib import Path
-from typing import Annotated, Any, cast
+from typing import Annotated, Any, Literal, cast
 
 import typer
 from rich.console import Console
@@ -54,6 +54,11 @@ def synthesize_command(
         help="Ask a step with no marker again with 'Follow up:' written.")] = True,
     match: Annotated[str, typer.Option(help="containment (either way), accuracy or exact."
                                        )] = "containment",
+    decomposition: Annotated[str, typer.Option(
+        help="model: the model writes the subqueries (the paper's Algorithm 1); given: each "
+             "row's own subqueries with their gold answers (the testbed's two-hop rows; a row "
+             "without them is one subquery), for a model that cannot decompose yet.")
+    ] = "model",
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
     prefix_cache_mb: Annotated[float, typer.Option(
         min=0, help="MB of recent prompts' keys and values kept: the search's children share "
@@ -76,6 +81,8 @@ def synthesize_command(
     with clean_errors():
         if match not in ("containment", "accuracy", "exact"):
             raise ValueError(f"--match must be containment, accuracy or exact; got {match!r}")
+        if decomposition not in ("model", "given"):
+            raise ValueError(f"--decomposition must be model or given; got {decomposition!r}")
         loads = [(name, load_dataset(name, data, n=n, offset=offset).examples)
                  for name in dataset]
         for name, examples in loads:
@@ -101,7 +108,9 @@ def synthesize_command(
                     bar.update(task, completed=before + done,
                                description=f"searching {name} (found {found}/{done})")
 
-                stats.append(synthesize(search, examples, out, progress=progress))
+                stats.append(synthesize(
+                    search, examples, out, progress=progress,
+                    decomposition=cast(Literal["model", "given"], decomposition)))
                 before += len(examples)
     for name, s in zip(dataset, stats, strict=True):
         mean = "-" if s.mean_retrievals is None else f"{s.mean_retrievals:.2f}"

@@ -17,6 +17,17 @@ ends that branch. ``max_expansions`` caps the pops per question (``status="expan
 Answers match by normalised containment in either direction (the authors' check): the gold
 in the prediction or the prediction in the gold, as whole words after SQuAD normalisation.
 
+A *given decomposition* (``decomposition=[(subquery, gold answers), ...]``, e.g. the
+testbed's two-hop rows) replaces the model's subqueries: for a model that cannot yet
+decompose (a testbed model no longer follows the one-shot format), the search still finds,
+per subquery, whether the model answers it from memory or needs retrieval. The subqueries
+are asked in order, each in both branches; a branch whose intermediate answer misses that
+subquery's gold answers ends there (a later subquery names the earlier answer, so a wrong
+answer would otherwise be hidden by it). The last subquery is the question's own last hop,
+so its answer is the final answer (checked against the question's gold as above) without a
+further call: a testbed model asked for the final line copies the one-shot example's answer
+or writes nothing, and the trained model learns the line from the trajectories.
+
 Example:
     >>> search = TrajectorySearch(lm, bm25, max_expansions=32)        # doctest: +SKIP
     >>> found = search.run("Who was the father of the director of Jaws?",
@@ -57,9 +68,11 @@ from rag_gates.lm.base import TextLM
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import TraceRecorder
 
-__all__ = ["MatchRule", "SearchOutcome", "TrajectorySearch", "answer_matches"]
+__all__ = ["Decomposition", "MatchRule", "SearchOutcome", "TrajectorySearch", "answer_matches"]
 
 MatchRule = Literal["containment", "accuracy", "exact"]
+Decomposition = Sequence[tuple[str, Sequence[str]]]
+"""Given subqueries in order, each with its gold answers."""
 Status = Literal["found", "exhausted", "expansion_cap"]
 
 
@@ -136,9 +149,11 @@ class TrajectorySearch:
         self._branch = {True: ConstantGate(True, name="deeprag-search"),
                         False: ConstantGate(False, name="deeprag-search")}
 
-    def program(self, question: str, answers: Sequence[str]
+    def program(self, question: str, answers: Sequence[str],
+                decomposition: Decomposition | None = None
                 ) -> Program[tuple[Status, Trajectory | None, int]]:
-        """The search as a request generator: (status, trajectory or None, expansions)."""
+        """The search as a request generator: (status, trajectory or None, expansions).
+        ``decomposition``: the subqueries to ask, with their gold answers (module docs)."""
         c = self.config
         fmt = c.prompt
         queue: list[_Node] = [(0, 0, 0, (), None, ())]
@@ -163,10 +178,24 @@ class TrajectorySearch:
                                                       c.max_answer_tokens)
                     step = Step(subquery=subquery, decision=decision, answer=answer)
                 steps = (*steps, step)
+                if decomposition is not None and not answer_matches(
+                        answer, decomposition[len(steps) - 1][1], self.match):
+                    continue  # a wrong intermediate answer ends the branch
             so_far = render_steps(steps)
             stop: Literal["answered", "step_cap", "malformed"] = "step_cap"
             final: str | None = None
-            if len(steps) < c.max_steps:
+            if decomposition is not None:
+                if len(steps) < len(decomposition):
+                    for branch in (False, True):
+                        heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
+                                               steps, (decomposition[len(steps)][0], branch),
+                                               malformed))
+                        order += 1
+                    continue
+                # The last given subquery answers the question: its answer is the final
+                # one (a model that cannot yet write the final line still yields a path).
+                stop, final = "answered", steps[-1].answer
+            elif len(steps) < c.max_steps:
                 st, raw, nudged = yield from next_step(fmt, question, so_far, generate=False,
                                                        max_new_tokens=c.max_step_tokens,
                                                        nudge=c.nudge)
@@ -203,24 +232,44 @@ class TrajectorySearch:
                              llm_calls=trace.llm_calls, retrievals=trace.retrievals,
                              seconds=time.perf_counter() - start)
 
-    def _check(self, question: str, answers: Sequence[str]) -> None:
-        check_text(question, "question")
+    @staticmethod
+    def _check_answers(answers: Sequence[str], what: str) -> None:
         if isinstance(answers, str) or not answers or not all(
                 isinstance(a, str) and a.strip() for a in answers):
-            raise ValueError(f"answers must be a non-empty list of gold answer strings, got "
+            raise ValueError(f"{what} must be a non-empty list of gold answer strings, got "
                              f"{answers!r}")
 
-    def run(self, question: str, answers: Sequence[str]) -> SearchOutcome:
-        """Search one question; the outcome says what was found and what it cost."""
-        self._check(question, answers)
+    def _check(self, question: str, answers: Sequence[str],
+               decomposition: Decomposition | None) -> None:
+        check_text(question, "question")
+        self._check_answers(answers, "answers")
+        if decomposition is None:
+            return
+        if isinstance(decomposition, str) or not decomposition:
+            raise ValueError("decomposition must be a non-empty list of (subquery, gold "
+                             f"answers) pairs, got {decomposition!r}")
+        for i, pair in enumerate(decomposition):
+            if not isinstance(pair, (tuple, list)) or len(pair) != 2:
+                raise ValueError(f"decomposition[{i}] must be a (subquery, gold answers) "
+                                 f"pair, got {pair!r}")
+            check_text(pair[0], f"decomposition[{i}] subquery")
+            self._check_answers(pair[1], f"decomposition[{i}] answers")
+
+    def run(self, question: str, answers: Sequence[str], *,
+            decomposition: Decomposition | None = None) -> SearchOutcome:
+        """Search one question; the outcome says what was found and what it cost.
+        ``decomposition``: ask these subqueries instead of the model's (module docs)."""
+        self._check(question, answers, decomposition)
         rec, start = TraceRecorder(), time.perf_counter()
-        result = Executor(self.lm, self.retriever, rec).run(self.program(question, answers))
+        result = Executor(self.lm, self.retriever, rec).run(
+            self.program(question, answers, decomposition))
         return self._outcome(result, rec, start)
 
-    async def arun(self, question: str, answers: Sequence[str]) -> SearchOutcome:
+    async def arun(self, question: str, answers: Sequence[str], *,
+                   decomposition: Decomposition | None = None) -> SearchOutcome:
         """:meth:`run` with the model's and retriever's async forms."""
-        self._check(question, answers)
+        self._check(question, answers, decomposition)
         rec, start = TraceRecorder(), time.perf_counter()
         result = await Executor(self.lm, self.retriever, rec).arun(
-            self.program(question, answers))
+            self.program(question, answers, decomposition))
         return self._outcome(result, rec, start)

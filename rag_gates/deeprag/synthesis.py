@@ -6,6 +6,11 @@ retrievals and seconds. The file's first line records the model, retriever and s
 second run with the same file skips the questions already written (an interruption loses at
 most the question in progress) and refuses other settings.
 
+``decomposition="given"`` searches over the rows' own subqueries instead of the model's
+(:class:`~rag_gates.deeprag.search.TrajectorySearch`'s module docs): a row's
+``meta["subqueries"]`` (``[{"question": ..., "answers": [...]}, ...]``, as the testbed's
+two-hop rows carry), and a row without them is one subquery, the question itself.
+
 Example:
     >>> from rag_gates.deeprag.search import TrajectorySearch
     >>> search = TrajectorySearch(lm, bm25, max_expansions=48)            # doctest: +SKIP
@@ -19,16 +24,16 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import JsonlLog
-from rag_gates.deeprag.search import SearchOutcome, TrajectorySearch
+from rag_gates.deeprag.search import Decomposition, SearchOutcome, TrajectorySearch
 from rag_gates.errors import ArtifactError
 from rag_gates.types import QAExample
 
-__all__ = ["SynthesisRow", "SynthesisStats", "read_rows", "synthesize"]
+__all__ = ["SynthesisRow", "SynthesisStats", "given_decomposition", "read_rows", "synthesize"]
 
 logger = logging.getLogger(__name__)
 
@@ -62,11 +67,41 @@ class SynthesisStats(BaseModel):
         return self.found / self.questions if self.questions else 0.0
 
 
-def _header(search: TrajectorySearch) -> dict[str, Any]:
-    return {"kind": "deeprag-synthesis", "model_id": str(getattr(search.lm, "model_id", "")),
-            "retriever": str(getattr(search.retriever, "name", "")),
-            "config": search.config.model_dump(mode="json"),
-            "max_expansions": search.max_expansions, "match": search.match}
+def _header(search: TrajectorySearch, decomposition: str) -> dict[str, Any]:
+    header = {"kind": "deeprag-synthesis",
+              "model_id": str(getattr(search.lm, "model_id", "")),
+              "retriever": str(getattr(search.retriever, "name", "")),
+              "config": search.config.model_dump(mode="json"),
+              "max_expansions": search.max_expansions, "match": search.match}
+    if decomposition != "model":  # files written before the option keep their header
+        header["decomposition"] = decomposition
+    return header
+
+
+def given_decomposition(example: QAExample) -> Decomposition:
+    """The row's own subqueries with their gold answers (``meta["subqueries"]``), or the
+    question itself as the one subquery of a row without them.
+
+    Example:
+        >>> from rag_gates.types import QAExample
+        >>> given_decomposition(QAExample(id="1", dataset="d", question="Who?", answers=["A"]))
+        [('Who?', ['A'])]
+    """
+    subqueries = example.meta.get("subqueries")
+    if subqueries is None:
+        return [(example.question, list(example.answers))]
+    if not isinstance(subqueries, list) or not subqueries:
+        raise ArtifactError(f"{example.dataset} row {example.id}: meta['subqueries'] must be a "
+                            f"non-empty list, got {subqueries!r}")
+    out: list[tuple[str, list[str]]] = []
+    for sub in subqueries:
+        question = sub.get("question") if isinstance(sub, dict) else None
+        answers = sub.get("answers") if isinstance(sub, dict) else None
+        if not isinstance(question, str) or not isinstance(answers, list):
+            raise ArtifactError(f"{example.dataset} row {example.id}: each subquery must be "
+                                f'{{"question": str, "answers": [str, ...]}}, got {sub!r}')
+        out.append((question, [str(a) for a in answers]))
+    return out
 
 
 def _summary(rows: Sequence[SynthesisRow], written: int, out: Path) -> SynthesisStats:
@@ -82,13 +117,18 @@ def _summary(rows: Sequence[SynthesisRow], written: int, out: Path) -> Synthesis
 
 
 def synthesize(search: TrajectorySearch, examples: Sequence[QAExample], out: str | Path, *,
-               progress: Callable[[int, int, int], None] | None = None) -> SynthesisStats:
+               progress: Callable[[int, int, int], None] | None = None,
+               decomposition: Literal["model", "given"] = "model") -> SynthesisStats:
     """Search every example, appending one row per question to ``out`` (resumable).
 
     ``progress(done, total, found_so_far)`` is called after each question.
+    ``decomposition``: ``model`` (the model writes the subqueries, the paper's Algorithm 1)
+    or ``given`` (each row's own, :func:`given_decomposition`).
     """
+    if decomposition not in ("model", "given"):
+        raise ValueError(f"decomposition must be 'model' or 'given', got {decomposition!r}")
     path = Path(out)
-    log = JsonlLog(path, _header(search))
+    log = JsonlLog(path, _header(search, decomposition))
     rows: dict[tuple[str, str], SynthesisRow] = {}
     with log:
         for record in log.open():
@@ -100,7 +140,8 @@ def synthesize(search: TrajectorySearch, examples: Sequence[QAExample], out: str
             key = (example.dataset, example.id)
             if key not in rows:
                 start = time.perf_counter()
-                outcome = search.run(example.question, example.answers)
+                outcome = search.run(example.question, example.answers, decomposition=(
+                    given_decomposition(example) if decomposition == "given" else None))
                 rows[key] = SynthesisRow(
                     **{**outcome.model_dump(), "seconds": time.perf_counter() - start},
                     id=example.id, dataset=example.dataset, question=example.question,

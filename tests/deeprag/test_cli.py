@@ -44,6 +44,20 @@ def test_synthesize_resumes_and_export_writes_trl_records(
     assert again.exit_code == 0 and "0 searched now, 2 resumed" in again.output
     other = runner.invoke(deeprag_app, [*args[:-2], "--k", "2", "--out", str(rows)])
     assert other.exit_code == 1 and "other settings" in other.output
+    given = runner.invoke(deeprag_app, [*args, "--decomposition", "given"])
+    assert given.exit_code == 1 and "other settings" in given.output  # never mixed
+    typo = runner.invoke(deeprag_app, [*args[:-2], "--decomposition", "gold", "--out",
+                                       str(tmp_path / "typo.jsonl")])
+    assert typo.exit_code == 1 and "model or given" in typo.output
+    # HotpotQA rows carry no subqueries: each question is its one subquery, in both
+    # branches (root, direct, retrieved: 3 pops, 2 answer calls, random weights miss both).
+    own = tmp_path / "given.jsonl"
+    wide = [("3" if a == "2" and args[i - 1] == "--max-expansions" else a)
+            for i, a in enumerate(args[:-2])]
+    fresh = runner.invoke(deeprag_app, [*wide, "--decomposition", "given", "--out", str(own)])
+    assert fresh.exit_code == 0, fresh.output
+    assert all(r.status == "exhausted" and r.expansions == 3 and r.retrievals == 1
+               and r.llm_calls == 2 for r in read_rows(own))
 
     sft, dpo = tmp_path / "sft.jsonl", tmp_path / "dpo.jsonl"
     export = runner.invoke(deeprag_app, ["export", "--rows", str(rows), "--sft", str(sft),

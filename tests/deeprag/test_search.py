@@ -21,7 +21,7 @@ from rag_gates.deeprag.export import (
     tokenize_sft,
 )
 from rag_gates.deeprag.search import TrajectorySearch, answer_matches
-from rag_gates.deeprag.synthesis import read_rows, synthesize
+from rag_gates.deeprag.synthesis import given_decomposition, read_rows, synthesize
 from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE, DeepRAGPrompt
 from rag_gates.errors import ArtifactError
 from rag_gates.gate import BaseGate
@@ -168,6 +168,72 @@ def test_synthesis_file_resumes_and_refuses_other_settings(bm25: Any, tmp_path: 
     assert rows[2].trajectory is not None and rows[2].expansions == 4
     with pytest.raises(ArtifactError, match="other settings"):
         synthesize(TrajectorySearch(lm, bm25, max_expansions=5), examples(), out)
+
+
+# ---------------------------------------------------------------- given decomposition
+HOPS = [("Who directed Jaws?", ["Steven Spielberg"]),
+        ("Who was the father of Steven Spielberg?", ["Arnold Spielberg"]),
+        ("Where was Arnold Spielberg born?", ["Cincinnati"])]
+
+
+def test_given_decomposition_prunes_wrong_intermediate_answers(bm25: Any) -> None:
+    lm = ScriptedLM(three_hops)
+    found = TrajectorySearch(lm, bm25).run(QUESTION, GOLD, decomposition=HOPS)
+    assert found.status == "found" and found.trajectory is not None
+    t = found.trajectory
+    # The given third subquery names Arnold Spielberg whatever the second answer was, so
+    # direct-direct-direct reaches "Cincinnati" with the second answer wrong (Leah Adler):
+    # the pruning must not take that 0-retrieval path.
+    assert [s.subquery for s in t.steps] == [q for q, _ in HOPS]
+    assert [s.decision.retrieve for s in t.steps] == [False, True, False]
+    assert [s.answer for s in t.steps] == ["Steven Spielberg", "Arnold Spielberg", "Cincinnati"]
+    assert t.final_answer == "Cincinnati" and t.stop_reason == "answered"
+    # Popped: root, D, DD (pruned), R, DR, RD (pruned), DRD (found): no step calls, an
+    # answer call per popped child; the last answer is the final one (no final-line call).
+    assert found.expansions == 7 and found.retrievals == 2 and found.llm_calls == 6
+    assert not any(so_far.endswith("So the final answer is:") for _, so_far in lm.asked)
+    # Every branch's answer to the first hop wrong: nothing is found.
+    wrong = [("Who directed Jaws?", ["Martin Scorsese"]), *HOPS[1:]]
+    none = TrajectorySearch(ScriptedLM(three_hops), bm25).run(QUESTION, GOLD,
+                                                              decomposition=wrong)
+    assert none.status == "exhausted" and none.expansions == 3
+
+
+@pytest.mark.parametrize(("decomposition", "message"), [
+    ([], "non-empty list"),
+    ([("Who directed Jaws?",)], "pair"),
+    ([("", ["Steven Spielberg"])], "subquery"),
+    ([("Who directed Jaws?", [])], r"decomposition\[0\] answers"),
+])
+def test_given_decomposition_is_checked(bm25: Any, decomposition: Any, message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        TrajectorySearch(ScriptedLM(three_hops), bm25).run(QUESTION, GOLD,
+                                                           decomposition=decomposition)
+
+
+def test_synthesis_with_given_decompositions(bm25: Any, tmp_path: Path) -> None:
+    subqueries = [{"question": q, "answers": a} for q, a in HOPS]
+    rows = [QAExample(id="0", dataset="toy", question=QUESTION, answers=GOLD,
+                      meta={"subqueries": subqueries}),
+            # No subqueries: the question is its one subquery (answered "Los Angeles").
+            QAExample(id="1", dataset="toy", question=QUESTION, answers=["Los Angeles"])]
+    assert given_decomposition(rows[1]) == [(QUESTION, ["Los Angeles"])]
+    out = tmp_path / "given.jsonl"
+    search = TrajectorySearch(ScriptedLM(three_hops), bm25)
+    stats = synthesize(search, rows, out, decomposition="given")
+    assert (stats.questions, stats.found) == (2, 2)
+    found = read_rows(out)
+    assert found[0].trajectory is not None and found[1].trajectory is not None
+    assert [s.decision.retrieve for s in found[0].trajectory.steps] == [False, True, False]
+    assert [s.subquery for s in found[1].trajectory.steps] == [QUESTION]
+    assert json.loads(out.read_text().splitlines()[0])["header"]["decomposition"] == "given"
+    with pytest.raises(ArtifactError, match="other settings"):  # never mixed in one file
+        synthesize(search, rows, out)
+    with pytest.raises(ArtifactError, match="subquery must be"):
+        given_decomposition(QAExample(id="2", dataset="toy", question=QUESTION, answers=GOLD,
+                                      meta={"subqueries": [{"question": QUESTION}]}))
+    with pytest.raises(ValueError, match="'model' or 'given'"):
+        synthesize(search, rows, tmp_path / "x.jsonl", decomposition="gold")  # type: ignore[arg-type]
 
 
 # ---------------------------------------------------------------- exports
