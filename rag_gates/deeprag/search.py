@@ -184,17 +184,14 @@ class TrajectorySearch:
             so_far = render_steps(steps)
             stop: Literal["answered", "step_cap", "malformed"] = "step_cap"
             final: str | None = None
+            subquery_next: str | None = None
             if decomposition is not None:
                 if len(steps) < len(decomposition):
-                    for branch in (False, True):
-                        heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
-                                               steps, (decomposition[len(steps)][0], branch),
-                                               malformed))
-                        order += 1
-                    continue
-                # The last given subquery answers the question: its answer is the final
-                # one (a model that cannot yet write the final line still yields a path).
-                stop, final = "answered", steps[-1].answer
+                    subquery_next = decomposition[len(steps)][0]
+                else:
+                    # The last given subquery answers the question: its answer is the final
+                    # one (a model that cannot yet write the final line still yields a path).
+                    stop, final = "answered", steps[-1].answer
             elif len(steps) < c.max_steps:
                 st, raw, nudged = yield from next_step(fmt, question, so_far, generate=False,
                                                        max_new_tokens=c.max_step_tokens,
@@ -210,11 +207,13 @@ class TrajectorySearch:
                     malformed = (*malformed, MalformedStep(kind=problem, step=len(steps),
                                                            text=raw, action="forced_final"))
                 else:
-                    for branch in (False, True):
-                        heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
-                                               steps, (st.subquery, branch), malformed))
-                        order += 1
-                    continue
+                    subquery_next = st.subquery
+            if subquery_next is not None:
+                for branch in (False, True):
+                    heapq.heappush(queue, (retrievals + branch, len(steps) + 1, order,
+                                           steps, (subquery_next, branch), malformed))
+                    order += 1
+                continue
             if final is None:
                 final = yield from final_answer(fmt, question, so_far, c.max_answer_tokens,
                                                 forced=stop != "answered")
