@@ -18,6 +18,7 @@ running two passes at once.
 
 from __future__ import annotations
 
+import inspect
 import logging
 import os
 import re
@@ -87,6 +88,23 @@ def _weight_major_head(model: Any) -> Iterator[None]:
         yield
     finally:
         del head.forward
+
+
+def _cache_keyword(model: Any) -> str:
+    """The forward keyword for the KV cache: transformers 5.x renamed ``past_key_values`` to
+    ``cache`` (the old name warns on every call), and releases before the rename would drop an
+    unknown ``cache`` keyword silently, so ask the model's signature."""
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):  # a wrapped forward without a signature: the old name
+        return "past_key_values"
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _output_cache(out: Any) -> Any:
+    """The KV cache a forward pass returned, under either name (see :func:`_cache_keyword`)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else out.past_key_values
 
 
 class _AttentionInputs:
@@ -234,6 +252,7 @@ class HFWhiteBoxLM(BaseTextLM):
             torch.set_num_threads(num_threads)
         self.model: Any = model.eval()
         self.tokenizer: Any = tokenizer
+        self._cache_kwarg = _cache_keyword(model)
         self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "hf-model")
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template and not has_template:
@@ -475,8 +494,8 @@ class HFWhiteBoxLM(BaseTextLM):
                 input_ids=input_ids.to(self.device),
                 attention_mask=None if attention_mask is None else attention_mask.to(self.device),
                 position_ids=position_ids.to(self.device),
-                past_key_values=cache,
                 use_cache=True,
+                **{self._cache_kwarg: cache},
                 logits_to_keep=logits_to_keep,
                 output_hidden_states=output_hidden_states,
             )
@@ -827,7 +846,7 @@ class HFWhiteBoxLM(BaseTextLM):
                 position_ids=torch.arange(len(prompt_ids))[None],
             )
             first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-            prefix_kv = [(layer.keys, layer.values) for layer in out.past_key_values.layers]
+            prefix_kv = [(layer.keys, layer.values) for layer in _output_cache(out).layers]
             for lo in range(0, len(cont_ids), batch_size):
                 batch = cont_ids[lo: lo + batch_size]
                 scores.extend(self._score_after_prefix(prefix_kv, first, len(prompt_ids), batch))
@@ -1133,7 +1152,7 @@ class StreamGroup:
                                                                         copy=True)
                              for layer in self.hidden_layers}
         return _Pass(out.logits[:, -1].float(), hidden.states, dict(self._capture.inputs),
-                     out.past_key_values)
+                     _output_cache(out))
 
     def _flush(self) -> None:
         """Run the forward pass for a token appended by :meth:`advance`, if not yet run."""

@@ -411,3 +411,31 @@ def test_hidden_states_early_exit_matches_the_full_pass(tiny: HFWhiteBoxLM) -> N
     # The last layer or the embeddings need the full pass; it is taken automatically.
     last = tiny.hidden_states(prompts, [0, tiny.num_layers])
     assert last.shape == (2, 2, tiny.hidden_size)
+
+
+# ---------------------------------------------------------------- transformers' cache keyword
+def test_forward_passes_the_cache_under_the_name_the_model_accepts(tiny: HFWhiteBoxLM) -> None:
+    # transformers 5.x warns on every forward that gets the old ``past_key_values`` name; an
+    # application logging warnings would see one per token.
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", FutureWarning)
+        g = tiny.generate(PROMPTS[0], max_new_tokens=4)
+        scores = tiny.score(PROMPTS[0], [" Paris", " London"])
+    assert g.completion_tokens >= 1 and len(scores) == 2
+
+
+def test_forward_falls_back_to_past_key_values_for_models_without_the_new_name() -> None:
+    from rag_gates.lm.hf import _cache_keyword
+
+    class OldStyle(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, past_key_values: object = None) -> None:
+            return None
+
+    class NewStyle(torch.nn.Module):
+        def forward(self, input_ids: torch.Tensor, cache: object = None) -> None:
+            return None
+
+    assert _cache_keyword(OldStyle()) == "past_key_values"
+    assert _cache_keyword(NewStyle()) == "cache"
