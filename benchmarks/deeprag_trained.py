@@ -30,7 +30,7 @@ import re
 from pathlib import Path
 from typing import Any
 
-from rag_gates.eval.boundary import boundary_agreement
+from rag_gates.eval.boundary import boundary_by_method
 from rag_gates.eval.runner import RunRecord, read_records
 
 RESULTS = Path("benchmarks/results/deeprag")
@@ -104,7 +104,6 @@ def main() -> None:
     for dataset in ("hotpotqa", "2wiki"):
         base = read_records(args.results / f"{dataset}-200")
         untrained = by_id(base, "deeprag")
-        wrong = {r.id: r.accuracy < 1 for r in base if r.method == "no-rag"}
         entry: dict[str, Any] = {"boundary_against_base_closed_book": {}, "paired": {}}
         runs = {"untrained": untrained}
         for name in ("sft", "sft-dpo"):
@@ -112,15 +111,18 @@ def main() -> None:
             if directory.is_dir():
                 runs[name] = by_id(read_records(directory), "deeprag")
                 entry["paired"][name] = paired(untrained, runs[name])
-        for name, records in runs.items():
-            ids = [i for i in records if i in wrong]
-            entry["boundary_against_base_closed_book"][name] = boundary_agreement(
-                [records[i].retrievals > 0 for i in ids], [wrong[i] for i in ids]).as_dict()
+        # Each run's records under its own name, so the shared rule pools them against the
+        # base model's no-rag answers.
+        labelled = [r.model_copy(update={"method": name})
+                    for name, records in runs.items() for r in records.values()]
+        closed_book = [r for r in base if r.method == "no-rag"]
+        entry["boundary_against_base_closed_book"] = {
+            name: a.as_dict() for name, a in boundary_by_method(closed_book + labelled).items()}
         if dataset == "2wiki":
-            entry["comparison_answers"] = names_both(
-                {**{r.method: [x for x in base if x.method == r.method] for r in base},
-                 **{f"deeprag {name}": list(runs[name].values())
-                    for name in ("sft", "sft-dpo") if name in runs}})
+            by_label: dict[str, list[RunRecord]] = {}
+            for r in [x for x in base if x.method != "deeprag"] + labelled:
+                by_label.setdefault(r.method, []).append(r)
+            entry["comparison_answers"] = names_both(by_label)
         report["datasets"][dataset] = entry
         if "sft" in runs and "sft-dpo" in runs:  # how far DPO moved the SFT model's answers
             entry["sft_dpo_answers_differing_from_sft"] = sum(
