@@ -3,7 +3,9 @@
 - :class:`FirstTokenProbGate`: ``1 - max_v p(v | QA prompt)``: one forward pass, no
   generation; needs a white-box model.
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
-  a model that returns log-probabilities (any TextLM with ``supports_logprobs``).
+  a model that returns log-probabilities (any TextLM with ``supports_logprobs``). A served
+  model that reports a value that is not a log-probability (``ServerLogprobError``: not
+  finite, or above 0) leaves it undecided: it retrieves and says why.
 
 Example:
     >>> from rag_gates.confidence import FirstTokenProbGate
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from rag_gates.errors import ServerLogprobError
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import qa_prompt
@@ -59,10 +62,18 @@ class AnswerLogprobGate(BaseGate):
         self.max_new_tokens = max_new_tokens
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
-                             max_new_tokens=self.max_new_tokens, logprobs=0)
+        try:
+            g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
+                                 max_new_tokens=self.max_new_tokens, logprobs=0)
+        except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
+            return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         values = [item.logprob for item in g.logprobs or []]
         mean = sum(values) / len(values) if values else -math.inf
         return -mean if values else math.inf, {"closed_book_answer": g.text,
                                                 "mean_logprob": mean if values else None,
                                                 "tokens": len(values)}
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if "error" in evidence:
+            return f"the model's log-probabilities are unusable: {evidence['error']}"
+        return super().undecided(score, evidence)

@@ -10,6 +10,7 @@ __all__ = [
     "ProbeMismatchError",
     "RagGatesError",
     "ServerError",
+    "ServerLogprobError",
     "ServerReplyError",
     "ServerRequestError",
     "ServerTimeoutError",
@@ -59,6 +60,12 @@ class ServerRequestError(ServerError, ValueError):
 
 class ServerReplyError(ServerError):
     """The server answered, but not in the OpenAI API's shape (a malformed reply)."""
+
+
+class ServerLogprobError(ServerReplyError):
+    """The server reported a log-probability that is not one (not finite, or above 0 by more
+    than float rounding): a decision read from it would be wrong, so none is made (gates
+    retrieve)."""
 
 
 class ServerUnavailableError(ServerError):

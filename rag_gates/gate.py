@@ -37,11 +37,41 @@ from rag_gates._text import check_text
 from rag_gates.types import GateDecision
 
 __all__ = ["GATE_GRAMMAR", "UNDECIDED_SCORE", "AllOf", "AnyOf", "BaseGate", "Cascade", "Gate",
-           "Weighted", "decision_margin", "is_gate_expression", "json_safe",
+           "Weighted", "decision_margin", "is_gate_expression", "json_safe", "out_of_range",
            "parse_gate_expression"]
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
+
+
+def out_of_range(value: object, low: float = -math.inf, high: float = math.inf, *,
+                 tolerance: float = 0.0) -> str | None:
+    """What is wrong with ``value`` as a number in ``[low, high]`` (each bound widened by
+    ``tolerance``, for float rounding), or None when it is a finite number in range.
+
+    The one check of every number that reaches a decision: a gate's score
+    (:meth:`BaseGate.decision`: not finite -> retrieve), a kNN policy's keys and neighbour
+    similarities (``SourcePolicy.vote``), a served model's log-probabilities (``<= 0``,
+    ``OpenAICompatibleLM``). The caller turns the answer into its own typed error or a
+    fail-closed decision.
+
+    Example:
+        >>> out_of_range(5.0, high=0.0, tolerance=1e-6)
+        '5.0 is above 0.0 (tolerance 1e-06)'
+        >>> out_of_range(-0.25, high=0.0) is None
+        True
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{value!r} is not a number"
+    number = float(value)
+    if not math.isfinite(number):
+        return f"{number!r} is not finite"
+    said = f" (tolerance {tolerance:g})" if tolerance else ""
+    if number < low - tolerance:
+        return f"{number!r} is below {low!r}{said}"
+    if number > high + tolerance:
+        return f"{number!r} is above {high!r}{said}"
+    return None
 
 
 @runtime_checkable
@@ -109,7 +139,7 @@ class BaseGate(ABC):
         """
         value = float(score)
         evidence = json_safe(evidence)
-        if math.isfinite(value):
+        if out_of_range(value) is None:
             retrieve = value >= self.threshold
             reason = self.reason(value, retrieve, evidence)
         else:

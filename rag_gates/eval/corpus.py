@@ -47,6 +47,7 @@ __all__ = [
     "RETRIEVERS",
     "build_corpus_stats",
     "build_testbed_corpus_stats",
+    "corpus_key",
     "corpus_passages",
     "corpus_stats_dir",
     "corpus_stats_documents",
@@ -98,16 +99,29 @@ def corpus_passages(dataset: str, path: str | Path | None = None) -> list[Passag
     return list(seen.values())
 
 
-def index_dir(dataset: str, path: str | Path | None = None) -> Path:
-    """Cache directory of a dataset's indexes (keyed by the data file's content hash); a
-    testbed keeps its indexes inside its own directory."""
+def corpus_key(dataset: str, path: str | Path | None = None) -> str:
+    """The content hash of what a dataset's retrieval corpus is built from (the data file;
+    a testbed's ``passages.jsonl``): the key of its cached indexes and of eval-gate's labels.
+
+    Example:
+        >>> corpus_key("hotpotqa", "examples/data/hotpotqa_dev_sample.jsonl")  # doctest: +SKIP
+        '3f1c0b9e2d4a'
+    """
     if is_testbed(dataset):
         from rag_gates.eval.testbed.dataset import testbed_dir
 
-        directory = testbed_dir(dataset)
-        return directory / "indexes" / f"retrieval-{_file_hash(directory / 'passages.jsonl')}"
-    file = resolve_dataset_file(dataset, path)
-    return rag_gates_home() / "indexes" / f"{dataset}-{_file_hash(file)}"
+        return _file_hash(testbed_dir(dataset) / "passages.jsonl")
+    return _file_hash(resolve_dataset_file(dataset, path))
+
+
+def index_dir(dataset: str, path: str | Path | None = None) -> Path:
+    """Cache directory of a dataset's indexes (keyed by :func:`corpus_key`); a testbed keeps
+    its indexes inside its own directory."""
+    if is_testbed(dataset):
+        from rag_gates.eval.testbed.dataset import testbed_dir
+
+        return testbed_dir(dataset) / "indexes" / f"retrieval-{corpus_key(dataset)}"
+    return rag_gates_home() / "indexes" / f"{dataset}-{corpus_key(dataset, path)}"
 
 
 def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = None

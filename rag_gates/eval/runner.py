@@ -53,6 +53,7 @@ __all__ = [
     "ConfigMismatchError",
     "RunDirectoryError",
     "RunRecord",
+    "data_matches",
     "read_records",
     "run_bench",
     "summarize",
@@ -210,7 +211,21 @@ def _read_run_config(path: Path) -> dict[str, Any]:
     return existing
 
 
-def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
+def data_matches(recorded: object, data: DatasetLoad, run_dir: str | Path) -> bool:
+    """Whether a run directory whose ``config.json`` records the data fingerprint
+    ``recorded`` holds answers to ``data``: the same fingerprint (questions and gold answers),
+    or, for a directory written before the fingerprint covered the answers (it recorded
+    :attr:`DatasetLoad.question_fingerprint`), every record it holds for these questions
+    carries their current gold answers (each record stores the answers it was scored on)."""
+    if recorded == data.fingerprint:
+        return True
+    if recorded != data.question_fingerprint:
+        return False
+    answers = {e.id: e.answers for e in data.examples}
+    return all(r.answers == answers[r.id] for r in read_records(run_dir) if r.id in answers)
+
+
+def _prepare_dir(run_dir: Path, config: BenchConfig, data: DatasetLoad,
                  served: dict[str, Any] | None = None, write: bool = True) -> None:
     """Check that the run directory holds this configuration (or nothing); with ``write``,
     store it (methods joined with earlier ones; ``served``: the served model's endpoint and
@@ -223,8 +238,9 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
         now = _identity(config)
         diff: dict[str, Any] = {k: (before.get(k), v) for k, v in now.items()
                                 if before.get(k) != v}
-        if existing.get("data_fingerprint") != fingerprint:
-            diff["data_fingerprint"] = (existing.get("data_fingerprint"), fingerprint)
+        if not data_matches(existing.get("data_fingerprint"), data, run_dir):
+            diff["data_fingerprint (questions and gold answers)"] = (
+                existing.get("data_fingerprint"), data.fingerprint)
         if diff:
             raise ConfigMismatchError(
                 f"{run_dir} holds a run with a different configuration (was, now): {diff}. "
@@ -245,7 +261,7 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     stored: dict[str, Any] = {"config": {**config.model_dump(), "methods": methods},
-                              "data_fingerprint": fingerprint}
+                              "data_fingerprint": data.fingerprint}
     if served is not None:
         stored["served"] = served
     write_text_atomic(path, json.dumps(stored, indent=2))
@@ -391,7 +407,7 @@ def run_bench(
     run_path = Path(run_dir)
     # A mismatched directory is refused before any model loads; it is written once the
     # methods are built (a method refusing this model leaves no trace in it).
-    _prepare_dir(run_path, config, data.fingerprint, write=False)
+    _prepare_dir(run_path, config, data, write=False)
     if lm is None:
         lm = load_bench_lm(config)
     served = served_info(lm)
@@ -407,7 +423,7 @@ def run_bench(
     ctx = MethodContext(lm=lm, retriever=retriever, dataset=config.dataset, k=config.k,
                         max_new_tokens=config.max_new_tokens)
     methods = [make_method(name, ctx) for name in config.methods]
-    _prepare_dir(run_path, config, data.fingerprint, served=served)
+    _prepare_dir(run_path, config, data, served=served)
     results = run_path / RESULTS
     # Locked before the rows are read: a second bench on the same --out stops here.
     with append_locked(results) as out, concurrent.futures.ThreadPoolExecutor(

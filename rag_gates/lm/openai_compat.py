@@ -23,6 +23,12 @@ Text in a served prompt is not literal: the server parses special-token text suc
 tokenising them. Unlike :class:`~rag_gates.lm.hf.HFWhiteBoxLM`, a served model cannot keep a
 passage from forging a chat turn; keep untrusted text away from control tokens.
 
+Every log-probability a server reports (generated tokens, their alternatives, echoed prompts)
+must be finite and <= 0, allowing :data:`LOGPROB_TOLERANCE` (1e-6) above 0 for float rounding
+(such a value is read as 0): anything else raises :class:`~rag_gates.errors.ServerLogprobError`
+(a gate reading it then retrieves), and a server whose probe replies carry such values is
+declared as offering no log-probabilities.
+
 The API key is read from the environment (``api_key_env``, default ``OPENAI_API_KEY``) and
 sent only as the ``Authorization`` header; it is never logged, stored in a run directory or
 put in an error message.
@@ -60,12 +66,14 @@ from rag_gates._text import check_encodable
 from rag_gates.errors import (
     ContextLengthError,
     ServerError,
+    ServerLogprobError,
     ServerReplyError,
     ServerRequestError,
     ServerTimeoutError,
     ServerUnavailableError,
     WhiteBoxRequiredError,
 )
+from rag_gates.gate import out_of_range
 from rag_gates.lm.base import (
     BaseTextLM,
     Capabilities,
@@ -637,12 +645,21 @@ class OpenAICompatibleLM(BaseTextLM):
         if not isinstance(lp, dict):
             return _Echo(text=reply_text, tokens=[], token_logprobs=[], top_logprobs=[])
         try:
-            return _Echo(text=reply_text, tokens=lp.get("tokens") or [],
+            echo = _Echo(text=reply_text, tokens=lp.get("tokens") or [],
                          token_logprobs=lp.get("token_logprobs") or [],
                          top_logprobs=lp.get("top_logprobs") or [])
         except ValueError as exc:
             raise ServerReplyError(f"{url} returned echoed log-probabilities that are not in "
                                    f"the completions shape: {str(lp)[:200]}") from exc
+        # The first prompt token has no value (None); every value given must be one.
+        for i, value in enumerate(echo.token_logprobs):
+            if value is not None:
+                echo.token_logprobs[i] = _logprob(value, url, f"echoed token {i}")
+        for i, top_entry in enumerate(echo.top_logprobs):
+            if top_entry is not None:
+                echo.top_logprobs[i] = {t: _logprob(v, url, f"echoed token {i}, alternative "
+                                                    f"{t!r}") for t, v in top_entry.items()}
+        return echo
 
     @staticmethod
     def _continuation_span(echo: _Echo, prompt: str, continuation: str) -> tuple[int, int]:
@@ -824,11 +841,15 @@ class OpenAICompatibleLM(BaseTextLM):
         await self._resolve_model()
         kinds: list[PromptKind] = ["raw", "chat"] if self._template is not None else ["raw"]
         found = {}
+        invalid: str | None = None
         for kind in kinds:
             try:
                 found[kind] = await self._probe_kind(kind)
             except ServerRequestError as exc:  # e.g. a chat-only server refusing completions
                 found[kind] = ("missing", f"the completions endpoint refused: {exc}", False)
+            except ServerLogprobError as exc:  # values that are not log-probabilities
+                invalid = str(exc)
+                found[kind] = ("mismatch", f"invalid log-probabilities: {exc}", False)
         self.alignment = {kind: result[0] for kind, result in found.items()}
         logprobs = any(result[2] for result in found.values())
         words = {"aligned": "aligned", "shifted": "shifted by one position (corrected from "
@@ -845,7 +866,8 @@ class OpenAICompatibleLM(BaseTextLM):
                                "%s (%s)", self.base_url, kind, words[a], detail)
         notes = {"score": summary}
         if not logprobs:
-            notes["logprobs"] = "the server returned no log-probabilities for generated tokens"
+            notes["logprobs"] = invalid or ("the server returned no log-probabilities for "
+                                            "generated tokens")
         return Capabilities(logprobs=logprobs,
                             top_logprobs=self.config.max_top_logprobs if logprobs else 0,
                             next_token="top-k" if logprobs else "none", score=scorable,
@@ -928,8 +950,27 @@ def _field(obj: dict[str, Any], url: str, *path: str, kind: type, nullable: bool
     return value
 
 
-def _tops(entries: Any, k: int) -> list[TopLogprob]:
-    pairs = sorted(((str(t), float(v)) for t, v in entries), key=lambda p: -p[1])[:k]
+#: How far above 0 a served log-probability may be (float rounding of log p for p near 1);
+#: such a value is read as 0. Anything higher, or not finite, is a ServerLogprobError.
+LOGPROB_TOLERANCE = 1e-6
+
+
+def _logprob(value: Any, url: str, where: str) -> float:
+    """``value`` as a log-probability (finite, <= 0 within :data:`LOGPROB_TOLERANCE`, clipped
+    to 0), or a :class:`ServerLogprobError` naming the server and the entry."""
+    problem = out_of_range(float(value), high=0.0, tolerance=LOGPROB_TOLERANCE)
+    if problem is not None:
+        raise ServerLogprobError(
+            f"{url} reported a log-probability that is not one ({where}: {problem}); "
+            f"log-probabilities are finite and <= 0 (tolerance {LOGPROB_TOLERANCE:g}), so the "
+            "server's logprobs are broken: no decision is read from them. Check the server "
+            "(its logprobs option, its version) or use another one")
+    return min(float(value), 0.0)
+
+
+def _tops(entries: Any, k: int, url: str, where: str) -> list[TopLogprob]:
+    pairs = sorted(((str(t), _logprob(v, url, f"{where}, alternative {str(t)!r}"))
+                    for t, v in entries), key=lambda p: -p[1])[:k]
     return [TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in pairs]
 
 
@@ -940,9 +981,10 @@ def _completion_logprobs(choice: dict[str, Any], url: str, k: int) -> list[Token
     try:
         tokens, values = lp["tokens"], lp["token_logprobs"]
         tops = lp.get("top_logprobs") or [None] * len(tokens)
-        return [TokenLogprob(token=t, logprob=float(v), bytes=list(t.encode()),
-                             top_logprobs=_tops((top or {}).items(), k))
-                for t, v, top in zip(tokens, values, tops, strict=True)]
+        return [TokenLogprob(token=t, logprob=_logprob(v, url, f"token {i} {t!r}"),
+                             bytes=list(t.encode()),
+                             top_logprobs=_tops((top or {}).items(), k, url, f"token {i}"))
+                for i, (t, v, top) in enumerate(zip(tokens, values, tops, strict=True))]
     except (KeyError, TypeError, ValueError) as exc:
         raise ServerReplyError(f"{url}: choices[0].logprobs is not in the completions shape "
                                f"(tokens, token_logprobs, top_logprobs): {str(lp)[:200]}"
@@ -954,11 +996,14 @@ def _chat_logprobs(choice: dict[str, Any], url: str, k: int) -> list[TokenLogpro
     if lp is None:
         return []
     try:
-        return [TokenLogprob(token=item["token"], logprob=float(item["logprob"]),
+        return [TokenLogprob(token=item["token"],
+                             logprob=_logprob(item["logprob"], url,
+                                              f"token {i} {item['token']!r}"),
                              bytes=item.get("bytes") or list(item["token"].encode()),
                              top_logprobs=_tops(((t["token"], t["logprob"])
-                                                 for t in item.get("top_logprobs") or []), k))
-                for item in lp["content"] or []]
+                                                 for t in item.get("top_logprobs") or []), k,
+                                                url, f"token {i}"))
+                for i, item in enumerate(lp["content"] or [])]
     except (KeyError, TypeError, ValueError) as exc:
         raise ServerReplyError(f"{url}: choices[0].logprobs is not in the chat shape "
                                f"(content[].token/logprob/top_logprobs): {str(lp)[:200]}"

@@ -12,7 +12,9 @@ metadata; opening it with another key function raises :class:`PolicyMismatchErro
 of two models never mix. A datastore holding fewer than ``k`` questions answers from what is
 there (``PolicyVote.found < k``, said in the gate's evidence); an empty one has no vote (the
 gate then retrieves). A server that cannot be reached raises :class:`PolicyStoreError` naming
-the URL.
+the URL. A key that is not finite (a model with a NaN weight), or a neighbour similarity out
+of range, raises :class:`PolicyKeyError` rather than voting on NaN distances, and such a key is
+never stored; ``k`` must be a positive int.
 
 Local mode (``path=...`` or ``":memory:"``) is the embedded default; ``url=`` takes a server.
 
@@ -37,13 +39,15 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from rag_gates._optional import require
 from rag_gates.errors import RagGatesError
+from rag_gates.gate import out_of_range
 from rag_gates.srrag.labels import RETRIEVAL, Source, SourceLabel
 from rag_gates.srrag.routing import RoutingPrompt, check_layer, default_layer, question_keys
 from rag_gates.srrag.verbalizer import PARAMETRIC
 
-__all__ = ["DEFAULT_COLLECTION", "DEFAULT_K", "EmbeddingKeys", "HiddenStateKeys", "KeyFunction",
-           "Neighbour", "PolicyEntry", "PolicyMismatchError", "PolicyStoreError", "PolicyVote",
-           "SourcePolicy", "default_policy_path"]
+__all__ = ["DEFAULT_COLLECTION", "DEFAULT_K", "SIMILARITY_TOLERANCE", "EmbeddingKeys",
+           "HiddenStateKeys", "KeyFunction", "Neighbour", "PolicyEntry", "PolicyKeyError",
+           "PolicyMismatchError", "PolicyStoreError", "PolicyVote", "SourcePolicy", "check_k",
+           "default_policy_path"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,6 +71,33 @@ class PolicyMismatchError(RagGatesError, ValueError):
 
 class PolicyStoreError(RagGatesError, ConnectionError):
     """The Qdrant holding the datastore cannot be reached or refused the request."""
+
+
+class PolicyKeyError(RagGatesError, ValueError):
+    """A key the datastore cannot vote on or store (not finite, wrong size), or a vote whose
+    similarities are not finite or out of range: no vote can be read from it."""
+
+
+#: Cosine similarities are in [-1, 1]; float32 dot products of unit vectors overshoot by
+#: rounding, so the check allows this much either side.
+SIMILARITY_TOLERANCE = 1e-3
+
+
+def check_k(k: object) -> int:
+    """``k`` if it is a positive int (the neighbours that vote), else a ValueError."""
+    if isinstance(k, bool) or not isinstance(k, int) or k < 1:
+        raise ValueError(f"k must be an int >= 1 (the neighbours that vote), got {k!r}")
+    return k
+
+
+def _check_key(vector: Sequence[float], dim: int, what: str) -> None:
+    if len(vector) != dim:
+        raise PolicyKeyError(f"{what} has {len(vector)} dimensions; this datastore takes {dim}")
+    bad = sum(1 for x in vector if out_of_range(x) is not None)
+    if bad:
+        raise PolicyKeyError(
+            f"{what} is not finite ({bad} NaN/inf of {dim} values): the model's hidden state "
+            "is broken (a NaN or inf weight or input), so no neighbour can be found for it")
 
 
 class KeyFunction(Protocol):
@@ -194,12 +225,10 @@ class SourcePolicy:
     def __init__(self, client: Any, collection: str, keys: KeyFunction, *, k: int = DEFAULT_K,
                  location: str = ":memory:", distance: Distance = "cosine",
                  cache: bool | None = None) -> None:
-        if isinstance(k, bool) or not isinstance(k, int) or k < 1:
-            raise ValueError(f"k must be an int >= 1, got {k!r}")
         self.client = client
         self.collection = collection
         self.key_function = keys
-        self.k = k
+        self.k = check_k(k)
         self.location = location
         self.distance = distance
         if cache is None:  # local mode admits one client, so a copy of it cannot go stale
@@ -337,16 +366,15 @@ class SourcePolicy:
 
     # ------------------------------------------------------------------ editing
     def add(self, entries: Sequence[PolicyEntry], keys: Any) -> int:
-        """Insert (or replace, by dataset and id) labelled questions with their keys."""
+        """Insert (or replace, by dataset and id) labelled questions with their keys; a key
+        of the wrong size or not finite raises :class:`PolicyKeyError` and nothing is
+        stored."""
         models = require("qdrant_client.models", "qdrant")
         vectors = [list(map(float, row)) for row in keys]
         if len(vectors) != len(entries):
             raise ValueError(f"{len(entries)} entries but {len(vectors)} keys")
-        dim = self.key_function.dim
         for i, vector in enumerate(vectors):
-            if len(vector) != dim:
-                raise ValueError(f"key {i} has {len(vector)} dimensions; this datastore "
-                                 f"takes {dim}")
+            _check_key(vector, self.key_function.dim, f"key {i} ({entries[i].id!r})")
         self._matrix = None
         for lo in range(0, len(entries), 256):
             self._call("add to", lambda lo=lo: self.client.upsert(self.collection, points=[
@@ -388,9 +416,19 @@ class SourcePolicy:
 
     # ------------------------------------------------------------------ voting
     def vote(self, key: Any, k: int | None = None) -> PolicyVote:
-        """The ``k`` nearest labelled questions to ``key`` and their votes."""
-        k = self.k if k is None else k
+        """The ``k`` nearest labelled questions to ``key`` and their votes.
+
+        A key that is not finite or of the wrong size, or a neighbour whose similarity is
+        not finite or out of range (a datastore holding broken keys), raises
+        :class:`PolicyKeyError`: no vote is read from NaN distances (the gate then retrieves).
+
+        Example:
+            >>> policy.vote(policy.key_function.keys(["Who wrote Hamlet?"])[0], k=5).found
+            5
+        """
+        k = self.k if k is None else check_k(k)
         vector = [float(x) for x in key]
+        _check_key(vector, self.key_function.dim, "the key")
         if self.cache and self.distance == "cosine":
             hits = self._cached_search(vector, k)
         else:
@@ -400,6 +438,14 @@ class SourcePolicy:
         neighbours = [Neighbour(id=payload["id"], dataset=payload.get("dataset", ""),
                                 question=payload["question"], source=payload["source"],
                                 similarity=score) for payload, score in hits]
+        low, high = (-1.0, 1.0) if self.distance == "cosine" else (0.0, float("inf"))
+        for n in neighbours:
+            problem = out_of_range(n.similarity, low, high, tolerance=SIMILARITY_TOLERANCE)
+            if problem is not None:
+                raise PolicyKeyError(
+                    f"the {self.distance} score of neighbour {n.id!r} in {self.collection!r} "
+                    f"at {self.location}: {problem}; the datastore holds a broken key: rebuild "
+                    "it (rag-gates srrag build-policy --replace ...)")
         retrieval = sum(1 for n in neighbours if n.source == RETRIEVAL)
         return PolicyVote(k=k, found=len(neighbours), retrieval=retrieval,
                           parametric=sum(1 for n in neighbours if n.source == PARAMETRIC),

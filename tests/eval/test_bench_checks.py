@@ -236,19 +236,114 @@ def test_the_label_cache_is_keyed_by_the_data_not_its_name(tmp_path: Path, tiny:
     assert label_run_dir(same, load_dataset("popqa", c, n=3).fingerprint) == dirs[0]
 
 
-def test_a_label_cache_from_before_the_fingerprint_key_is_adopted_only_when_it_matches(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rag_gates.eval.gate_eval import _adopt_unkeyed_labels
-
+def test_a_label_cache_of_an_earlier_layout_is_adopted_only_when_it_matches(
+        tmp_path: Path, tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache named by the questions' fingerprint alone (or by nothing), recording its data
+    path, is renamed to the current key when its records carry the current gold answers and
+    its data file has the same corpus; one whose answers differ is left alone."""
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
-    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, data_path=str(SLICES))
-    fingerprint = load_dataset("popqa", SLICES, n=3).fingerprint
-    new = label_run_dir(config, fingerprint)
-    old = new.with_name(new.name.replace(f"-{fingerprint}", ""))
-    old.mkdir(parents=True)
-    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": "other"}))
-    _adopt_unkeyed_labels(new, fingerprint)
-    assert old.is_dir() and not new.exists()  # other questions: left alone
-    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": fingerprint}))
-    _adopt_unkeyed_labels(new, fingerprint)
-    assert new.is_dir() and not old.exists()
+    data = _popqa_copy(tmp_path / "data")
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=2,
+                            data_path=str(data.parent))
+    evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=retriever)
+    load = load_dataset("popqa", data.parent, n=3)
+    new = label_run_dir(config, load.fingerprint)
+    lines = (new / "results.jsonl").read_text().splitlines()
+    key = new.name.split("-n3-")[0].removeprefix("popqa")  # -FINGERPRINT-cCORPUS
+    for old_key in (f"-{load.question_fingerprint}", ""):
+        old = new.with_name(new.name.replace(key, old_key))
+        new.rename(old)  # as an earlier version wrote it: path recorded, questions' hash
+        recorded = json.loads((old / "config.json").read_text())
+        recorded["config"]["data_path"] = str(data.parent)
+        recorded["data_fingerprint"] = load.question_fingerprint
+        (old / "config.json").write_text(json.dumps(recorded))
+        evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=retriever)
+        assert not old.exists() and (new / "results.jsonl").read_text().splitlines() == lines
+        assert json.loads((new / "config.json").read_text())["data_fingerprint"] \
+            == load.fingerprint
+    # Records scored on other answers: not adopted; the labels are made again.
+    old = new.with_name(new.name.replace(key, f"-{load.question_fingerprint}"))
+    new.rename(old)
+    recorded = json.loads((old / "config.json").read_text())
+    recorded["config"]["data_path"] = str(data.parent)
+    recorded["data_fingerprint"] = load.question_fingerprint
+    (old / "config.json").write_text(json.dumps(recorded))
+    rows = [json.loads(line) for line in lines]
+    rows[0]["answers"] = ["an older answer"]
+    (old / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluate_gate(config, tmp_path / "gate-2", lm=tiny, retriever=retriever)
+    assert old.is_dir() and len((new / "results.jsonl").read_text().splitlines()) == 6
+
+
+# ------------------------------------------------- the label cache follows the gold answers
+def _popqa_copy(folder: Path, n: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = (SLICES / "popqa_dev_sample.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    (folder / "popqa_dev.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder / "popqa_dev.jsonl"
+
+
+def _label_records(config: GateEvalConfig) -> list[dict[str, Any]]:
+    directory = label_run_dir(config, load_dataset("popqa", config.data_path, n=config.n)
+                              .fingerprint)
+    return [json.loads(line) for line in
+            (directory / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_gold_answers_edited_in_place_are_labelled_again(tmp_path: Path, tiny: Any,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Issue 32, item 1: the cache key covers the answers, so an edited file is relabelled
+    and its figures follow the new answers (before: the old labels were reused)."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    data = _popqa_copy(tmp_path / "data")
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=3,
+                            data_path=str(tmp_path / "data"))
+    evaluate_gate(config, tmp_path / "gate-1", lm=tiny, retriever=retriever)
+    replies = {r["id"]: r["prediction"] for r in _label_records(config)
+               if r["method"] == "no-rag"}
+    # Each question's gold answer becomes its own closed-book reply (contained in it), so
+    # the closed-book accuracy must become 1.0 with fresh labels.
+    edited = []
+    for line, example in zip(data.read_text(encoding="utf-8").splitlines(),
+                             load_dataset("popqa", data, n=3).examples, strict=True):
+        row = json.loads(line)
+        row["possible_answers"] = [replies[example.id]]
+        edited.append(json.dumps(row))
+    data.write_text("\n".join(edited) + "\n", encoding="utf-8")
+    report = evaluate_gate(config, tmp_path / "gate-2", lm=tiny, retriever=retriever)
+    assert report.closed_book_accuracy == 1.0
+    for record in _label_records(config):
+        assert record["answers"] == [replies[record["id"]]]
+
+
+def test_the_same_questions_at_another_path_share_their_labels(tmp_path: Path, tiny: Any,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Issue 32, item 1: a byte copy of the data file elsewhere reuses the cached labels
+    (before: ConfigMismatchError on data_path)."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    _popqa_copy(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "popqa_dev.jsonl").write_bytes(
+        (tmp_path / "a" / "popqa_dev.jsonl").read_bytes())
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    reports, caches = [], []
+    for folder in ("a", "b"):
+        config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3,
+                                max_new_tokens=3, data_path=str(tmp_path / folder))
+        reports.append(evaluate_gate(config, tmp_path / f"gate-{folder}", lm=tiny,
+                                     retriever=retriever))
+        caches.append(label_run_dir(config, load_dataset("popqa", tmp_path / folder, n=3)
+                                    .fingerprint))
+    assert caches[0] == caches[1]
+    assert len((caches[0] / "results.jsonl").read_text().splitlines()) == 6  # not answered twice
+    assert reports[0].closed_book_accuracy == reports[1].closed_book_accuracy
+    # Another file whose first questions are the same but whose corpus differs does not.
+    other = _popqa_copy(tmp_path / "c", n=5)
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=3,
+                            data_path=str(other.parent))
+    assert label_run_dir(config, load_dataset("popqa", other.parent, n=3).fingerprint) \
+        != caches[0]

@@ -334,3 +334,27 @@ def test_eval_gate_scores_a_composite_gate(tiny: Any, bm25: BM25Retriever,
     rows = [json.loads(line) for line in (tmp_path / "out" / "decisions.jsonl").open()]
     assert all(r["gate"] == "cascade(first-token-prob,answer-logprob,0,0.5)" for r in rows)
     assert all(isinstance(r["evidence"]["expensive_called"], bool) for r in rows)
+
+
+def test_a_run_of_edited_gold_answers_is_refused_and_an_older_run_is_checked_by_answers(
+        tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    """Issue 32, item 1: the data fingerprint covers the gold answers, so resuming a run
+    after the answers were edited in place is refused (before: resumed, mixing records
+    scored on the old answers with new ones). A run directory of an earlier version (the
+    questions' fingerprint) resumes when its records carry the current answers."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = (SLICES / "hotpotqa_dev_sample.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    data = folder / "hotpot.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = _config(n=2, data_path=str(data))
+    run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    stored["data_fingerprint"] = load_dataset("hotpotqa", data, n=2).question_fingerprint
+    (tmp_path / "run" / "config.json").write_text(json.dumps(stored))
+    run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)  # older layout: resumes
+    edited = json.loads(rows[0])
+    edited["answer"] = "a different answer"
+    data.write_text("\n".join([json.dumps(edited), rows[1]]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigMismatchError, match="gold answers"):
+        run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)

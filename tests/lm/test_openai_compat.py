@@ -262,3 +262,106 @@ def test_bad_arguments_fail_before_any_request(server: ReplayServer) -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAICompatibleLM("127.0.0.1:8000/v1", probe=False)
     assert lm.requests_sent == sent
+
+
+# ------------------------------------------------------- log-probabilities that are not ones
+def _set_logprobs(value: float, *, top: bool = False) -> Any:
+    """A transform making the server report ``value`` for every generated token's
+    log-probability (or its top alternatives'), chat and completions shapes alike."""
+
+    def transform(path: str, payload: Any, reply: Any) -> Any:
+        for choice in reply.get("choices") or []:
+            lp = choice.get("logprobs")
+            if not isinstance(lp, dict) or (payload or {}).get("echo"):
+                continue
+            if "content" in lp:  # chat
+                for item in lp["content"] or []:
+                    if top and item.get("top_logprobs"):
+                        item["top_logprobs"][0]["logprob"] = value
+                    elif not top:
+                        item["logprob"] = value
+            elif top:
+                lp["top_logprobs"] = [{k: value for k in d} if d else d
+                                      for d in lp["top_logprobs"]]
+            else:
+                lp["token_logprobs"] = [value for _ in lp["token_logprobs"]]
+        return reply
+
+    return transform
+
+
+@pytest.mark.parametrize("value", [5.0, 1e-3, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("top", [False, True])
+def test_log_probabilities_outside_minus_inf_to_zero_are_refused(
+        server: ReplayServer, chat_lm: OpenAICompatibleLM, raw_lm: OpenAICompatibleLM,
+        value: float, top: bool) -> None:
+    """Issue 32, item 3: a server reporting log p = +5.0 (or NaN, inf) was accepted. Chat
+    prompts rendered here, raw prompts, and the chat endpoint."""
+    from rag_gates.errors import ServerLogprobError
+
+    server.transform = _set_logprobs(value, top=top)
+    chat_endpoint = OpenAICompatibleLM(server.url, probe=False, model="smollm2", **FAST)
+    calls = [lambda: chat_lm.generate("What is the capital of France?", max_new_tokens=6,
+                                      logprobs=3),
+             lambda: raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0),
+             lambda: chat_endpoint.generate("What is the capital of France?",
+                                            max_new_tokens=5, logprobs=2)]
+    try:
+        for call in calls:
+            with pytest.raises(ServerLogprobError,
+                               match=r"finite and <= 0 \(tolerance 1e-06\)"):
+                call()
+    finally:
+        chat_endpoint.close()
+    assert issubclass(ServerLogprobError, ServerReplyError)
+
+
+def test_a_rounding_overshoot_within_the_tolerance_is_read_as_zero(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM) -> None:
+    server.transform = _set_logprobs(5e-7)
+    g = raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0)
+    assert g.logprobs and all(t.logprob == 0.0 for t in g.logprobs)
+
+
+def _completion(text: str, logprob: float) -> bytes:
+    """A completions reply of one token with the given log-probability."""
+    import json
+
+    return json.dumps({"object": "text_completion", "choices": [{
+        "index": 0, "text": text, "finish_reason": "stop", "logprobs": {
+            "tokens": [text], "token_logprobs": [logprob], "top_logprobs": [{text: logprob}],
+            "text_offset": [0]}}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}
+    }).encode()
+
+
+def test_answer_logprob_gate_fails_closed_on_a_positive_log_probability(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM) -> None:
+    """Issue 32, item 3: +5.0 for the answer's token made the mean -5, a confident answer:
+    no retrieval at threshold 1.0. Now the gate cannot decide, so it retrieves and says why."""
+    from rag_gates.confidence import AnswerLogprobGate
+
+    gate = AnswerLogprobGate(raw_lm, threshold=1.0, max_new_tokens=6)
+    server.faults.append(("body", _completion(" Paris", -0.25)))  # a real one first
+    assert not gate.decide("What is the capital of France?").retrieve
+    server.faults.append(("body", _completion(" Paris", 5.0)))
+    d = gate.decide("What is the capital of France?")
+    assert d.retrieve and "could not decide" in d.reason
+    assert "5.0 is above 0.0" in str(d.evidence["undecided"])
+    assert "ServerLogprobError" in str(d.evidence["error"])
+
+
+def test_a_server_with_invalid_log_probabilities_is_probed_as_offering_none(
+        server: ReplayServer) -> None:
+    """At construction the probe reads generated tokens' log-probabilities: positive ones
+    turn the logprobs capability off, with the reason in its notes."""
+    from rag_gates.confidence import AnswerLogprobGate
+
+    server.transform = _set_logprobs(5.0)
+    lm = OpenAICompatibleLM(server.url, chat=False, **FAST)
+    try:
+        assert not lm.supports_logprobs and not lm.capabilities.score
+        assert "5.0 is above 0.0" in lm.capabilities.notes["logprobs"]
+        with pytest.raises(TypeError, match="log-probabilities"):
+            AnswerLogprobGate(lm)
+    finally:
+        lm.close()

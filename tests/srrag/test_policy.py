@@ -116,3 +116,30 @@ def test_in_process_search_agrees_with_qdrant(tiny: Any) -> None:
     cached.refresh()
     assert "1" not in {n.id for n in cached.vote_question("Who wrote Hamlet?").neighbours}
     cached.close()
+
+
+def test_non_finite_keys_and_bad_k_are_refused(tiny: Any) -> None:
+    """Issue 32, item 2: an all-NaN key voted with five neighbours of NaN similarity and
+    p = 0.4; k=-2 returned len - 2 neighbours. Both are refused with what to do."""
+    from rag_gates.srrag.policy import PolicyKeyError
+
+    policy = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=":memory:", k=5)
+    policy.add_questions(ENTRIES)
+    nan_key = [float("nan")] * 64
+    for cached in (True, False):  # the in-process search and Qdrant's own
+        policy.cache = cached
+        with pytest.raises(PolicyKeyError, match=r"key .*not finite \(64 NaN/inf"):
+            policy.vote(nan_key)
+        half = [1.0] * 63 + [float("inf")]
+        with pytest.raises(PolicyKeyError, match="not finite"):
+            policy.vote(half)
+    for k in (-2, 0, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=r"k must be an int >= 1"):
+            policy.vote_question("Who wrote Hamlet?", k=k)  # type: ignore[arg-type]
+    assert policy.vote_question("Who wrote Hamlet?", k=2).found == 2
+    # A non-finite key never enters the datastore (it would poison every later vote).
+    with pytest.raises(PolicyKeyError, match=r"key 0 .*not finite"):
+        policy.add([PolicyEntry(id="9", question="Poisoned?", source="parametric")],
+                   [nan_key])
+    assert len(policy) == 4
+    policy.close()
