@@ -67,18 +67,14 @@ SERVED_PREFIX = "openai:"
 
 
 def check_served_spec(spec: str) -> None:
-    """Refuse an ``openai:URL`` whose URL carries credentials or a query string: the run
-    directory records the spec, and an API key belongs in the environment."""
-    from urllib.parse import urlsplit
+    """Refuse an ``openai:URL`` whose URL carries credentials or a query string, without
+    repeating them: the run directory records the spec, and an API key belongs in the
+    environment (the check is :func:`rag_gates._http.check_server_url`, as for the client)."""
+    from rag_gates._http import check_server_url
 
-    parts = urlsplit(spec.removeprefix(SERVED_PREFIX).partition("#")[0])
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"expected 'openai:http(s)://HOST[:PORT]/PATH[#model-name]', got "
-                         f"{spec!r}")
-    if parts.username is not None or parts.password is not None or parts.query:
-        raise ValueError(
-            "the model URL must not carry credentials or a query string (the run directory "
-            "records it); put the API key in the environment variable OPENAI_API_KEY")
+    url = spec.removeprefix(SERVED_PREFIX).partition("#")[0]
+    check_server_url(url, "the model URL (openai:URL[#model-name])",
+                     "Put the API key in the environment variable OPENAI_API_KEY")
 
 
 class ConfigMismatchError(ValueError):
@@ -93,7 +89,8 @@ class BenchConfig(BaseModel):
     """Everything that defines a run. A run directory accepts the same configuration again
     (resume) or with more methods (extend); anything else is refused."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dataset: str = Field(..., description="hotpotqa, 2wiki, popqa or pubmedqa.")
     methods: list[str] = Field(..., min_length=1, description="Method names, run in order.")
