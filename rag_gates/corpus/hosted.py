@@ -37,7 +37,6 @@ import asyncio
 import concurrent.futures
 import contextlib
 import contextvars
-import json
 import logging
 import re
 import threading
@@ -59,6 +58,7 @@ from rag_gates._http import (
     read_body,
     retry_after_seconds,
 )
+from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import (
@@ -296,7 +296,9 @@ class HostedInfiniGram(CorpusStats):
                         f"{text[:300]}")
                 else:
                     try:
-                        data = json.loads(body)
+                        data = loads_bounded(body, what=f"the reply of {self.config.url}")
+                    except JSONDepthError as exc:
+                        raise HostedProtocolError(str(exc)) from None
                     except ValueError:  # JSONDecodeError and UnicodeDecodeError
                         data = None
                     if isinstance(data, dict) and "error" in data:

@@ -70,6 +70,7 @@ from rag_gates._http import (
     register_secret,
     retry_after_seconds,
 )
+from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import (
@@ -346,7 +347,9 @@ class OpenAICompatibleLM(BaseTextLM):
                     raise _refusal(url, status, body)
                 else:
                     try:
-                        return json.loads(body)
+                        return loads_bounded(body, what=f"the reply of {url}")
+                    except JSONDepthError as exc:
+                        raise ServerReplyError(str(exc)) from None
                     except ValueError as exc:
                         raise ServerReplyError(
                             f"{url} answered HTTP {status} with a body that is not JSON: "
@@ -557,7 +560,9 @@ class OpenAICompatibleLM(BaseTextLM):
                         if data == "[DONE]":
                             return
                         try:
-                            chunk = json.loads(data)
+                            chunk = loads_bounded(data, what=f"an event streamed by {url}")
+                        except JSONDepthError as exc:
+                            raise ServerReplyError(str(exc)) from None
                         except ValueError as exc:
                             raise ServerReplyError(
                                 f"{url} streamed an event that is not JSON: {data[:200]!r}"

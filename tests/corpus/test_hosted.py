@@ -223,6 +223,15 @@ def test_a_reply_over_the_size_limit_is_refused_unread(server: ProtocolServer) -
         assert hosted.count("film").value > 0  # replies under the limit still work
 
 
+def test_a_deeply_nested_reply_is_a_protocol_error_not_a_recursion_error(
+        server: ProtocolServer) -> None:
+    server.queue(("deep", 100_000))
+    with client(server, max_retries=3) as hosted:
+        with pytest.raises(HostedProtocolError, match="nested deeper than"):
+            hosted.count("film")
+        assert hosted.requests_sent == 1
+
+
 def test_error_replies_are_not_retried(server: ProtocolServer) -> None:
     server.default_fault = ("error", 0)
     with client(server, max_retries=3) as hosted:

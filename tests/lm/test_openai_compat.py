@@ -353,6 +353,13 @@ def test_a_reply_over_the_size_limit_is_refused_unread(server: ReplayServer, fau
     assert lm.generate(PROBE_RAW, max_new_tokens=8).text  # replies under the limit still work
 
 
+def test_a_deeply_nested_reply_is_a_reply_error_not_a_recursion_error(
+        server: ReplayServer) -> None:
+    server.faults.append(("body", b"[" * 100_000 + b"]" * 100_000))
+    with pytest.raises(ServerReplyError, match="nested deeper than"):
+        _plain(server).generate(PROBE_RAW, max_new_tokens=8)
+
+
 def test_a_streamed_reply_over_the_size_limit_is_refused(server: ReplayServer) -> None:
     lm = _plain(server, max_response_bytes=4096)
     server.faults.append(("big_chunked", 64 * 1024))  # one endless line, no newline
