@@ -194,8 +194,8 @@ def scrub(data: bytes, secrets: Sequence[bytes]) -> bytes:
 
 def _too_large(where: str, limit: int, setting: str) -> str:
     return (f"{where} sent a reply larger than {limit:,} bytes ({setting}={limit}); it was "
-            f"refused unread. If the server's replies really are this large, raise "
-            f"{setting}")
+            f"refused without reading the rest. If the server's replies really are this "
+            f"large, raise {setting}")
 
 
 async def read_body(response: Any, limit: int, *, where: str, setting: str,

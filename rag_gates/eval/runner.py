@@ -73,7 +73,7 @@ def check_served_spec(spec: str) -> None:
     from rag_gates._http import check_server_url
 
     url = spec.removeprefix(SERVED_PREFIX).partition("#")[0]
-    check_server_url(url, "the model URL (openai:URL[#model-name])",
+    check_server_url(url, "the URL of --model openai:http(s)://HOST[:PORT]/PATH[#model-name]",
                      "Put the API key in the environment variable OPENAI_API_KEY")
 
 
