@@ -14,6 +14,7 @@ __all__ = [
     "ServerRequestError",
     "ServerTimeoutError",
     "ServerUnavailableError",
+    "WeightsFileError",
     "WhiteBoxRequiredError",
 ]
 
@@ -67,3 +68,8 @@ class ServerUnavailableError(ServerError):
 
 class ServerTimeoutError(ServerError, TimeoutError):
     """No answer within the call's total timeout (retries included)."""
+
+
+class WeightsFileError(ArtifactError):
+    """A ``weighted(FILE)`` weights file is not the JSON ``rag-gates fit-weighted`` writes (or
+    names itself through its gates); the message names the file and the shape expected."""
