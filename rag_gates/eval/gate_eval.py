@@ -28,7 +28,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.gates import make_gate
+from rag_gates.eval.gates import check_gate_expression, make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
 from rag_gates.eval.runner import (
@@ -160,6 +160,8 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                   progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
     ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    # The expression (syntax, limits, thresholds, weights files) before a model loads.
+    check_gate_expression(config.gate)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
         raise FileNotFoundError(
             f"the labels directory {config.labels_dir} does not exist; pass an existing bench "

@@ -263,6 +263,20 @@ def test_eval_gate_refuses_a_labels_path_that_does_not_exist(
     assert not (tmp_path / "no").exists() and no_model_loads == []
 
 
+@pytest.mark.parametrize(("gate", "message"), [
+    ("cbdr:2", "score scale"), ("(" * 40 + "quco" + ")" * 40, "nested deeper"),
+    ("quco&", "expected a gate name")])
+def test_eval_gate_refuses_a_bad_gate_expression_before_loading_a_model(
+        tmp_path: Path, no_model_loads: list[str], gate: str, message: str) -> None:
+    # Before: the model loaded and the questions were labelled (minutes) before the gate
+    # was built and refused.
+    config = GateEvalConfig(gate=gate, dataset="popqa", n=4, data_path=str(SLICES),
+                            labels_dir=str(tmp_path / "labels"), create_labels=True)
+    with pytest.raises(ValueError, match=message):
+        evaluate_gate(config, tmp_path / "gate")
+    assert no_model_loads == [] and not (tmp_path / "labels").exists()
+
+
 def test_eval_gate_creates_the_labels_directory_when_asked(tmp_path: Path, tiny: Any,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
