@@ -319,14 +319,18 @@ def test_a_key_the_server_echoes_never_reaches_errors_or_logs(
         server: ReplayServer, monkeypatch: pytest.MonkeyPatch,
         caplog: pytest.LogCaptureFixture) -> None:
     from rag_gates.errors import ServerRequestError
+    from rag_gates.lm.recorded import RecordedLM
+    from rag_gates.types import TraceRecorder
 
     monkeypatch.setenv("RAG_GATES_TEST_KEY", SECRET)
     lm = _plain(server, api_key_env="RAG_GATES_TEST_KEY", max_retries=1)
     shown = [repr(lm), lm.model_id]
+    rec = TraceRecorder()
     with caplog.at_level(logging.DEBUG):  # the root logger: httpx's and httpcore's too
+        RecordedLM(lm, rec).generate(PROBE_RAW, max_new_tokens=8)
         server.faults.extend([("echo_auth", 500)] * 2)
         with pytest.raises(ServerUnavailableError) as unavailable:
-            lm.generate(PROBE_RAW, max_new_tokens=8)
+            RecordedLM(lm, rec).generate(PROBE_RAW, max_new_tokens=8)
         server.faults.append(("echo_auth", 400))
         with pytest.raises(ServerRequestError) as refused:
             lm.generate(PROBE_RAW, max_new_tokens=8)
@@ -338,7 +342,7 @@ def test_a_key_the_server_echoes_never_reaches_errors_or_logs(
         shown += [str(info.value), repr(info.value)]
     assert "HTTP 500" in str(unavailable.value) and "HTTP 400" in str(refused.value)
     assert "retrying" in caplog.text  # the debug line was written, scrubbed
-    shown.append(caplog.text)
+    shown += [caplog.text, rec.trace().model_dump_json()]
     assert not leaks("\n".join(shown))
 
 
