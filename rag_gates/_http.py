@@ -37,7 +37,8 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "RETRY_STATUS", "LoopThread",
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "MIN_SECRET_CHARS", "RETRY_STATUS",
+           "LoopThread",
            "backoff_delay", "check_server_url", "read_body", "read_lines", "redact_url",
            "register_secret", "retry_after_seconds", "scrub"]
 
@@ -55,6 +56,9 @@ _QUERY = re.compile(r"\?[^#]*")
 # The loggers of the HTTP stack this package uses (httpcore's debug lines print headers).
 _HTTP_LOGGERS = ("httpx", "httpcore.connection", "httpcore.http11", "httpcore.http2",
                  "httpcore.proxy", "httpcore.socks")
+#: Shorter "keys" are placeholders ("EMPTY", "none"), not secrets: scrubbing them would change
+#: model output that happens to contain the word.
+MIN_SECRET_CHARS = 8
 _SECRETS: set[str] = set()
 _SECRETS_LOCK = threading.Lock()
 
@@ -79,12 +83,13 @@ _FILTER = _ScrubSecrets()
 
 def register_secret(secret: str) -> None:
     """Keep ``secret`` (an API key a client sends) out of httpx's and httpcore's log lines
-    from now on, in this process.
+    from now on, in this process (unless it is a placeholder shorter than
+    :data:`MIN_SECRET_CHARS`).
 
     Example:
         >>> register_secret("sk-example-key")
     """
-    if not secret:
+    if len(secret) < MIN_SECRET_CHARS:
         return
     with _SECRETS_LOCK:
         _SECRETS.add(secret)
@@ -180,14 +185,15 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
 
 
 def scrub(data: bytes, secrets: Sequence[bytes]) -> bytes:
-    """``data`` with every occurrence of each secret replaced by ``***``.
+    """``data`` with every occurrence of each secret replaced by ``***`` (secrets shorter than
+    :data:`MIN_SECRET_CHARS` are placeholders, left alone).
 
     Example:
-        >>> scrub(b'{"auth": "Bearer sk-123"}', [b"sk-123"])
+        >>> scrub(b'{"auth": "Bearer sk-123456"}', [b"sk-123456"])
         b'{"auth": "Bearer ***"}'
     """
     for secret in secrets:
-        if secret:
+        if len(secret) >= MIN_SECRET_CHARS:
             data = data.replace(secret, _REDACTED.encode())
     return data
 

@@ -134,7 +134,7 @@ class HostedConfig(BaseModel):
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
     max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
                                     description="Largest reply body read; a larger one is "
-                                                "refused unread with HostedProtocolError.")
+                                                "refused with HostedProtocolError.")
 
     @field_validator("url")
     @classmethod

@@ -158,8 +158,8 @@ class OpenAIConfig(BaseModel):
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
     max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
                                     description="Largest reply body read (streamed replies: "
-                                                "in all); a larger one is refused unread "
-                                                "with ServerReplyError.")
+                                                "in all); a larger one is refused (reading "
+                                                "stops at the limit) with ServerReplyError.")
 
     @field_validator("base_url")
     @classmethod

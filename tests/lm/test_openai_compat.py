@@ -346,6 +346,16 @@ def test_a_key_the_server_echoes_never_reaches_errors_or_logs(
     assert not leaks("\n".join(shown))
 
 
+def test_a_placeholder_key_is_not_scrubbed_from_the_models_text(
+        server: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's usual placeholder: scrubbing it would change answers that contain the word.
+    monkeypatch.setenv("RAG_GATES_TEST_KEY", "EMPTY")
+    server.transform = lambda path, payload, reply: {
+        **reply, "choices": [{**reply["choices"][0], "text": " Paris. EMPTY"}]}
+    lm = _plain(server, api_key_env="RAG_GATES_TEST_KEY")
+    assert lm.generate(PROBE_RAW, max_new_tokens=8).text == " Paris. EMPTY"
+
+
 @pytest.mark.parametrize("fault", ["big", "big_chunked"])
 def test_a_reply_over_the_size_limit_is_refused_unread(server: ReplayServer, fault: str) -> None:
     lm = _plain(server, max_response_bytes=4096)
