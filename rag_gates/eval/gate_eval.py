@@ -34,6 +34,7 @@ from rag_gates.eval.metrics import auroc, roc_curve, spearman
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
+    ModelSpec,
     read_records,
     run_bench,
 )
@@ -47,13 +48,14 @@ logger = logging.getLogger(__name__)
 
 
 class GateEvalConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused, see ModelSpec).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     gate: str = Field(..., description="Gate name (see available_gates()).")
     dataset: str
     n: int = Field(200, ge=2)
     offset: int = Field(0, ge=0)
-    model: str = "default"
+    model: ModelSpec = "default"
     retriever: str = "bm25"
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(32, ge=1, le=1024)

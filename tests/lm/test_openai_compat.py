@@ -282,6 +282,7 @@ def leaks(text: str) -> bool:
 def test_a_url_with_credentials_is_refused_without_repeating_them(
         url: str, caplog: pytest.LogCaptureFixture) -> None:
     from rag_gates.corpus import HostedInfiniGram
+    from rag_gates.eval.gate_eval import GateEvalConfig
     from rag_gates.eval.runner import BenchConfig
     from rag_gates.lm.openai_compat import OpenAIConfig
 
@@ -292,7 +293,9 @@ def test_a_url_with_credentials_is_refused_without_repeating_them(
                       lambda: OpenAIConfig(base_url=url),
                       lambda: HostedInfiniGram("idx", url=url),
                       lambda: BenchConfig(dataset="hotpotqa", methods=["no-rag"],
-                                          model=f"openai:{url}")):
+                                          model=f"openai:{url}"),
+                      lambda: GateEvalConfig(gate="quco", dataset="popqa",
+                                             model=f"openai:{url}")):
             with pytest.raises(ValueError) as info:
                 made = build()
                 shown.append(repr(made))  # what leaked before the fix
@@ -302,17 +305,18 @@ def test_a_url_with_credentials_is_refused_without_repeating_them(
     assert all("credentials" in s or "query string" in s or "http" in s for s in shown[:-1])
 
 
-def test_bench_cli_refuses_a_credential_url_without_printing_it(tmp_path: Any) -> None:
+def test_the_cli_refuses_a_credential_url_without_printing_it(tmp_path: Any) -> None:
     from typer.testing import CliRunner
 
     from rag_gates.cli import app
 
-    result = CliRunner().invoke(app, ["bench", "--dataset", "hotpotqa", "--n", "1",
-                                      "--out", str(tmp_path / "run"), "--model",
-                                      f"openai:{CREDENTIAL_URLS[0]}"])
-    assert result.exit_code != 0
-    assert "credentials" in result.output and not leaks(result.output)
-    assert not (tmp_path / "run").exists()
+    for command in (["bench", "--dataset", "hotpotqa", "--n", "1"],
+                    ["eval-gate", "--gate", "first-token-prob", "--dataset", "popqa"]):
+        result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "run"),
+                                          "--model", f"openai:{CREDENTIAL_URLS[0]}"])
+        assert result.exit_code != 0
+        assert "credentials" in result.output and not leaks(result.output), result.output
+        assert not (tmp_path / "run").exists()
 
 
 def test_a_key_the_server_echoes_never_reaches_errors_or_logs(
