@@ -33,6 +33,7 @@ class FirstTokenProbGate(BaseGate):
     """Retrieve when the model is unsure of the first answer token: score ``1 - max p``."""
 
     name = "first-token-prob"
+    threshold_range = (0.0, 1.0)  # 1 - a probability
 
     def __init__(self, lm: Any, threshold: float = 0.5, dataset: str | None = None) -> None:
         super().__init__(threshold)
@@ -50,6 +51,9 @@ class AnswerLogprobGate(BaseGate):
     """Retrieve when the closed-book answer is unlikely: score ``-mean log p(token)``."""
 
     name = "answer-logprob"
+    #: -mean log p in nats: 0 (certain) up; a uniform choice among 50,000 tokens is 10.8, so
+    #: a threshold above 100 would never retrieve.
+    threshold_range = (0.0, 100.0)
 
     def __init__(self, lm: Any, threshold: float = 1.0, dataset: str | None = None,
                  max_new_tokens: int = 32) -> None:

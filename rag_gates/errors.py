@@ -15,6 +15,7 @@ __all__ = [
     "ServerRequestError",
     "ServerTimeoutError",
     "ServerUnavailableError",
+    "WeightsFileError",
     "WhiteBoxRequiredError",
 ]
 
@@ -74,3 +75,8 @@ class ServerUnavailableError(ServerError):
 
 class ServerTimeoutError(ServerError, TimeoutError):
     """No answer within the call's total timeout (retries included)."""
+
+
+class WeightsFileError(ArtifactError):
+    """A ``weighted(FILE)`` weights file is not the JSON ``rag-gates fit-weighted`` writes (or
+    names itself through its gates); the message names the file and the shape expected."""

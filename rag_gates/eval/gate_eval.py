@@ -31,12 +31,13 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, load_dataset
-from rag_gates.eval.gates import make_gate
+from rag_gates.eval.gates import check_gate_expression, make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
+    ModelSpec,
     data_matches,
     read_records,
     run_bench,
@@ -51,13 +52,14 @@ logger = logging.getLogger(__name__)
 
 
 class GateEvalConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused, see ModelSpec).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     gate: str = Field(..., description="Gate name (see available_gates()).")
     dataset: str
     n: int = Field(200, ge=2)
     offset: int = Field(0, ge=0)
-    model: str = "default"
+    model: ModelSpec = "default"
     retriever: str = "bm25"
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(32, ge=1, le=1024)
@@ -191,6 +193,8 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                   progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
     ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    # The expression (syntax, limits, thresholds, weights files) before a model loads.
+    check_gate_expression(config.gate)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
         raise FileNotFoundError(
             f"the labels directory {config.labels_dir} does not exist; pass an existing bench "

@@ -33,9 +33,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
@@ -68,18 +68,25 @@ SERVED_PREFIX = "openai:"
 
 
 def check_served_spec(spec: str) -> None:
-    """Refuse an ``openai:URL`` whose URL carries credentials or a query string: the run
-    directory records the spec, and an API key belongs in the environment."""
-    from urllib.parse import urlsplit
+    """Refuse an ``openai:URL`` whose URL carries credentials or a query string, without
+    repeating them: the run directory records the spec, and an API key belongs in the
+    environment (the check is :func:`rag_gates._http.check_server_url`, as for the client)."""
+    from rag_gates._http import check_server_url
 
-    parts = urlsplit(spec.removeprefix(SERVED_PREFIX).partition("#")[0])
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"expected 'openai:http(s)://HOST[:PORT]/PATH[#model-name]', got "
-                         f"{spec!r}")
-    if parts.username is not None or parts.password is not None or parts.query:
-        raise ValueError(
-            "the model URL must not carry credentials or a query string (the run directory "
-            "records it); put the API key in the environment variable OPENAI_API_KEY")
+    url = spec.removeprefix(SERVED_PREFIX).partition("#")[0]
+    check_server_url(url, "the URL of --model openai:http(s)://HOST[:PORT]/PATH[#model-name]",
+                     "Put the API key in the environment variable OPENAI_API_KEY")
+
+
+def _model_spec(value: str) -> str:
+    if value.startswith(SERVED_PREFIX):
+        check_served_spec(value)
+    return value
+
+
+#: A ``--model`` value: a served model's URL carries no credentials or query string (checked;
+#: configs holding one never echo their input in errors).
+ModelSpec = Annotated[str, AfterValidator(_model_spec)]
 
 
 class ConfigMismatchError(ValueError):
@@ -94,13 +101,15 @@ class BenchConfig(BaseModel):
     """Everything that defines a run. A run directory accepts the same configuration again
     (resume) or with more methods (extend); anything else is refused."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dataset: str = Field(..., description="hotpotqa, 2wiki, popqa or pubmedqa.")
     methods: list[str] = Field(..., min_length=1, description="Method names, run in order.")
     n: int = Field(200, ge=1, description="Questions (the first n valid rows).")
     offset: int = Field(0, ge=0, description="Valid rows skipped before the first question.")
-    model: str = Field("default", description="'default' or an HF path/id.")
+    model: ModelSpec = Field("default", description="'default', an HF path/id, or "
+                                                    "'openai:URL[#model-name]'.")
     retriever: str = Field("bm25", description="bm25 or dense.")
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(48, ge=1, le=1024)
@@ -130,13 +139,6 @@ class BenchConfig(BaseModel):
                     "template file or a model directory): chat prompts are rendered here and "
                     "sent to the completions endpoint, so score() and assistant prefill work "
                     "on them. Recorded with the served model in config.json.")
-
-    @field_validator("model")
-    @classmethod
-    def _no_credentials(cls, value: str) -> str:
-        if value.startswith(SERVED_PREFIX):
-            check_served_spec(value)
-        return value
 
     @model_validator(mode="after")
     def _served_options_need_a_server(self) -> BenchConfig:

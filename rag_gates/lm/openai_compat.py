@@ -31,7 +31,10 @@ declared as offering no log-probabilities.
 
 The API key is read from the environment (``api_key_env``, default ``OPENAI_API_KEY``) and
 sent only as the ``Authorization`` header; it is never logged, stored in a run directory or
-put in an error message.
+put in an error message. A ``base_url`` carrying credentials or a query string is refused
+(without repeating them), and every reply is scrubbed of the key as it is read, so a server
+that echoes the header cannot put it into an error or a log line. Every reply body is read in
+chunks and refused beyond ``max_response_bytes`` (32 MiB by default).
 
 Example:
     >>> lm = OpenAICompatibleLM("http://127.0.0.1:8000/v1")               # doctest: +SKIP
@@ -58,9 +61,22 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Seque
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rag_gates._http import RETRY_STATUS, LoopThread, backoff_delay, retry_after_seconds
+from rag_gates._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ERROR_BODY_BYTES,
+    RETRY_STATUS,
+    LoopThread,
+    backoff_delay,
+    check_server_url,
+    read_body,
+    read_lines,
+    redact_url,
+    register_secret,
+    retry_after_seconds,
+)
+from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import (
@@ -106,10 +122,13 @@ _PROBE_TOKENS = 3
 class OpenAIConfig(BaseModel):
     """Options of :class:`OpenAICompatibleLM`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a base_url may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     base_url: str = Field(..., min_length=1,
-                          description="API root, e.g. 'http://127.0.0.1:8000/v1'.")
+                          description="API root, e.g. 'http://127.0.0.1:8000/v1' (no "
+                                      "credentials or query string: the key goes in the "
+                                      "environment, see api_key_env).")
     model: str | None = Field(None, description="Model name sent to the server (default: the "
                                                 "first one GET /models lists).")
     model_id: str | None = Field(None, description="Name recorded in traces and probes "
@@ -145,6 +164,16 @@ class OpenAIConfig(BaseModel):
                                    "nats, between an echoed and a generated log-probability "
                                    "of the same token for the server to count as aligned.")
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
+                                    description="Largest reply body read (streamed replies: "
+                                                "in all); a larger one is refused (reading "
+                                                "stops at the limit) with ServerReplyError.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_secrets_in_url(cls, value: str) -> str:
+        return check_server_url(value, "base_url", "Put the API key in the environment "
+                                "variable named by api_key_env (default OPENAI_API_KEY)")
 
 
 class _Echo(BaseModel):
@@ -192,16 +221,14 @@ class OpenAICompatibleLM(BaseTextLM):
             self.config = OpenAIConfig.model_validate(overrides)
         else:
             self.config = OpenAIConfig.model_validate({**config.model_dump(), **overrides})
-        self.base_url = self.config.base_url.rstrip("/")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got "
-                             f"{self.config.base_url!r}")
+        self.base_url = self.config.base_url.rstrip("/")  # checked by OpenAIConfig
         self._template: Any = _compile_template(self.config.chat_template)
         self._model: str | None = self.config.model
         self._lock = threading.Lock()
         self._runner: LoopThread | None = None
         self._client: Any = None
         self._slots: asyncio.Semaphore | None = None
+        self._secrets: tuple[bytes, ...] = ()  # scrubbed from every reply (the API key)
         self.requests_sent = 0
         self.alignment: dict[PromptKind, Alignment] = {}
         if self.config.probe:
@@ -216,7 +243,7 @@ class OpenAICompatibleLM(BaseTextLM):
     def from_spec(cls, spec: str, **overrides: Any) -> OpenAICompatibleLM:
         """Build from ``openai:URL[#model-name]`` (the form ``--model`` takes)."""
         if not spec.startswith("openai:"):
-            raise ValueError(f"expected 'openai:URL[#model-name]', got {spec!r}")
+            raise ValueError(f"expected 'openai:URL[#model-name]', got {redact_url(spec)!r}")
         url, _, model = spec.removeprefix("openai:").partition("#")
         if model:
             overrides.setdefault("model", model)
@@ -273,6 +300,8 @@ class OpenAICompatibleLM(BaseTextLM):
         key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
+            self._secrets = (key.encode("utf-8"),)
+            register_secret(key)
         return headers
 
     async def _http(self) -> Any:
@@ -315,7 +344,7 @@ class OpenAICompatibleLM(BaseTextLM):
                             async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
                                 return await on_open(response)
                         async with asyncio.timeout(per_try):
-                            body = await response.aread()
+                            body = await self._read(response, url)
                     finally:
                         await response.aclose()
                 status = response.status_code
@@ -326,7 +355,9 @@ class OpenAICompatibleLM(BaseTextLM):
                     raise _refusal(url, status, body)
                 else:
                     try:
-                        return json.loads(body)
+                        return loads_bounded(body, what=f"the reply of {url}")
+                    except JSONDepthError as exc:
+                        raise ServerReplyError(str(exc)) from None
                     except ValueError as exc:
                         raise ServerReplyError(
                             f"{url} answered HTTP {status} with a body that is not JSON: "
@@ -354,6 +385,20 @@ class OpenAICompatibleLM(BaseTextLM):
         raise ServerUnavailableError(
             f"{url} failed after {attempt + 1} attempt(s); last: {last}. Check that the "
             "server is up, or raise max_retries/timeout")
+
+    async def _read(self, response: Any, url: str) -> bytes:
+        """A reply's body: bounded, scrubbed of the key (an error reply: its first 64 KiB)."""
+        failed = response.status_code >= 400
+        return await read_body(response, ERROR_BODY_BYTES if failed else
+                               self.config.max_response_bytes, where=url,
+                               setting="max_response_bytes", error=ServerReplyError,
+                               secrets=self._secrets, truncate=failed)
+
+    def _lines(self, response: Any, url: str) -> AsyncIterator[str]:
+        """A streamed reply's lines: bounded in all, scrubbed of the key."""
+        return read_lines(response, self.config.max_response_bytes, where=url,
+                          setting="max_response_bytes", error=ServerReplyError,
+                          secrets=self._secrets)
 
     async def _resolve_model(self) -> str:
         if self._model is None:
@@ -514,7 +559,7 @@ class OpenAICompatibleLM(BaseTextLM):
             async def read(response: Any) -> None:
                 started = False
                 try:
-                    async for line in response.aiter_lines():
+                    async for line in self._lines(response, url):
                         if cancelled.is_set():
                             return
                         if not line.startswith("data:"):
@@ -523,7 +568,9 @@ class OpenAICompatibleLM(BaseTextLM):
                         if data == "[DONE]":
                             return
                         try:
-                            chunk = json.loads(data)
+                            chunk = loads_bounded(data, what=f"an event streamed by {url}")
+                        except JSONDepthError as exc:
+                            raise ServerReplyError(str(exc)) from None
                         except ValueError as exc:
                             raise ServerReplyError(
                                 f"{url} streamed an event that is not JSON: {data[:200]!r}"

@@ -71,6 +71,8 @@ class SelfRoutingGate(BaseGate):
             from (default: :class:`RoutingPrompt` and the middle layer).
     """
 
+    threshold_range = (0.0, 1.0)  # a probability (or a product of two)
+
     def __init__(self, lm: Any, policy: SourcePolicy | None = None, tau: float = DEFAULT_TAU,
                  *, mode: RoutingMode = "product", prompt: RoutingPrompt | None = None,
                  layer: int | None = None) -> None:

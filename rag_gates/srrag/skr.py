@@ -47,6 +47,7 @@ class SKRGate(BaseGate):
     """
 
     name = "skr"
+    threshold_range = (0.0, 1.0)  # a probability
 
     def __init__(self, policy: SourcePolicy, threshold: float = 0.5, *, k: int = SKR_K,
                  prior: tuple[int, int] | None = None) -> None:

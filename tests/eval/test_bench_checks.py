@@ -73,6 +73,77 @@ def test_the_option_hook_accepts_good_options() -> None:
     assert callable(methods["cbdr"].validate_option)  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("expression", [
+    "cbdr:2", "cbdr:-0.5", "first-token-prob:7", "first-token-prob:-3", "answer-logprob:1e9",
+    "answer-logprob:-1", "srrag:1.5", "quco:2", "quco&cbdr:2", "cascade(quco,cbdr:2,0.2,0.8)"])
+def test_a_gate_threshold_outside_the_gates_range_is_refused_before_anything_is_built(
+        expression: str, no_model_loads: list[str]) -> None:
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    # The lm is never reached: the range is checked (for every term) before any gate is built.
+    ctx = MethodContext(lm=object())
+    with pytest.raises(ValueError, match=r"the threshold is on .* score scale, a number "
+                                         r"(in \[0, 1\]|in \[0, 100\])") as info:
+        make_gate(expression, ctx)
+    assert "beta" not in str(info.value)  # never clamped to, or explained as, a beta
+    for method in ("selective", "deeprag-gate"):  # the bench refuses them up front too
+        with pytest.raises(ValueError, match="score scale"):
+            check_method_name(f"{method}@{expression}", available_methods())
+    assert no_model_loads == []
+
+
+def test_the_bench_option_and_the_gate_threshold_share_one_range_check() -> None:
+    # cbdr@BETA and cbdr:THRESHOLD (= 1 - beta) are checked by the same function, so a value
+    # one refuses the other refuses too, with the same words for the range.
+    from rag_gates.eval.gates import check_gate_threshold
+
+    with pytest.raises(ValueError, match=r"a number in \[0, 1\]"):
+        check_method_name("cbdr@2", available_methods())
+    with pytest.raises(ValueError, match=r"a number in \[0, 1\]"):
+        check_gate_threshold("cbdr", 2.0)
+    assert check_gate_threshold("cbdr", 0.4) == 0.4
+
+
+def test_a_weights_file_that_names_itself_is_refused(tmp_path: Path,
+                                                     no_model_loads: list[str]) -> None:
+    from rag_gates.errors import WeightsFileError
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    ctx = MethodContext(lm=object())
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps({"gates": [f"weighted({one})"], "weights": [1.0], "bias": 0.0,
+                               "center": [0.0], "scale": [1.0], "threshold": 0.5}))
+    two.write_text(json.dumps({"gates": [f"weighted({tmp_path / 'three.json'})"],
+                               "weights": [1.0], "bias": 0.0}))
+    (tmp_path / "three.json").write_text(json.dumps({"gates": [f"(quco|weighted({two}))"],
+                                                     "weights": [1.0], "bias": 0.0}))
+    for file in (one, two):
+        with pytest.raises(WeightsFileError, match="names itself") as info:
+            make_gate(f"weighted({file})", ctx)
+        assert str(file) in str(info.value)
+        with pytest.raises(WeightsFileError, match="names itself"):
+            check_method_name(f"selective@weighted({file})", available_methods())
+    assert no_model_loads == []
+
+
+def test_a_5000_term_expression_is_refused_at_once(no_model_loads: list[str]) -> None:
+    import time
+
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="limit of"):
+        make_gate("|".join(["first-token-prob"] * 5000), MethodContext(lm=object()))
+    with pytest.raises(ValueError, match="limit of 64 gates"):
+        make_gate("|".join(["first-token-prob"] * 65), MethodContext(lm=object()))
+    with pytest.raises(ValueError, match="limit of"):
+        check_method_name("selective@" + "|".join(["quco"] * 5000), available_methods())
+    assert time.monotonic() - start < 10  # it took minutes
+
+
 def test_bench_refuses_a_bad_option_before_loading_or_writing(
         tmp_path: Path, no_model_loads: list[str]) -> None:
     run = tmp_path / "run"
@@ -190,6 +261,20 @@ def test_eval_gate_refuses_a_labels_path_that_does_not_exist(
                                       "--data", str(SLICES), "--labels", str(missing)])
     assert result.exit_code == 2 and "--create-labels" in result.output
     assert not (tmp_path / "no").exists() and no_model_loads == []
+
+
+@pytest.mark.parametrize(("gate", "message"), [
+    ("cbdr:2", "score scale"), ("(" * 40 + "quco" + ")" * 40, "nested deeper"),
+    ("quco&", "expected a gate name")])
+def test_eval_gate_refuses_a_bad_gate_expression_before_loading_a_model(
+        tmp_path: Path, no_model_loads: list[str], gate: str, message: str) -> None:
+    # Before: the model loaded and the questions were labelled (minutes) before the gate
+    # was built and refused.
+    config = GateEvalConfig(gate=gate, dataset="popqa", n=4, data_path=str(SLICES),
+                            labels_dir=str(tmp_path / "labels"), create_labels=True)
+    with pytest.raises(ValueError, match=message):
+        evaluate_gate(config, tmp_path / "gate")
+    assert no_model_loads == [] and not (tmp_path / "labels").exists()
 
 
 def test_eval_gate_creates_the_labels_directory_when_asked(tmp_path: Path, tiny: Any,

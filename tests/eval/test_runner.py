@@ -283,7 +283,7 @@ def test_selective_method_follows_its_gate_and_records_the_decision(
 
     ctx = MethodContext(lm=tiny, retriever=bm25, dataset="hotpotqa", max_new_tokens=6)
     questions = [e.question for e in load_dataset("hotpotqa", SLICES, n=4).examples]
-    for option in ("first-token-prob:0", "first-token-prob:2",
+    for option in ("first-token-prob:0", "first-token-prob:1",
                    "answer-logprob&first-token-prob",
                    "cascade(first-token-prob,answer-logprob,0,1)"):
         method = make_method(f"selective@{option}", ctx)
@@ -295,8 +295,9 @@ def test_selective_method_follows_its_gate_and_records_the_decision(
             assert decision.retrieve is expected.retrieve and decision.gate == expected.gate
             assert result.trace.retrievals == int(expected.retrieve)
             assert len(result.passages) == (3 if expected.retrieve else 0)
-    # A probability never reaches 2: that gate never retrieves; at 0 it always does.
-    assert make_method("selective@first-token-prob:2", ctx).answer(questions[0]) \
+    # 1 - max p never reaches 1 (max p > 0): that gate never retrieves; at 0 it always does.
+    # (A threshold above 1 is off the gate's score scale: refused.)
+    assert make_method("selective@first-token-prob:1", ctx).answer(questions[0]) \
         .trace.retrievals == 0
     assert make_method("selective@first-token-prob:0", ctx).answer(questions[0]) \
         .trace.retrievals == 1
@@ -317,7 +318,7 @@ def test_selective_names_are_checked_before_any_model_loads() -> None:
 
 def test_two_selective_methods_in_one_run_are_both_answered(
         tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
-    names = ["selective@first-token-prob:0", "selective@first-token-prob:2"]
+    names = ["selective@first-token-prob:0", "selective@first-token-prob:1"]
     summary = run_bench(_config(methods=names, n=2), tmp_path / "run", lm=tiny, retriever=bm25)
     assert set(summary) == set(names)
     assert summary[names[0]]["retrievals_per_question"] == 1.0

@@ -107,7 +107,7 @@ def test_pipeline_retrieves_or_verbalizes(tiny: Any, policy: Any, bm25: Any,
     assert ret.trace.retrievals == 1 and ret.passages == passages
     assert ret.answer == tiny.generate(qa_prompt(q, passages), max_new_tokens=4).text
     verbalizer = Verbalizer(tiny, max_new_tokens=5)
-    skip = SRRAGPipeline(tiny, bm25, SelfRoutingGate(tiny, policy, tau=1.5), k=2,
+    skip = SRRAGPipeline(tiny, bm25, SelfRoutingGate(tiny, policy, tau=1.0), k=2,
                          max_new_tokens=4, verbalizer=verbalizer).answer(q)
     assert skip.trace.retrievals == 0 and skip.decisions[0].retrieve is False
     (doc,) = skip.passages

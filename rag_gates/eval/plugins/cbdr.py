@@ -70,6 +70,11 @@ cbdr_ce_method.validate_option = partial(parse_beta, method="cbdr-ce")  # type: 
 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:
-    """The probe gate at score ``threshold`` (``1 - beta``); None means :data:`BENCH_BETA`."""
-    beta = BENCH_BETA if threshold is None else min(1.0, max(0.0, 1.0 - threshold))
+    """The probe gate at score ``threshold`` (``1 - beta``, in [0, 1], checked by make_gate
+    against :attr:`cbdr_gate.threshold_range`); None means :data:`BENCH_BETA`."""
+    # max(): one step above 1 is the "never retrieve" threshold eval-gate may calibrate.
+    beta = BENCH_BETA if threshold is None else max(0.0, 1.0 - threshold)
     return CBDRGate(ctx.lm, load_default_probe(ctx.lm), beta)
+
+
+cbdr_gate.threshold_range = CBDRGate.threshold_range  # type: ignore[attr-defined]

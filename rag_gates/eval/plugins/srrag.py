@@ -190,3 +190,8 @@ def srrag_knn_only_gate(ctx: MethodContext, threshold: float | None = None
 def skr_gate(ctx: MethodContext, threshold: float | None = None) -> SKRGate:
     """The SKR judger over the MiniLM datastore (default threshold 0.5: its own rule)."""
     return SKRGate(_skr_policy(), 0.5 if threshold is None else threshold)
+
+
+for _factory in (srrag_gate, srrag_no_knn_gate, srrag_knn_only_gate):
+    _factory.threshold_range = SelfRoutingGate.threshold_range  # type: ignore[attr-defined]
+skr_gate.threshold_range = SKRGate.threshold_range  # type: ignore[attr-defined]
