@@ -76,8 +76,11 @@ class ModelIdentity(BaseModel):
             return cls(name=name, fingerprint=_weights_fingerprint(model), kind="weights")
         base_url = getattr(lm, "base_url", None)
         if base_url is not None:
-            served = getattr(lm, "model_name", None) or getattr(
-                getattr(lm, "config", None), "model", None)
+            served = getattr(lm, "model_name", None)
+            if served is None and hasattr(lm, "_resolve_model") and hasattr(lm, "_call"):
+                # The server names its model (GET /models) on the first request; ask now so
+                # the identity does not depend on whether a request was made yet.
+                served = lm._call(lm._resolve_model())
             key = f"{base_url}#{served or '?'}"
             return cls(name=name, fingerprint=_sha(key), kind="endpoint")
         return cls(name=name, fingerprint=_sha(name), kind="name")
