@@ -46,8 +46,9 @@ from numpy.typing import NDArray
 
 from rag_gates._io import write_text_atomic
 from rag_gates.calibration import CalibrationRecord, ModelIdentity, calibrate
+from rag_gates.calibration.bounds import clopper_pearson
 from rag_gates.calibration.calibrate import _weighted_scores
-from rag_gates.calibration.certify import certified_cut, cut_table
+from rag_gates.calibration.certify import Bound, certified_cut, cut_table
 from rag_gates.calibration.fit import fit_logistic
 from rag_gates.calibration.spec import WeightedFit
 from rag_gates.eval.runner import read_records
@@ -55,8 +56,8 @@ from rag_gates.eval.runner import read_records
 ROOT = Path(__file__).resolve().parent / "results"
 GATES = ("answer-logprob", "first-token-prob", "quco", "cbdr")
 COMPOSITE = "weighted(" + ",".join(GATES) + ")"
-BOUNDS = ("wsr", "binomial")
-RULES = (*BOUNDS, "empirical", "eval-gate")
+BOUNDS: tuple[Bound, ...] = ("wsr", "binomial")
+RULES = (*BOUNDS, "wsr-fw", "binomial-fw", "empirical", "eval-gate")
 
 
 @dataclass
@@ -114,8 +115,8 @@ def _thresholds(ranked: NDArray[np.float64], cut: NDArray[np.int64]) -> NDArray[
     scored = (~np.isnan(ranked)).sum(axis=1)
     at = np.take_along_axis(ranked, np.minimum(cut, n - 1)[:, None], axis=1)[:, 0]
     top = np.take_along_axis(ranked, np.maximum(cut - 1, 0)[:, None], axis=1)[:, 0]
-    out = np.where(cut < scored, at, np.nextafter(top, np.inf))
-    out: NDArray[np.float64] = np.where(cut == 0, -np.inf, out)
+    chosen = np.where(cut < scored, at, np.nextafter(top, np.inf))
+    out: NDArray[np.float64] = np.where(cut == 0, -np.inf, chosen)
     return out
 
 
@@ -171,6 +172,19 @@ def _composite(pool: Pool, cal: NDArray[np.int64]) -> tuple[NDArray[np.float64],
     return cert_scores, pool_scores, cal[:, half:]
 
 
+def _summary(eps: float, cut: NDArray[np.int64], drop_pool: NDArray[np.float64],
+             skip_pool: NDArray[np.float64], drop_test: NDArray[np.float64] | None,
+             skip_test: NDArray[np.float64] | None) -> dict[str, Any]:
+    return {
+        "violation_pool": float((drop_pool > eps + 1e-12).mean()),
+        "violation_test": None if drop_test is None else float((drop_test > eps + 1e-12).mean()),
+        "mean_skip_test": None if skip_test is None else float(skip_test.mean()),
+        "mean_skip_pool": float(skip_pool.mean()),
+        "mean_drop_pool": float(drop_pool.mean()),
+        "none_certified": float((cut == 0).mean()),
+    }
+
+
 def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: float,
                seed: int) -> dict[str, Any]:
     rng = np.random.default_rng([seed, n, pool.size])
@@ -183,6 +197,18 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
                                                                                  pool.size)))
     comp_cert, comp_pool, comp_rows = _composite(pool, cal)
     columns[COMPOSITE] = (comp_cert, comp_rows, comp_pool)
+    family = len(columns)
+    has_test = test.shape[1] > 0
+    # raw[eps][rule][gate] = (cut, certified lower skip bound, drops and skips) per draw
+    raw: dict[float, dict[str, dict[str, tuple[Any, ...]]]] = {
+        e: {r: {} for r in RULES} for e in epsilons}
+    lower_cache: dict[tuple[int, int], float] = {}
+
+    def lower(k: int, m: int) -> float:
+        if (k, m) not in lower_cache:
+            lower_cache[(k, m)] = clopper_pearson(k, m, 1 - delta)[0] if k else 0.0
+        return lower_cache[(k, m)]
+
     for gate, (cal_scores, rows, pool_scores) in columns.items():
         loss = pool.loss[rows]
         pos, ok, ranked = cut_table(cal_scores)
@@ -193,27 +219,50 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
             cuts: dict[str, NDArray[np.int64]] = {
                 b: certified_cut(pos, loss, ok, epsilon=eps, delta=delta, bound=b)
                 for b in BOUNDS}
+            cuts.update({f"{b}-fw": certified_cut(pos, loss, ok, epsilon=eps,
+                                                   delta=delta / family, bound=b)
+                         for b in BOUNDS})
             cuts.update(_uncertified_cuts(pos, loss, ok, eps))
             per_eps: dict[str, Any] = {}
             for rule, cut in cuts.items():
                 t = _thresholds(ranked, cut)
                 drop_pool, skip_pool = _judge(pool_scores, pool.loss[None, :], t)
-                drop_test, skip_test = _judge(test_scores, test_loss, t)
-                per_eps[rule] = {
-                    "violation_pool": float((drop_pool > eps + 1e-12).mean()),
-                    "violation_test": float((drop_test > eps + 1e-12).mean())
-                    if test.shape[1] else None,
-                    "mean_skip_test": float(skip_test.mean()) if test.shape[1] else None,
-                    "mean_skip_pool": float(skip_pool.mean()),
-                    "mean_drop_pool": float(drop_pool.mean()),
-                    "none_certified": float((cut == 0).mean()),
-                }
+                drop_test, skip_test = _judge(test_scores, test_loss, t) if has_test \
+                    else (None, None)
+                per_eps[rule] = _summary(eps, cut, drop_pool, skip_pool, drop_test, skip_test)
+                m = rows.shape[1]
+                raw[eps][rule][gate] = (cut, np.array([lower(int(k), m) for k in cut]),
+                                        drop_pool, skip_pool, drop_test, skip_test)
             per_gate[str(eps)] = per_eps
             if gate in GATES:
                 _check_against_calibrate(pool, cal[0], gate, eps, delta,
                                          {b: float(_thresholds(ranked[:1], cuts[b][:1])[0])
                                           for b in BOUNDS})
         out[gate] = per_gate
+    # "best": per draw, the gate with the highest certified skip rate (the lower end of its
+    # Clopper-Pearson interval, as CalibrationReport.best ranks them), judged like the others.
+    best: dict[str, Any] = {}
+    for eps in epsilons:
+        best[str(eps)] = {}
+        for rule in RULES:
+            gates = list(raw[eps][rule])
+            keys = np.stack([raw[eps][rule][g][1] + 1e-9 * raw[eps][rule][g][0]
+                             for g in gates])
+            pick = keys.argmax(axis=0)
+            take = np.arange(draws)
+
+            def col(i: int, pick: NDArray[np.int64] = pick, gates: list[str] = gates,
+                    rule: str = rule, eps: float = eps,
+                    take: NDArray[np.int64] = take) -> Any:
+                stacked = [raw[eps][rule][g][i] for g in gates]
+                if stacked[0] is None:
+                    return None
+                return np.stack(stacked)[pick, take]
+
+            best[str(eps)][rule] = _summary(eps, col(0), col(2), col(3), col(4), col(5))
+            best[str(eps)][rule]["picked"] = {g: float((pick == i).mean())
+                                              for i, g in enumerate(gates)}
+    out["best"] = best
     return out
 
 
@@ -229,7 +278,7 @@ def _check_against_calibrate(pool: Pool, rows: NDArray[np.int64], gate: str, eps
     inverse = np.argsort(np.random.default_rng(0).permutation(len(records)))
     records = [records[i] for i in inverse]
     for bound in BOUNDS:
-        report = calibrate(records, max_loss=eps, delta=delta, bound=bound,  # type: ignore[arg-type]
+        report = calibrate(records, max_loss=eps, delta=delta, bound=bound,
                            model=ModelIdentity(name="mc", fingerprint="mc"), retriever="-",
                            gates=[gate], composite=False)
         got = report.rows[0].threshold
@@ -264,7 +313,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "numpy": np.__version__},
         "draws": args.draws, "delta": args.delta, "epsilons": args.epsilons,
-        "gates": [*GATES, COMPOSITE], "rules": list(RULES), "pools": {}}
+        "gates": [*GATES, COMPOSITE, "best"], "rules": list(RULES), "pools": {}}
     for pool in load_pools():
         entry: dict[str, Any] = {"size": pool.size, **oracle(pool), "n_cal": {}}
         for n in args.n_cal:

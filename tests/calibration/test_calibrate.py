@@ -48,8 +48,23 @@ def test_a_tighter_epsilon_skips_less(model: ModelIdentity) -> None:
     curve = skip_curve(records, "good", [0.01, 0.02, 0.05, 0.1], delta=0.1, bound="wsr")
     rates = [r for _, r in curve]
     assert rates == sorted(rates) and rates[-1] > rates[0]
-    report = calibrate(records, max_loss=0.05, model=model, retriever="-", composite=False)
+    report = calibrate(records, max_loss=0.05, model=model, retriever="-", gates=["good"])
+    assert report.family == 1
     assert curve[2][1] == report.row("good").observed_skip_rate
+
+
+def test_picking_the_best_of_several_gates_divides_delta(model: ModelIdentity) -> None:
+    """Each of G rows is certified at delta / G, so the one `best` picks keeps delta; the
+    spec records the family. Without it each row holds at delta alone."""
+    records = synthetic_records(600)
+    report = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-")
+    assert report.family == 3 and {r.delta for r in report.rows} == {0.1 / 3}
+    spec = report.best
+    assert spec.delta == 0.1 and spec.family == 3 and "each of 3 gates" in spec.note
+    alone = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-",
+                      family_wise=False)
+    assert alone.family == 1 and {r.delta for r in alone.rows} == {0.1}
+    assert alone.row("good").observed_skip_rate >= report.row("good").observed_skip_rate
 
 
 def test_the_composite_is_fitted_on_one_half_and_certified_on_the_other(
