@@ -267,3 +267,15 @@ def test_a_tampered_spec_object_is_refused() -> None:
     forged = spec.model_copy(update={"threshold": 10.0})
     with pytest.raises(CalibrationError, match="checksum mismatch"):
         load_gate(forged, allow_other_model=True)
+
+
+def test_load_gate_is_reachable_from_the_top_without_a_heavy_import() -> None:
+    import subprocess
+    import sys
+
+    code = ("import sys, rag_gates; light = 'numpy' not in sys.modules; "
+            "from rag_gates.calibration import load_gate; "
+            "print(light, rag_gates.load_gate is load_gate, rag_gates.GateSpec.__name__)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                         check=True, timeout=120).stdout.split()
+    assert out == ["True", "True", "GateSpec"]
