@@ -109,3 +109,19 @@ def test_wsr_upper_bound_covers_the_mean() -> None:
                for _ in range(400)]
     assert np.mean(covered) >= 0.9 - 0.03
     assert wsr_upper_bound(np.zeros(200), 0.1) < 0.05
+
+
+@pytest.mark.parametrize(("eps", "wsr_n", "binomial_n", "one_harm_n"),
+                         [(0.01, 318, 230, 388), (0.02, 158, 114, 194), (0.05, 62, 45, 77)])
+def test_smallest_sample_that_certifies_anything(eps: float, wsr_n: int, binomial_n: int,
+                                                 one_harm_n: int) -> None:
+    """The figures docs/calibration.md quotes: with no harm at all (every loss 0), the
+    betting test needs wsr_n questions before even the first threshold passes, the binomial
+    binomial_n; the binomial tolerates one harm from one_harm_n on (delta 0.1)."""
+    m = (1 + eps) / 2
+    assert bool(wsr_rejects(np.full(wsr_n, 0.5), m, 0.1))
+    assert not bool(wsr_rejects(np.full(wsr_n - 1, 0.5), m, 0.1))
+    assert binomial_max_harms(binomial_n, eps, 0.1) == 0
+    assert binomial_max_harms(binomial_n - 1, eps, 0.1) == -1
+    assert binomial_max_harms(one_harm_n, eps, 0.1) == 1
+    assert binomial_max_harms(one_harm_n - 1, eps, 0.1) == 0
