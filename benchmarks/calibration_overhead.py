@@ -85,6 +85,9 @@ def measure(bare: Gate, wrapped: Gate, rounds: int) -> dict[str, float]:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--rounds", type=int, default=3000)
+    parser.add_argument("--embedded", action="store_true",
+                        help="Also time ModelIdentity.of on the embedded SmolLM2 (what "
+                             "load_gate pays once to check the model).")
     parser.add_argument("--out", type=Path,
                         default=Path("benchmarks/results/calibration_overhead.json"))
     args = parser.parse_args()
@@ -95,7 +98,7 @@ def main() -> None:
     register_gate("long-words", lambda ctx, t: LongWords(0.5 if t is None else t))
     result: dict[str, Any] = {
         "command": f"python benchmarks/calibration_overhead.py --rounds {args.rounds} "
-                   f"--out {args.out}",
+                   f"{'--embedded ' if args.embedded else ''}--out {args.out}",
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "processor": platform.processor()},
         "gates": {}}
@@ -110,6 +113,18 @@ def main() -> None:
                                      "certified": wrapped.spec.certified,
                                      **measure(bare, wrapped, args.rounds)}
             print(name, json.dumps(result["gates"][name]), flush=True)
+    if args.embedded:
+        from rag_gates.lm import load_default_lm
+
+        smol = load_default_lm()
+        times = []
+        for _ in range(5):
+            t0 = time.perf_counter()
+            ModelIdentity.of(smol)
+            times.append((time.perf_counter() - t0) * 1e3)
+        result["embedded_fingerprint_ms"] = {"median": statistics.median(times),
+                                             "runs": times, "model": smol.model_id}
+        print("embedded fingerprint", result["embedded_fingerprint_ms"], flush=True)
     write_text_atomic(args.out, json.dumps(result, indent=1) + "\n")
 
 
