@@ -20,8 +20,8 @@ noise). A draw *violates* when the drop exceeds epsilon. Rules compared:
 * ``eval-gate``: ``eval-gate``'s own rule (best calibration accuracy, fewest retrievals among
   ties; ``rag_gates.eval.gate_eval.calibrate``), which ignores epsilon.
 
-The composite is the library's: a logistic combination of the four gates fitted (label: the
-skip would lose a right answer) on one half of the calibration draw and certified on the
+The composite is the library's: a logistic combination of the four gates fitted (label:
+closed-book answer wrong) on one half of the calibration draw and certified on the
 other; the uncertified rules choose its threshold on the same certification half.
 
 Pools: (a) tb11 (``benchmarks/results/testbed/gates-tb11``): evaluation + calibration facts,
@@ -47,10 +47,8 @@ from numpy.typing import NDArray
 from rag_gates._io import write_text_atomic
 from rag_gates.calibration import CalibrationRecord, ModelIdentity, calibrate
 from rag_gates.calibration.bounds import clopper_pearson
-from rag_gates.calibration.calibrate import _weighted_scores
+from rag_gates.calibration.calibrate import _weighted_scores, fit_composite
 from rag_gates.calibration.certify import Bound, certified_cut, cut_table
-from rag_gates.calibration.fit import fit_logistic
-from rag_gates.calibration.spec import WeightedFit
 from rag_gates.eval.runner import read_records
 
 ROOT = Path(__file__).resolve().parent / "results"
@@ -157,17 +155,12 @@ def _composite(pool: Pool, cal: NDArray[np.int64]) -> tuple[NDArray[np.float64],
     pool_scores = np.empty((draws, pool.size))
     for d in range(draws):
         fit_rows, cert_rows = cal[d, :half], cal[d, half:]
-        x_fit = x_all[:, fit_rows]
-        keep = np.isfinite(x_fit).all(axis=0)
-        harm = (pool.loss[fit_rows] > 0)[keep].astype(int)
-        if keep.sum() < 2 or len(set(harm.tolist())) < 2:
+        fit = fit_composite(list(GATES), x_all[:, fit_rows], pool.closed[fit_rows])
+        if fit is None:
             cert_scores[d] = math.nan
             pool_scores[d] = math.nan
             continue
-        fit = fit_logistic(x_fit[:, keep].tolist(), harm.tolist())
-        spec = WeightedFit(gates=list(GATES), weights=fit.weights, bias=fit.bias,
-                           center=fit.center, scale=fit.scale, fit_rows=half)
-        pool_scores[d] = _weighted_scores(spec, x_all)
+        pool_scores[d] = _weighted_scores(fit, x_all)
         cert_scores[d] = pool_scores[d, cert_rows]
     return cert_scores, pool_scores, cal[:, half:]
 

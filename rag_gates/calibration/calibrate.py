@@ -13,8 +13,9 @@ thresholds from "retrieve always" upward, with one of two tests
 questions retrieval would have fixed; conservative) or ``"wsr"`` (a betting test on the
 signed loss, which also counts the skipped questions where retrieval would have misled).
 A gate that could not score a question (None / NaN) never skips it (fail closed).
-The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates) is
-fitted on one half of the questions and certified on the other, never both on the same rows.
+The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates,
+predicting "closed-book answer wrong") is fitted on one half of the questions and certified
+on the other, never both on the same rows.
 
 Example:
     >>> from rag_gates.calibration import calibrate, read_records, ModelIdentity
@@ -50,7 +51,8 @@ from rag_gates.calibration.spec import (
 )
 from rag_gates.errors import CalibrationError
 
-__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "skip_curve"]
+__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "fit_composite",
+           "skip_curve"]
 
 MIN_QUESTIONS = 30
 """Fewer calibration questions than this are refused: no bound certifies anything useful."""
@@ -233,22 +235,33 @@ def _columns(records: Sequence[CalibrationRecord], names: list[str], composite: 
         name = f"weighted({','.join(usable)})"
         half = len(ordered) // 2
         fit_rows, cert_rows = np.arange(half), np.arange(half, len(ordered))
-        x_fit = np.stack([table[g][fit_rows] for g in usable])
-        keep = np.isfinite(x_fit).all(axis=0)
-        harm = (loss[fit_rows] > 0)[keep].astype(int)
-        if keep.sum() < 2 or len(set(harm.tolist())) < 2:
+        fit = fit_composite(usable, np.stack([table[g][fit_rows] for g in usable]),
+                            closed[fit_rows])
+        if fit is None:
             out[name] = _Column(np.full(len(cert_rows), math.nan), loss[cert_rows],
                                 closed[cert_rows], n_fit=half,
-                                note="the composite could not be fitted: its fitting half "
-                                     "holds no question where retrieval fixes the answer")
+                                note="the composite could not be fitted: in its fitting half "
+                                     "the closed-book answers are all right or all wrong")
         else:
-            fit = fit_logistic(x_fit[:, keep].tolist(), harm.tolist())
-            spec = WeightedFit(gates=usable, weights=fit.weights, bias=fit.bias,
-                               center=fit.center, scale=fit.scale, label="harm", fit_rows=half)
             x_cert = np.stack([table[g][cert_rows] for g in usable])
-            out[name] = _Column(_weighted_scores(spec, x_cert), loss[cert_rows],
-                                closed[cert_rows], n_fit=half, fit=spec)
+            out[name] = _Column(_weighted_scores(fit, x_cert), loss[cert_rows],
+                                closed[cert_rows], n_fit=half, fit=fit)
     return out
+
+
+def fit_composite(names: list[str], x_fit: NDArray[np.float64],
+                  closed_fit: NDArray[np.float64]) -> WeightedFit | None:
+    """The composite's logistic fit on its fitting rows (``x_fit``: one row of scores per
+    gate, NaN = unscored, left out): label "closed-book answer wrong", the questions a gate
+    should send to retrieval. None when those rows hold one class."""
+    keep = np.isfinite(x_fit).all(axis=0)
+    wrong = (closed_fit[keep] == 0).astype(int)
+    if keep.sum() < 2 or len(set(wrong.tolist())) < 2:
+        return None
+    fit = fit_logistic(x_fit[:, keep].tolist(), wrong.tolist())
+    return WeightedFit(gates=list(names), weights=fit.weights, bias=fit.bias,
+                       center=fit.center, scale=fit.scale, label="closed-book wrong",
+                       fit_rows=int(x_fit.shape[1]))
 
 
 def _weighted_scores(fit: WeightedFit, x: NDArray[np.float64]) -> NDArray[np.float64]:

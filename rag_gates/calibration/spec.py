@@ -127,7 +127,8 @@ class WeightedFit(BaseModel):
     bias: float
     center: list[float]
     scale: list[float]
-    label: str = Field("harm", description="What the logistic regression predicted.")
+    label: str = Field("closed-book wrong",
+                       description="What the logistic regression predicted.")
     fit_rows: int = Field(..., ge=0, description="Rows the weights were fitted on; the "
                           "threshold was certified on the others.")
 
