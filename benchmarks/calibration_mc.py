@@ -281,12 +281,27 @@ def _check_against_calibrate(pool: Pool, rows: NDArray[np.int64], gate: str, eps
                                  f"{got}, the vectorised path {want}")
 
 
-def oracle(pool: Pool) -> dict[str, float]:
+def oracle(pool: Pool, epsilons: list[float]) -> dict[str, Any]:
+    """The pool itself: the oracle's skip share (every question retrieval does not improve),
+    and per gate what hindsight on the whole pool allows: the largest skip share whose drop
+    is at most epsilon, and where the first harms fall in the gate's order."""
+    per_gate: dict[str, Any] = {}
+    for g in GATES:
+        pos, ok, _ = cut_table(pool.scores[g][None, :])
+        sorted_loss = np.zeros(pool.size)
+        np.put_along_axis(sorted_loss, pos[0], pool.loss, axis=0)
+        drop = np.concatenate([[0.0], np.cumsum(sorted_loss)]) / pool.size
+        harms = np.nonzero(sorted_loss > 0)[0][:3]
+        per_gate[g] = {
+            "hindsight_skip": {str(e): float(np.nonzero(ok[0] & (drop <= e + 1e-12))[0].max()
+                                             / pool.size) for e in epsilons},
+            "share_before_first_harms": [float(h / pool.size) for h in harms]}
     return {"oracle_skip": float((pool.loss <= 0).mean()),
             "always_retrieve_accuracy": float((pool.closed + pool.loss).mean()),
             "closed_book_accuracy": float(pool.closed.mean()),
             "harm_share": float((pool.loss > 0).mean()),
-            "help_share": float((pool.loss < 0).mean())}
+            "help_share": float((pool.loss < 0).mean()),
+            "gates": per_gate}
 
 
 def main() -> None:
@@ -314,7 +329,8 @@ def main() -> None:
         "draws": args.draws, "delta": args.delta, "epsilons": args.epsilons,
         "gates": [*GATES, COMPOSITE, "best"], "rules": list(RULES), "pools": {}}
     for pool in load_pools():
-        entry: dict[str, Any] = {"size": pool.size, **oracle(pool), "n_cal": {}}
+        entry: dict[str, Any] = {"size": pool.size, **oracle(pool, args.epsilons),
+                                 "n_cal": {}}
         for n in args.n_cal:
             if n > pool.size:
                 continue
