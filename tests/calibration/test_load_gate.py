@@ -279,3 +279,23 @@ def test_load_gate_is_reachable_from_the_top_without_a_heavy_import() -> None:
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
                          check=True, timeout=120).stdout.split()
     assert out == ["True", "True", "GateSpec"]
+
+
+def test_an_expression_spec_builds_the_composed_gate() -> None:
+    """A spec whose gate is an expression of registered gates builds that composition and
+    compares its score (the deciding margin) with the certified threshold."""
+    from rag_gates.gate import AnyOf
+
+    expression = "long-words:0.1|vowels:0.3"
+    composed = AnyOf(Counting(0.1), Vowels(0.3))
+    records = [r.model_copy(update={"scores": {expression: composed.decide(r.question).score}})
+               for r in _word_records()]
+    model = ModelIdentity(name="m", fingerprint="1" * 64)
+    spec = calibrate(records, max_loss=0.1, model=model, retriever="-").spec_for(expression)
+    assert spec.certified
+    gate = load_gate(spec, allow_other_model=True)
+    assert isinstance(gate.inner, AnyOf)
+    for q in WORDY[:20]:
+        d = gate.decide(q)
+        assert d.score == pytest.approx(composed.decide(q).score)
+        assert d.retrieve == (d.score >= spec.threshold)
