@@ -149,8 +149,12 @@ def _eval_gate(gate: str, model: Path, out: Path) -> subprocess.Popen[str]:
     command = [sys.executable, "-m", "rag_gates.cli", "eval-gate", "--gate", gate,
                "--dataset", "popqa", "--data", str(POPQA), "--n", "4", "--model", str(model),
                "--k", "1", "--max-new-tokens", "3", "--threads", "1", "--out", str(out)]
+    # The CLI of this checkout (spawned workers get the parent's sys.path by themselves).
+    path = os.pathsep.join([str(ROOT), str(ROOT / "integrations" / "langchain"),
+                            str(ROOT / "integrations" / "llama-index"),
+                            os.environ.get("PYTHONPATH", "")])
     return subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **ONE_THREAD})
+                            text=True, env={**os.environ, **ONE_THREAD, "PYTHONPATH": path})
 
 
 def test_two_eval_gate_runs_share_one_label_cache(environment: None, tiny_model: Path,
