@@ -17,6 +17,7 @@ __all__ = [
     "ServerTimeoutError",
     "ServerUnavailableError",
     "SpecModelMismatchError",
+    "StoreLockedError",
     "WeightsFileError",
     "WhiteBoxRequiredError",
 ]
@@ -61,6 +62,12 @@ class SpecModelMismatchError(CalibrationError):
 class FileInUseError(ArtifactError):
     """A resumable output (a bench run, gate decisions, synthesized rows, labels) is being
     written by another process; a second writer would duplicate its rows."""
+
+
+class StoreLockedError(FileInUseError):
+    """A local Qdrant folder (an SR-RAG policy, a dense index) is open in another process:
+    Qdrant's local mode admits one client per folder. The message names the two ways out:
+    open it read-only (each process loads a private copy) or serve it from a Qdrant server."""
 
 
 class ServerError(RagGatesError, RuntimeError):

@@ -138,14 +138,15 @@ def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = N
         passages = corpus_passages(dataset, path)
         logger.info("indexing %d %s paragraphs with BM25", len(passages), dataset)
         bm25 = BM25Retriever.from_passages(passages)
-        bm25.save(directory)
+        # Another process may have built the same cache meanwhile: its copy stands.
+        bm25.save(directory, replace=False)
         return bm25
     from rag_gates.retrieval.dense import QdrantDenseRetriever
 
     done = directory / "complete"
-    if done.is_file():
-        return QdrantDenseRetriever(QdrantDenseRetriever.connect(str(directory / "qdrant")),
-                                    "passages")
+    if done.is_file():  # read-only: every bench process searches its own copy
+        return QdrantDenseRetriever(
+            QdrantDenseRetriever.connect(str(directory / "qdrant"), read_only=True), "passages")
     passages = corpus_passages(dataset, path)
     logger.info("embedding %d %s paragraphs into local Qdrant", len(passages), dataset)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -155,14 +156,20 @@ def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = N
                                            show_progress=True)
         dense.client.close()
         (build / "complete").write_text(str(len(passages)))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.rename(build, directory)
+        if not done.is_file():  # else another process built the same cache meanwhile
+            if directory.exists():
+                shutil.rmtree(directory)
+            try:
+                os.rename(build, directory)
+            except OSError:
+                if not done.is_file():
+                    raise  # not another process's finished copy
     finally:
         if build.exists():
             shutil.rmtree(build, ignore_errors=True)
-    return QdrantDenseRetriever(QdrantDenseRetriever.connect(str(directory / "qdrant")),
-                                "passages", dense.embedder)
+    return QdrantDenseRetriever(
+        QdrantDenseRetriever.connect(str(directory / "qdrant"), read_only=True), "passages",
+        dense.embedder)
 
 
 # ------------------------------------------------------------------- corpus statistics

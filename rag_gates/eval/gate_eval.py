@@ -10,6 +10,11 @@ questions, their gold answers and the retrieval corpus (the data file's content)
 file's path, so a copy of the file elsewhere shares the labels and a file edited in place gets
 new ones.
 
+Several eval-gate runs at once (one per gate, in parallel) share the labels: each decides
+its own gate first, then the labels are written by one run at a time (a lock on the cache's
+``results.jsonl``); a run that finds them being written waits for the other and reads them
+(and finishes them, if the other stopped), so no question is labelled twice.
+
 Example:
     >>> from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
     >>> report = evaluate_gate(GateEvalConfig(gate="first-token-prob", dataset="popqa", n=500),
@@ -159,9 +164,15 @@ def _adopt_older_labels(config: GateEvalConfig, labels_dir: Path, data: DatasetL
 
 def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None,
                   retriever: Any = None,
-                  progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
+                  progress: Callable[[str, int, int], None] | None = None,
+                  labels_wait_s: float = math.inf) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
-    ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``.
+
+    The gate decides first; then the labels (the shared ``no-rag``/``single`` runs). Labels
+    another process is writing are waited for, up to ``labels_wait_s`` seconds (default: as
+    long as it takes; then :class:`~rag_gates.errors.FileInUseError`), and read, not redone.
+    """
     # The expression (syntax, limits, thresholds, weights files) before a model loads.
     check_gate_expression(config.gate)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
@@ -196,14 +207,21 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
         if progress is not None:
             progress("labels (no-rag, single)", done, total)
 
-    run_bench(bench, labels_dir, lm=lm, retriever=retriever, data=data,
-              progress=bench_progress)
-    by_key = {(r.id, r.method): r for r in read_records(labels_dir)}
+    def waiting() -> None:
+        logger.info("waiting for the labels another process is writing in %s", labels_dir)
+        if progress is not None:
+            progress("waiting for the labels another eval-gate is writing", 0, 1)
+
+    # The gate first: its errors come before hours of labelling, and a run started beside
+    # another decides while the other labels.
     ctx = MethodContext(lm=lm, dataset=config.dataset, max_new_tokens=config.max_new_tokens)
     gate = make_gate(config.gate, ctx)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     decisions = _decide_resumably(gate, config, data.examples, out, progress)
+    run_bench(bench, labels_dir, lm=lm, retriever=retriever, data=data,
+              progress=bench_progress, lock_wait_s=labels_wait_s, on_lock_wait=waiting)
+    by_key = {(r.id, r.method): r for r in read_records(labels_dir)}
     closed = [by_key[(e.id, "no-rag")].accuracy for e in data.examples]
     retrieved = [by_key[(e.id, "single")].accuracy for e in data.examples]
     # An infinite score (e.g. an empty answer) ranks above every finite one.

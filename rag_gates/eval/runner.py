@@ -386,12 +386,16 @@ def run_bench(
     retriever: Any = None,
     data: DatasetLoad | None = None,
     progress: ProgressCallback | None = None,
+    lock_wait_s: float = 0.0,
+    on_lock_wait: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Run (or resume) a benchmark; return the per-method summary.
 
     ``lm`` and ``retriever`` default to loading ``config.model`` and the dataset's cached
     ``config.retriever`` index. ``progress(done, total, running_summary)`` is called after
-    every record.
+    every record. A run directory another process is writing raises
+    :class:`~rag_gates.errors.FileInUseError`, or with ``lock_wait_s`` is waited for (up to
+    that many seconds; ``on_lock_wait()`` is called when the wait starts) and then resumed.
     """
     known = available_methods()
     for name in config.methods:
@@ -428,7 +432,8 @@ def run_bench(
     _prepare_dir(run_path, config, data, served=served)
     results = run_path / RESULTS
     # Locked before the rows are read: a second bench on the same --out stops here.
-    with append_locked(results) as out, concurrent.futures.ThreadPoolExecutor(
+    with append_locked(results, wait_s=lock_wait_s, on_wait=on_lock_wait) as out, \
+            concurrent.futures.ThreadPoolExecutor(
             config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
         drop_torn_tail(results)
         records = read_records(run_path)

@@ -107,6 +107,21 @@ def test_bm25_open_retrieval_finds_gold_paragraphs(bm25: BM25Retriever, tmp_path
         bm25.retrieve("   ")
 
 
+def test_a_cache_built_twice_at_once_keeps_the_first_copy(tmp_path: Path) -> None:
+    """Two processes building one dataset's BM25 cache: the second keeps the first's copy
+    (which readers may already be using) instead of deleting it under them."""
+    from rag_gates.types import Passage
+
+    first = BM25Retriever.from_passages([Passage(id="a", text="Paris is in France.")])
+    second = BM25Retriever.from_passages([Passage(id="b", text="Rome is in Italy.")])
+    first.save(tmp_path / "bm25")
+    second.save(tmp_path / "bm25", replace=False)
+    assert [p.id for p in BM25Retriever.load(tmp_path / "bm25").passages] == ["a"]
+    assert [p.name for p in tmp_path.iterdir()] == ["bm25"]  # the second build is gone
+    second.save(tmp_path / "bm25")  # a deliberate save replaces
+    assert [p.id for p in BM25Retriever.load(tmp_path / "bm25").passages] == ["b"]
+
+
 # ---------------------------------------------------------------- methods
 def test_first_sentence() -> None:
     assert first_sentence("It is Paris. It is big.") == "It is Paris."
