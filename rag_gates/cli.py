@@ -42,6 +42,9 @@ app.add_typer(testbed_app, name="testbed")
 from rag_gates.commands.srrag import srrag_app  # noqa: E402  (typer + rich only)
 
 app.add_typer(srrag_app, name="srrag")
+from rag_gates.commands.models import models_app  # noqa: E402  (typer + rich only)
+
+app.add_typer(models_app, name="models")
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"

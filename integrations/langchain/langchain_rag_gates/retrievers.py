@@ -64,7 +64,7 @@ class GatedRetriever(BaseRetriever):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
         ```
 
     Key init args:

@@ -74,7 +74,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
         ```
 
     Key init args:

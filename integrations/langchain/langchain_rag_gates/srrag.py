@@ -38,7 +38,7 @@ class SelfRoutingRetriever(GatedRetriever):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
         rag-gates srrag label --dataset popqa --out labels.jsonl
         rag-gates srrag build-policy --labels labels.jsonl
         ```

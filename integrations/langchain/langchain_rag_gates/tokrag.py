@@ -40,7 +40,8 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
     ``ainvoke`` and ``astream`` run the model in a worker thread.
 
     Setup:
-        ``pip install langchain-rag-gates``
+        ``pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain`` (from
+        the clone's root)
 
     Instantiate:
         ```python

@@ -61,7 +61,7 @@ class ClaimVerifierTool(BaseTool):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates "rag-gates[corpus]"
+        pip install -c constraints.txt -e ".[hf,qdrant,corpus]" -e integrations/langchain
         ```
 
     Key init args:
@@ -183,7 +183,7 @@ class GatedRetrieverTool(BaseTool):
 
     Setup:
         ```bash
-        pip install -U langchain-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
         ```
 
     Key init args:

@@ -149,7 +149,8 @@ class RagGatesLLM(CustomLLM):
     ``truncation`` (``"left"`` drops the oldest prompt tokens when the prompt does not fit).
 
     Setup:
-        ``pip install llama-index-rag-gates``
+        ``pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/llama-index`` (from
+        the clone's root)
 
     Example:
         >>> from llama_index.llms.rag_gates import RagGatesLLM

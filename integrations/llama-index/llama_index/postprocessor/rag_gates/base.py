@@ -63,7 +63,7 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
 
     Setup:
         ```bash
-        pip install -U llama-index-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/llama-index
         ```
 
     Args:

@@ -91,7 +91,7 @@ class DeepRAGQueryEngine(BaseQueryEngine):
 
     Setup:
         ```bash
-        pip install -U llama-index-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/llama-index
         ```
 
     Args:

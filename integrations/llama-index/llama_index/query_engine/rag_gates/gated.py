@@ -57,7 +57,7 @@ class GatedQueryEngine(BaseQueryEngine):
 
     Setup:
         ```bash
-        pip install -U llama-index-rag-gates
+        pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/llama-index
         ```
 
     Args:

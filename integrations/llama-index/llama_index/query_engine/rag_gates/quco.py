@@ -66,7 +66,7 @@ class QuCoQueryEngine(BaseQueryEngine):
 
     Setup:
         ```bash
-        pip install -U llama-index-rag-gates "rag-gates[corpus]"
+        pip install -c constraints.txt -e ".[hf,qdrant,corpus]" -e integrations/llama-index
         ```
 
     Args:

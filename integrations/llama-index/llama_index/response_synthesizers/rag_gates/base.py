@@ -87,7 +87,8 @@ class TokRAGLLM(CustomLLM):
     passages it generates plainly and says so in ``warnings``.
 
     Setup:
-        ``pip install llama-index-rag-gates``
+        ``pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/llama-index`` (from
+        the clone's root)
 
     Example:
         >>> from llama_index.response_synthesizers.rag_gates import TokRAGLLM

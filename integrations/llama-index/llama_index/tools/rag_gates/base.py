@@ -69,7 +69,7 @@ def claim_verifier_tool(
 
     Setup:
         ```bash
-        pip install -U llama-index-rag-gates "rag-gates[corpus]"
+        pip install -c constraints.txt -e ".[hf,qdrant,corpus]" -e integrations/llama-index
         ```
 
     Args:

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# make test-install: the user's path, read from the READMEs themselves (run_readme.py).
+#  1. a fresh venv, README.md's install blocks as written (pip install ..., rag-gates models
+#     install, pip check), then every README.md Python block as written, in order;
+#  2. meanwhile, each integration README's install block in a fresh venv of its own (the
+#     core not pre-installed), then an import of the integration.
+# Everything lives in one temp directory (venvs and $RAG_GATES_HOME), removed at the end
+# unless KEEP=1. pip's cache makes the second run fast.
+set -euo pipefail
+cd "$(dirname "$0")/../.."
+PYTHON=${PYTHON:-python3.11}
+TMP=$(mktemp -d "${TMPDIR:-/tmp}/rag-gates-install.XXXXXX")
+[[ "${KEEP:-0}" == 1 ]] || trap 'rm -rf "$TMP"' EXIT
+export RAG_GATES_HOME="$TMP/home" OMP_NUM_THREADS=${OMP_NUM_THREADS:-1} \
+  MKL_NUM_THREADS=${MKL_NUM_THREADS:-1} TOKENIZERS_PARALLELISM=false \
+  TRANSFORMERS_VERBOSITY=error
+unset PYTHONPATH
+run=tests/install/run_readme.py
+start=$SECONDS
+
+echo "== README.md: install blocks in a fresh venv ($TMP/readme)"
+"$PYTHON" $run install README.md --venv "$TMP/readme" 2>&1 | grep -v "is ignored: it is neither"
+
+# The integrations' own lines, each in a venv of its own, while the snippets run.
+integration() {  # README, venv name, import
+  "$PYTHON" $run install "$1" --venv "$TMP/$2" > "$TMP/$2.log" 2>&1 \
+    && "$TMP/$2/bin/python" -c "import $3; print('imported', $3.__name__)" >> "$TMP/$2.log" 2>&1
+}
+integration integrations/langchain/README.md langchain langchain_rag_gates & lc=$!
+integration integrations/llama-index/README.md llama-index llama_index.query_engine.rag_gates & li=$!
+
+echo "== README.md: the Python blocks, as written"
+"$TMP/readme/bin/python" $run snippets README.md
+echo "   venv size: $(du -sh "$TMP/readme" | cut -f1)"
+
+status=0
+for pair in "langchain:$lc" "llama-index:$li"; do
+  name=${pair%%:*}
+  if wait "${pair##*:}"; then
+    echo "== integrations/$name/README.md: installed in a fresh venv, pip check clean, imported"
+    echo "   venv size: $(du -sh "$TMP/$name" | cut -f1)"
+  else
+    echo "FAILED: integrations/$name/README.md install (log follows)" >&2
+    grep -v "is ignored: it is neither" "$TMP/$name.log" >&2
+    status=1
+  fi
+done
+echo "== test-install: $((SECONDS - start)) s"
+exit $status
