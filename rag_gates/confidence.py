@@ -3,7 +3,9 @@
 - :class:`FirstTokenProbGate`: ``1 - max_v p(v | QA prompt)``: one forward pass, no
   generation; needs a white-box model.
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
-  a model that returns log-probabilities (any TextLM with ``supports_logprobs``).
+  a model that returns log-probabilities (any TextLM with ``supports_logprobs``). The answer
+  is in the decision's evidence with its prompt and budget: when the gate skips retrieval,
+  the gated engines reply with it (:mod:`rag_gates.answer_once`).
 
 Example:
     >>> from rag_gates.confidence import FirstTokenProbGate
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from rag_gates.answer_once import closed_book_evidence
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import qa_prompt
@@ -59,10 +62,13 @@ class AnswerLogprobGate(BaseGate):
         self.max_new_tokens = max_new_tokens
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
-                             max_new_tokens=self.max_new_tokens, logprobs=0)
+        prompt = qa_prompt(query, dataset=self.dataset)
+        g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens, logprobs=0)
         values = [item.logprob for item in g.logprobs or []]
         mean = sum(values) / len(values) if values else -math.inf
-        return -mean if values else math.inf, {"closed_book_answer": g.text,
-                                                "mean_logprob": mean if values else None,
-                                                "tokens": len(values)}
+        # What the answer was generated from, so a skip can reply with it (answer_once).
+        model = getattr(self.lm, "model_id", None)
+        evidence = closed_book_evidence(g.text, prompt, self.max_new_tokens, g.finish_reason,
+                                        len(values), model if isinstance(model, str) else None)
+        return -mean if values else math.inf, {**evidence,
+                                                "mean_logprob": mean if values else None}
