@@ -4,6 +4,7 @@ from __future__ import annotations
 
 __all__ = [
     "ArtifactError",
+    "CalibrationError",
     "ContextLengthError",
     "FileInUseError",
     "ModelNotFoundError",
@@ -14,6 +15,7 @@ __all__ = [
     "ServerRequestError",
     "ServerTimeoutError",
     "ServerUnavailableError",
+    "SpecModelMismatchError",
     "WhiteBoxRequiredError",
 ]
 
@@ -41,6 +43,17 @@ class ProbeMismatchError(RagGatesError, ValueError):
 class ArtifactError(RagGatesError, ValueError):
     """A saved artifact (a probe, an index, a cache, a run directory) is damaged, incomplete
     or foreign; the message names the file and what to do (usually: rebuild or retrain it)."""
+
+
+class CalibrationError(RagGatesError, ValueError):
+    """Calibration input that cannot give a certified threshold (too few questions, one
+    class, a bound outside (0, 1)), or a gate spec file that is damaged, edited by hand or
+    incomplete; the message says which and what to do."""
+
+
+class SpecModelMismatchError(CalibrationError):
+    """A gate spec was calibrated for another model than the one it is loaded with: its
+    guarantee does not transfer. Recalibrate, or pass ``allow_other_model=True``."""
 
 
 class FileInUseError(ArtifactError):

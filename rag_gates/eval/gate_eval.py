@@ -27,6 +27,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
+from rag_gates.calibration.fit import ThresholdPoint, threshold_curve
+from rag_gates.calibration.fit import best_accuracy_point as calibrate
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
@@ -74,14 +76,6 @@ class GateEvalConfig(BaseModel):
         description="torch threads for the model (not part of the evaluation's identity).")
 
 
-class ThresholdPoint(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    threshold: float
-    retrieval_rate: float
-    accuracy: float
-
-
 class GateEvalReport(BaseModel):
     model_config = ConfigDict(frozen=True)
 
@@ -99,31 +93,6 @@ class GateEvalReport(BaseModel):
     popularity_spearman: float | None = Field(
         None, description="PopQA: Spearman correlation of the gate score with s_pop.")
     mean_gate_latency_ms: float
-
-
-def threshold_curve(scores: list[float], closed: list[float], retrieved: list[float]
-                    ) -> list[ThresholdPoint]:
-    """Accuracy and retrieval rate at every distinct threshold (plus never-retrieve)."""
-    n = len(scores)
-    # Above the largest score nothing is retrieved (a finite threshold keeps JSON valid).
-    top = max(scores)
-    thresholds = sorted(set(scores)) + ([math.nextafter(top, math.inf)]
-                                        if math.isfinite(top) else [])
-    points = []
-    for t in thresholds:
-        use = [s >= t for s in scores]
-        acc = sum(r if u else c for u, r, c in zip(use, retrieved, closed, strict=True)) / n
-        points.append(ThresholdPoint(threshold=t, retrieval_rate=sum(use) / n, accuracy=acc))
-    return points
-
-
-def calibrate(curve: list[ThresholdPoint], target_rate: float | None) -> ThresholdPoint:
-    """The best-accuracy point (fewest retrievals among ties), or the point whose retrieval
-    rate is the largest not above ``target_rate``."""
-    if target_rate is None:
-        return max(curve, key=lambda p: (p.accuracy, -p.retrieval_rate))
-    allowed = [p for p in curve if p.retrieval_rate <= target_rate + 1e-12]
-    return max(allowed, key=lambda p: (p.retrieval_rate, p.accuracy))
 
 
 def _slug(text: str) -> str:
