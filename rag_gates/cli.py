@@ -42,6 +42,9 @@ app.add_typer(testbed_app, name="testbed")
 from rag_gates.commands.srrag import srrag_app  # noqa: E402  (typer + rich only)
 
 app.add_typer(srrag_app, name="srrag")
+from rag_gates.commands.calibrate import calibrate_command  # noqa: E402  (typer + rich only)
+
+app.command("calibrate")(calibrate_command)
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
