@@ -63,3 +63,32 @@ def test_another_direct_prompt_generates_again_and_says_why(tiny: Any) -> None:
     assert rec.trace().llm_calls == 2
     note = msg.response_metadata["rag_gates"]["answer_once"]
     assert note["answer_reused"] is False and "prompt differs" in note["why"]
+
+
+def test_a_loaded_spec_serves_in_the_router_and_retriever(tiny: Any, tmp_path: Any) -> None:
+    """A spec from rag_gates.calibration goes wherever a gate goes: the router decides with
+    its certified threshold, names the spec, and still answers once."""
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_rag_gates import GatedRetriever
+
+    from rag_gates.calibration import load_gate
+    from rag_gates.testing import tiny_gate_spec
+
+    class Everything(BaseRetriever):
+        def _get_relevant_documents(self, query: str, **kwargs: Any) -> list[Any]:
+            from langchain_core.documents import Document
+
+            return [Document(page_content="Hamlet is a play by Shakespeare.")]
+
+    rec = TraceRecorder()
+    lm = RecordedLM(tiny, rec)
+    spec = tiny_gate_spec(tiny, tmp_path / "gate.json")
+    gate = load_gate(spec, lm=lm)
+    router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
+                           direct=closed_book_prompt() | ChatRagGates(lm=lm, max_tokens=12))
+    question = "Who founded the company number 3?"  # scored below the certified threshold
+    msg = router.invoke({"question": question})
+    decision = msg.response_metadata["rag_gates"]
+    assert decision["retrieve"] is False and decision["evidence"]["spec"]["name"] == str(spec)
+    assert rec.trace().llm_calls == 1  # the spec's gate generated; reused
+    assert GatedRetriever(retriever=Everything(), gate=gate).invoke(question) == []

@@ -64,3 +64,31 @@ def test_another_direct_prompt_generates_again_and_says_why(tiny_li: Any, bm25: 
     assert rec.trace().llm_calls == 2
     note = response.metadata["rag_gates"]["answer_once"]
     assert note["answer_reused"] is False and "prompt differs" in note["why"]
+
+
+def test_a_loaded_spec_serves_in_the_engine_and_retriever(tiny_li: Any, bm25: Any,
+                                                          tmp_path: Any) -> None:
+    """A spec from rag_gates.calibration goes wherever a gate goes: the engine decides with
+    its certified threshold, names the spec, and still answers once."""
+    from llama_index.retrievers.rag_gates import GatedRetriever
+
+    from rag_gates.calibration import load_gate
+    from rag_gates.testing import tiny_gate_spec
+
+    rec = TraceRecorder()
+    lm = RecordedLM(tiny_li, rec)
+    spec = tiny_gate_spec(tiny_li, tmp_path / "gate.json")
+    gate = load_gate(spec, lm=lm)
+    llm = RagGatesLLM(lm=lm, max_new_tokens=12)
+    inner = RetrieverQueryEngine.from_args(PassageRetriever(bm25, similarity_top_k=1), llm=llm)
+    engine = GatedQueryEngine(inner, gate=gate, llm=llm)
+    question = "Who founded the company number 3?"  # scored below the certified threshold
+    before = rec.trace().llm_calls
+    response = engine.query(question)
+    decision = response.metadata["rag_gates"]
+    assert decision["retrieve"] is False and decision["evidence"]["spec"]["name"] == str(spec)
+    assert "certified threshold" in decision["reason"]
+    assert rec.trace().llm_calls - before == 1  # the spec's gate generated; reused
+    nodes = GatedRetriever(PassageRetriever(bm25, similarity_top_k=1), gate=gate).retrieve(
+        question)
+    assert nodes == []  # the same decision keeps the retriever from running
