@@ -201,7 +201,8 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
                 built[name] = _build(name, ctx, None)
                 continue
             except (WhiteBoxRequiredError, TypeError, ValueError, FileNotFoundError) as exc:
-                why = str(exc).splitlines()[0]
+                # The first clause says why; the rest of these errors advise other gates.
+                why = str(exc).splitlines()[0].split(";")[0]
         if requested is not None:
             raise ValueError(f"--gates {name}: {why}")
         skipped[name] = why

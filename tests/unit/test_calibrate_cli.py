@@ -106,3 +106,21 @@ def test_calibrates_writes_a_loadable_spec_and_resumes(tiny_dir: Path, tmp_path:
     assert (tmp_path / "gate-work" / "records.jsonl").read_text() == before
     changed = _invoke(*args[:-2], "--max-loss", "0.2", "--gates", "answer-logprob")
     assert changed.exit_code == 2 and "another gates" in " ".join(changed.output.split())
+
+
+def test_a_text_only_model_gets_the_log_probability_gate_and_says_why_not_others() -> None:
+    """A model behind a text interface (here LangChain's, as a served model is) keeps
+    answer-logprob; the white-box gates are skipped, each with its reason."""
+    pytest.importorskip("langchain_rag_gates")
+    from langchain_rag_gates import ChatRagGates, as_text_lm
+
+    from rag_gates.commands.calibrate import applicable_gates
+    from rag_gates.testing import tiny_lm
+
+    text_only = as_text_lm(ChatRagGates(lm=tiny_lm(), max_tokens=8))
+    built, skipped = applicable_gates(text_only, None, {"max_new_tokens": 8})
+    assert list(built) == ["answer-logprob"]
+    assert set(skipped) == {"first-token-prob", "cbdr", "quco"}
+    assert "reads logits/hidden states" in skipped["first-token-prob"]
+    with pytest.raises(ValueError, match="--gates first-token-prob"):
+        applicable_gates(text_only, ["first-token-prob"], {})
