@@ -13,8 +13,9 @@ thresholds from "retrieve always" upward, with one of two tests
 questions retrieval would have fixed; conservative) or ``"wsr"`` (a betting test on the
 signed loss, which also counts the skipped questions where retrieval would have misled).
 A gate that could not score a question (None / NaN) never skips it (fail closed).
-The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates) is
-fitted on one half of the questions and certified on the other, never both on the same rows.
+The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates,
+predicting "closed-book answer wrong") is fitted on one half of the questions and certified
+on the other, never both on the same rows.
 
 Example:
     >>> from rag_gates.calibration import calibrate, read_records, ModelIdentity
@@ -50,7 +51,8 @@ from rag_gates.calibration.spec import (
 )
 from rag_gates.errors import CalibrationError
 
-__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "skip_curve"]
+__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "fit_composite",
+           "skip_curve"]
 
 MIN_QUESTIONS = 30
 """Fewer calibration questions than this are refused: no bound certifies anything useful."""
@@ -73,6 +75,8 @@ class GateRow(BaseModel):
     threshold: float | None = Field(..., description="Skip when score < threshold; None = "
                                     "no threshold certified: always retrieve.")
     n: int = Field(..., description="Certification rows.")
+    delta: float = Field(..., description="The level this row was certified at: the report's "
+                         "delta divided by the family size when family_wise.")
     n_fit: int = Field(0, description="Rows the composite was fitted on (not certified on).")
     unscored: int = Field(0, description="Certification rows the gate could not score.")
     skip_rate: RateInterval
@@ -107,6 +111,8 @@ class CalibrationReport(BaseModel):
     model: ModelIdentity
     retriever: str
     seed: int
+    family: int = Field(1, description="Rows certified together: each at delta / family, so "
+                        "the guarantee holds for any one picked from them (Bonferroni).")
     composite: WeightedFit | None = None
     composite_name: str | None = None
     options: dict[str, object] = Field(default_factory=dict)
@@ -137,16 +143,19 @@ class CalibrationReport(BaseModel):
                                  lower=1.0 - row.skip_rate.upper,
                                  upper=1.0 - row.skip_rate.lower)
         if row.certified:
+            picked = (f" (each of {self.family} gates certified at delta/{self.family}, so "
+                      "the guarantee holds for the one picked)") if self.family > 1 else ""
             note = (f"With probability >= {1 - self.delta:g} over the {row.n} certification "
                     f"questions, skipping retrieval when the {gate} score is below "
                     f"{row.threshold:.6g} loses at most {self.epsilon:g} accuracy against "
-                    f"always retrieving ({self.bound} bound).")
+                    f"always retrieving ({self.bound} bound){picked}.")
         else:
             note = f"no threshold certified: always retrieve. {row.note}".strip()
         return GateSpec(
             gate=gate, composite=composite, options=dict(self.options),
             threshold=row.threshold, certified=row.certified,
-            epsilon=self.epsilon, delta=self.delta, bound=self.bound, n=row.n,
+            epsilon=self.epsilon, delta=self.delta, family=self.family, bound=self.bound,
+            n=row.n,
             unscored=row.unscored, auroc=row.auroc, skip_rate=row.skip_rate,
             retrieval_rate=retrieval, observed_drop=row.observed_drop, model=self.model,
             retriever=self.retriever, versions=package_versions(), created=utc_now(),
@@ -226,22 +235,33 @@ def _columns(records: Sequence[CalibrationRecord], names: list[str], composite: 
         name = f"weighted({','.join(usable)})"
         half = len(ordered) // 2
         fit_rows, cert_rows = np.arange(half), np.arange(half, len(ordered))
-        x_fit = np.stack([table[g][fit_rows] for g in usable])
-        keep = np.isfinite(x_fit).all(axis=0)
-        harm = (loss[fit_rows] > 0)[keep].astype(int)
-        if keep.sum() < 2 or len(set(harm.tolist())) < 2:
+        fit = fit_composite(usable, np.stack([table[g][fit_rows] for g in usable]),
+                            closed[fit_rows])
+        if fit is None:
             out[name] = _Column(np.full(len(cert_rows), math.nan), loss[cert_rows],
                                 closed[cert_rows], n_fit=half,
-                                note="the composite could not be fitted: its fitting half "
-                                     "holds no question where retrieval fixes the answer")
+                                note="the composite could not be fitted: in its fitting half "
+                                     "the closed-book answers are all right or all wrong")
         else:
-            fit = fit_logistic(x_fit[:, keep].tolist(), harm.tolist())
-            spec = WeightedFit(gates=usable, weights=fit.weights, bias=fit.bias,
-                               center=fit.center, scale=fit.scale, label="harm", fit_rows=half)
             x_cert = np.stack([table[g][cert_rows] for g in usable])
-            out[name] = _Column(_weighted_scores(spec, x_cert), loss[cert_rows],
-                                closed[cert_rows], n_fit=half, fit=spec)
+            out[name] = _Column(_weighted_scores(fit, x_cert), loss[cert_rows],
+                                closed[cert_rows], n_fit=half, fit=fit)
     return out
+
+
+def fit_composite(names: list[str], x_fit: NDArray[np.float64],
+                  closed_fit: NDArray[np.float64]) -> WeightedFit | None:
+    """The composite's logistic fit on its fitting rows (``x_fit``: one row of scores per
+    gate, NaN = unscored, left out): label "closed-book answer wrong", the questions a gate
+    should send to retrieval. None when those rows hold one class."""
+    keep = np.isfinite(x_fit).all(axis=0)
+    wrong = (closed_fit[keep] == 0).astype(int)
+    if keep.sum() < 2 or len(set(wrong.tolist())) < 2:
+        return None
+    fit = fit_logistic(x_fit[:, keep].tolist(), wrong.tolist())
+    return WeightedFit(gates=list(names), weights=fit.weights, bias=fit.bias,
+                       center=fit.center, scale=fit.scale, label="closed-book wrong",
+                       fit_rows=int(x_fit.shape[1]))
 
 
 def _weighted_scores(fit: WeightedFit, x: NDArray[np.float64]) -> NDArray[np.float64]:
@@ -289,7 +309,8 @@ def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bo
         threshold = float(ranked[0, cut]) if cut < scored else math.nextafter(top, math.inf)
     skipped = pos[0] < cut
     lo, hi = clopper_pearson(cut, n, 1.0 - delta)
-    return GateRow(gate=name, auroc=auroc, threshold=threshold, n=n, n_fit=column.n_fit,
+    return GateRow(gate=name, auroc=auroc, threshold=threshold, n=n, delta=delta,
+                   n_fit=column.n_fit,
                    unscored=unscored,
                    skip_rate=RateInterval(observed=cut / n, lower=lo, upper=hi),
                    observed_drop=float(column.loss[skipped].sum() / n), note=note)
@@ -298,7 +319,7 @@ def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bo
 def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
               delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
               model: ModelIdentity, retriever: str, gates: Sequence[str] | None = None,
-              composite: bool = True, seed: int = 0,
+              composite: bool = True, seed: int = 0, family_wise: bool = True,
               options: dict[str, object] | None = None) -> CalibrationReport:
     """Certify a threshold for every gate scored in ``records`` (and a fitted composite).
 
@@ -316,16 +337,19 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
         composite: also fit and certify a Weighted composite of the gates (two or more).
         seed: the random order the betting test reads the questions in, and the composite's
             fit/certify split.
+        family_wise: certify each of the G rows (gates and composite) at ``delta / G``, so
+            that the one :attr:`CalibrationReport.best` picks keeps the guarantee at
+            ``delta`` (Bonferroni). With False each row holds at ``delta`` on its own, and
+            picking the best of several breaks it (measured: benchmarks/calibration_mc.py,
+            row "best"). With one gate the two are the same.
         options: the gates' factory options, recorded in every spec (e.g. the dataset of
             the QA prompt).
 
     The guarantee, per gate: with probability >= 1 - delta over the draw of the
     calibration questions, the accuracy drop against always retrieving is <= max_loss on
     the population they came from. It assumes calibration and future questions are
-    exchangeable (same distribution, model, retriever and corpus). Certifying several gates
-    and then picking one (:attr:`CalibrationReport.best`) holds each at delta, not the
-    pick: for a strict guarantee on the chosen one, certify it alone on fresh questions or
-    divide delta by the number of gates.
+    exchangeable (same distribution, model, retriever and corpus). With ``family_wise``
+    (the default) it also holds for the gate :attr:`CalibrationReport.best` picks.
 
     Raises:
         CalibrationError: fewer than 30 questions, one closed-book class, epsilon or delta
@@ -334,12 +358,14 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
     _check(records, max_loss, delta, bound)
     names = _gate_names(records, gates)
     columns = _columns(records, names, composite, seed)
-    rows = [_certify(col, name, float(max_loss), float(delta), bound)
+    family = len(columns) if family_wise else 1
+    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound)
             for name, col in columns.items()]
     fitted = next(((n, c.fit) for n, c in columns.items() if c.n_fit), (None, None))
     return CalibrationReport(rows=rows, epsilon=float(max_loss), delta=float(delta),
                              bound=bound, questions=len(records), model=model,
-                             retriever=retriever, seed=seed, composite=fitted[1],
+                             retriever=retriever, seed=seed, family=family,
+                             composite=fitted[1],
                              composite_name=fitted[0], options=dict(options or {}))
 
 

@@ -89,17 +89,20 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
     m = (1.0 + epsilon) / 2.0
     threshold = math.log(1.0 / delta)
     fails = np.zeros((draws, n + 1), dtype=bool)
-    open_ = np.arange(draws)
-    for start in range(0, n + 1, block):
-        cuts = np.arange(start, min(start + block, n + 1))
-        # (draws, cuts, n): the rescaled loss, 1/2 for the rows a cut retrieves.
-        skipped = pos[open_, None, :] < cuts[None, :, None]
-        x = 0.5 + 0.5 * loss[open_, None, :] * skipped
-        failed = (wsr_log_capital(x, m, delta) < threshold) & ok[open_][:, cuts]
-        fails[open_[:, None], cuts[None, :]] = failed
-        open_ = open_[~failed.any(axis=1)]
-        if open_.size == 0:
-            break
+    # Bounded memory: at most about 2M values per (draws, cuts, n) block.
+    chunk = max(1, 2_000_000 // max(1, block * n))
+    for first in range(0, draws, chunk):
+        open_ = np.arange(first, min(first + chunk, draws))
+        for start in range(0, n + 1, block):
+            cuts = np.arange(start, min(start + block, n + 1))
+            # (draws, cuts, n): the rescaled loss, 1/2 for the rows a cut retrieves.
+            skipped = pos[open_, None, :] < cuts[None, :, None]
+            x = 0.5 + 0.5 * loss[open_, None, :] * skipped
+            failed = (wsr_log_capital(x, m, delta) < threshold) & ok[open_][:, cuts]
+            fails[open_[:, None], cuts[None, :]] = failed
+            open_ = open_[~failed.any(axis=1)]
+            if open_.size == 0:
+                break
     return _last_allowed_before(ok, fails)
 
 

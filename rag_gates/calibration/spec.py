@@ -76,8 +76,11 @@ class ModelIdentity(BaseModel):
             return cls(name=name, fingerprint=_weights_fingerprint(model), kind="weights")
         base_url = getattr(lm, "base_url", None)
         if base_url is not None:
-            served = getattr(lm, "model_name", None) or getattr(
-                getattr(lm, "config", None), "model", None)
+            served = getattr(lm, "model_name", None)
+            if served is None and hasattr(lm, "_resolve_model") and hasattr(lm, "_call"):
+                # The server names its model (GET /models) on the first request; ask now so
+                # the identity does not depend on whether a request was made yet.
+                served = lm._call(lm._resolve_model())
             key = f"{base_url}#{served or '?'}"
             return cls(name=name, fingerprint=_sha(key), kind="endpoint")
         return cls(name=name, fingerprint=_sha(name), kind="name")
@@ -124,7 +127,8 @@ class WeightedFit(BaseModel):
     bias: float
     center: list[float]
     scale: list[float]
-    label: str = Field("harm", description="What the logistic regression predicted.")
+    label: str = Field("closed-book wrong",
+                       description="What the logistic regression predicted.")
     fit_rows: int = Field(..., ge=0, description="Rows the weights were fitted on; the "
                           "threshold was certified on the others.")
 
@@ -170,6 +174,8 @@ class GateSpec(BaseModel):
     certified: bool
     epsilon: float = Field(..., gt=0.0, lt=1.0, description="The bound on the accuracy drop.")
     delta: float = Field(..., gt=0.0, lt=1.0, description="The probability it may fail.")
+    family: int = Field(1, ge=1, description="Gates certified together, each at "
+                        "delta / family, so the guarantee holds for this one picked from them.")
     bound: Literal["wsr", "binomial"]
     n: int = Field(..., ge=1, description="Certification questions.")
     unscored: int = Field(0, ge=0, description="Certification questions the gate could not "
