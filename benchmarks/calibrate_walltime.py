@@ -21,6 +21,12 @@ ROOT = Path(__file__).resolve().parent.parent
 OUT = ROOT / "benchmarks" / "results" / "calibrate"
 
 
+def _rel(path: Path) -> Path:
+    """A path relative to the repository when it is inside it (the commands in the JSON)."""
+    resolved = path.resolve()
+    return resolved.relative_to(ROOT) if resolved.is_relative_to(ROOT) else resolved
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--limit", type=int, default=200)
@@ -33,7 +39,8 @@ def main() -> None:
                "--data", "examples/data/calibration_questions.jsonl",
                "--corpus", "examples/data/calibration_corpus.jsonl",
                "--limit", str(args.limit), "--threads", str(args.threads),
-               "--out", str(args.run / "gate.json"), "--work-dir", str(args.run / "work")]
+               "--out", str(_rel(args.run / "gate.json")),
+               "--work-dir", str(_rel(args.run / "work"))]
     start = time.perf_counter()
     cpu_start = os.times()
     done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True)

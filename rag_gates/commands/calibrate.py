@@ -331,7 +331,7 @@ def _table(report: Any) -> Table:
 
     table = Table(title=f"certified at epsilon {report.epsilon:g}, delta {report.delta:g} "
                         f"({report.bound}), {report.questions} questions", box=box.SIMPLE)
-    table.add_column("gate", overflow="fold", max_width=24)
+    table.add_column("gate", overflow="fold", min_width=16, max_width=24)
     for column in ("AUROC", "threshold", "certified\nskip rate", "observed\nskip rate",
                    "observed\ndrop", "n"):
         table.add_column(column, justify="right", no_wrap=True)
