@@ -45,6 +45,9 @@ app.add_typer(srrag_app, name="srrag")
 from rag_gates.commands.models import models_app  # noqa: E402  (typer + rich only)
 
 app.add_typer(models_app, name="models")
+from rag_gates.commands.calibrate import calibrate_command  # noqa: E402  (typer + rich only)
+
+app.command("calibrate")(calibrate_command)
 
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"

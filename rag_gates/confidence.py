@@ -5,7 +5,9 @@
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
   a model that returns log-probabilities (any TextLM with ``supports_logprobs``). A served
   model that reports a value that is not a log-probability (``ServerLogprobError``: not
-  finite, or above 0) leaves it undecided: it retrieves and says why.
+  finite, or above 0) leaves it undecided: it retrieves and says why. The answer is in the
+  decision's evidence with its prompt and budget: when the gate skips retrieval,
+  the gated engines reply with it (:mod:`rag_gates.answer_once`).
 
 Example:
     >>> from rag_gates.confidence import FirstTokenProbGate
@@ -21,6 +23,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from rag_gates.answer_once import closed_book_evidence
 from rag_gates.errors import ServerLogprobError
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
@@ -66,16 +69,19 @@ class AnswerLogprobGate(BaseGate):
         self.max_new_tokens = max_new_tokens
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        prompt = qa_prompt(query, dataset=self.dataset)
         try:
-            g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
-                                 max_new_tokens=self.max_new_tokens, logprobs=0)
+            g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens, logprobs=0)
         except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
             return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         values = [item.logprob for item in g.logprobs or []]
         mean = sum(values) / len(values) if values else -math.inf
-        return -mean if values else math.inf, {"closed_book_answer": g.text,
-                                                "mean_logprob": mean if values else None,
-                                                "tokens": len(values)}
+        # What the answer was generated from, so a skip can reply with it (answer_once).
+        model = getattr(self.lm, "model_id", None)
+        evidence = closed_book_evidence(g.text, prompt, self.max_new_tokens, g.finish_reason,
+                                        len(values), model if isinstance(model, str) else None)
+        return -mean if values else math.inf, {**evidence,
+                                                "mean_logprob": mean if values else None}
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:

@@ -247,3 +247,25 @@ def check_exports(package: str) -> None:
         f"exported but not bound: {sorted(set(public) - bound)}")
     for name in public:  # a lazy package resolves each in __getattr__
         assert hasattr(module, name), f"{package}.{name} is in __all__ but does not resolve"
+
+
+def tiny_gate_spec(lm: Any, path: str | Path, *, n: int = 40, max_new_tokens: int = 12,
+                   max_loss: float = 0.2) -> Path:
+    """A certified ``answer-logprob`` spec for ``lm`` (for framework tests that load one):
+    the gate's real scores on ``n`` questions, labelled so that skipping never loses an
+    answer below the median score and the closed book is wrong above it, then certified by
+    :func:`rag_gates.calibration.calibrate` and saved to ``path``."""
+    from rag_gates.calibration import CalibrationRecord, ModelIdentity, calibrate
+    from rag_gates.confidence import AnswerLogprobGate
+
+    gate = AnswerLogprobGate(lm, max_new_tokens=max_new_tokens)
+    questions = [f"Who founded the company number {i}?" for i in range(n)]
+    scores = [gate.decide(q).score for q in questions]
+    median = sorted(scores)[n // 2]
+    records = [CalibrationRecord(id=str(i), question=q, closed_book_correct=s < median,
+                                 retrieved_correct=True, scores={"answer-logprob": s})
+               for i, (q, s) in enumerate(zip(questions, scores, strict=True))]
+    report = calibrate(records, max_loss=max_loss, model=ModelIdentity.of(lm),
+                       retriever="none (test)", gates=["answer-logprob"], composite=False,
+                       options={"max_new_tokens": max_new_tokens})
+    return report.best.save(path)

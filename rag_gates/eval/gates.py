@@ -42,6 +42,10 @@ GateFactory = Callable[[MethodContext, float | None], Gate]
 def _builtin(cls: type[FirstTokenProbGate] | type[AnswerLogprobGate]) -> GateFactory:
     def factory(ctx: MethodContext, threshold: float | None) -> Gate:
         kwargs: dict[str, Any] = {"dataset": ctx.dataset}
+        if cls is AnswerLogprobGate:
+            # The run's answer budget: its closed-book answer is then the no-rag answer,
+            # which a skip replies with (rag_gates.answer_once).
+            kwargs["max_new_tokens"] = ctx.max_new_tokens
         if threshold is not None:
             kwargs["threshold"] = threshold
         gate: Gate = cls(ctx.lm, **kwargs)

@@ -23,6 +23,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates.answer_once import record_reuse, reusable_answer
 from rag_gates.gate import is_gate_expression
 from rag_gates.lm.recorded import RecordedLM, generate_recorded
 from rag_gates.prompts import continue_prompt, qa_prompt
@@ -190,8 +191,9 @@ class FSRAGMethod:
 
 class SelectiveRetrievalMethod:
     """``selective@GATE``: the gate decides; retrieve once with the question (as ``single``)
-    when it says so, else answer closed book (as ``no-rag``). ``GATE`` is any registered
-    gate, ``NAME:THRESHOLD`` or a composite expression (``selective@quco&cbdr``,
+    when it says so, else answer closed book (as ``no-rag``; a gate that generated that
+    answer to decide, such as ``answer-logprob``, has it reused: one generation). ``GATE`` is
+    any registered gate, ``NAME:THRESHOLD`` or a composite expression (``selective@quco&cbdr``,
     ``selective@cascade(quco,cbdr,0.2,0.8)``; grammar: :data:`rag_gates.gate.GATE_GRAMMAR`).
     The decision, with its sub-decisions, is in the trace."""
 
@@ -226,10 +228,17 @@ class SelectiveRetrievalMethod:
         rec.add_decision(decision)
         passages = retrieve_recorded(rec, self.retriever, question, self.ctx.k) \
             if decision.retrieve else []
-        text = generate_recorded(rec, self.ctx.lm,
-                                 qa_prompt(question, passages or None,
-                                           dataset=self.ctx.dataset),
-                                 self.ctx.max_new_tokens)
+        prompt = qa_prompt(question, passages or None, dataset=self.ctx.dataset)
+        if not decision.retrieve:
+            # A gate that generated the closed-book answer to decide has already written
+            # this reply: answer once (rag_gates.answer_once), and say so in the trace.
+            reuse = reusable_answer(decision, lm=self.ctx.lm, prompt=prompt,
+                                    max_new_tokens=self.ctx.max_new_tokens)
+            if reuse.gate is not None:
+                record_reuse(rec, reuse)
+            if reuse.answer is not None:
+                return MethodResult(answer=reuse.answer, trace=rec.trace(), passages=[])
+        text = generate_recorded(rec, self.ctx.lm, prompt, self.ctx.max_new_tokens)
         return MethodResult(answer=text, trace=rec.trace(), passages=passages)
 
 

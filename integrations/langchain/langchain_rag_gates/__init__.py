@@ -42,7 +42,7 @@ from langchain_rag_gates.documents import (
 from langchain_rag_gates.language_models import LangChainTextLM, as_text_lm
 from langchain_rag_gates.quco import QuCoRunnable
 from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
-from langchain_rag_gates.runnables import GateRouter, route_by_gate
+from langchain_rag_gates.runnables import GateRouter, closed_book_prompt, route_by_gate
 from langchain_rag_gates.srrag import SelfRoutingRetriever
 from langchain_rag_gates.tokrag import CHOICES_KEY, TokRAGRunnable
 from langchain_rag_gates.tools import (
@@ -79,6 +79,7 @@ __all__ = [
     "__version__",
     "annotate_document",
     "as_text_lm",
+    "closed_book_prompt",
     "document_to_passage",
     "documents_to_passages",
     "passage_to_document",

@@ -7,10 +7,12 @@ from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
 from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
-from langchain_core.messages import BaseMessage
+from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
+from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate
 from langchain_core.runnables import (
     Runnable,
     RunnableConfig,
+    RunnableSequence,
     RunnableSerializable,
     ensure_config,
     patch_config,
@@ -22,11 +24,58 @@ from langchain_core.runnables.config import (
 )
 from pydantic import ConfigDict, Field, JsonValue, field_validator
 
+from langchain_rag_gates.chat_models import ChatRagGates
 from langchain_rag_gates.documents import ANNOTATION_KEY
 from langchain_rag_gates.retrievers import DECISION_EVENT, _check_gate, _checked
+from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
+from rag_gates.prompts import qa_prompt
 from rag_gates.types import GateDecision
 
-__all__ = ["GateRouter", "route_by_gate"]
+__all__ = ["GateRouter", "closed_book_prompt", "route_by_gate"]
+
+
+def closed_book_prompt(query_key: str = "question", dataset: str | None = None
+                       ) -> ChatPromptTemplate:
+    """The closed-book prompt the confidence gates generate with (:func:`qa_prompt`), as a
+    chat prompt over ``{query_key}``: with it as the direct branch (``closed_book_prompt()
+    | llm``), a gate that generated the answer to decide has it reused (answer once).
+
+    Example:
+        >>> router = route_by_gate(gate, retrieve=rag_chain, direct=closed_book_prompt() | llm)
+    """
+    text = qa_prompt("{" + query_key + "}", dataset=dataset)
+    return ChatPromptTemplate.from_messages([("human", text)])
+
+
+def _split_direct(direct: Runnable[Any, Any]
+                  ) -> tuple[BasePromptTemplate, ChatRagGates, list[Runnable[Any, Any]]] | None:
+    """``prompt | ChatRagGates | rest...`` as its parts; None for any other shape."""
+    if not isinstance(direct, RunnableSequence):
+        return None
+    steps = direct.steps
+    if (len(steps) >= 2 and isinstance(steps[0], BasePromptTemplate)
+            and isinstance(steps[1], ChatRagGates)):
+        return steps[0], steps[1], list(steps[2:])
+    return None
+
+
+def _reuse(direct: Runnable[Any, Any], decision: GateDecision, input: Any
+           ) -> tuple[Reuse, list[Runnable[Any, Any]], ChatRagGates | None]:
+    """Whether ``direct`` would write exactly the gate's closed-book answer for ``input``."""
+    found = find_closed_book_answer(decision)
+    name = found.gate if found else None
+    parts = _split_direct(direct)
+    if parts is None:
+        return (Reuse(None, "direct is not prompt | ChatRagGates: cannot check it would "
+                            "write the gate's answer", name), [], None)
+    prompt, chat, rest = parts
+    lm = chat.get_lm()
+    options = chat._options(None, {})
+    messages = prompt.invoke(input).to_messages()
+    reuse = reusable_answer(decision, lm=lm, prompt=chat._prompt(messages, lm),
+                            max_new_tokens=options.max_tokens, temperature=options.temperature,
+                            stop=options.stop)
+    return reuse, rest, chat
 
 RETRIEVE_TAG = "rag_gates:retrieve"
 """Tag of the child run when the gate sent the input through the retrieval branch."""
@@ -71,6 +120,15 @@ class GateRouter(RunnableSerializable[Any, Any]):
 
     ``invoke``, ``ainvoke`` (with ``gate.adecide``), ``batch``, ``abatch``, ``stream`` and
     ``astream`` all work, and the router composes in LCEL like any runnable.
+
+    Answer once: a gate that generated the closed-book answer to decide
+    (``AnswerLogprobGate``, or a composite or loaded spec holding one) has written the direct
+    reply already. When ``direct`` is ``prompt | ChatRagGates [| more]`` and would send the
+    gate's prompt (:func:`closed_book_prompt`) to the gate's model, greedily, without stop
+    strings and with a budget that cannot change the text, the gate's answer goes through the
+    steps after the model instead of a second generation. The decision's ``"answer_once"``
+    entry says whether it was reused, and why not when it was not (``answer_once=False``
+    turns this off).
 
     Setup:
         ```bash
@@ -148,6 +206,11 @@ class GateRouter(RunnableSerializable[Any, Any]):
         min_length=1,
         description="Key of the decision in message response_metadata or dict outputs.",
     )
+    answer_once: bool = Field(
+        True,
+        description="Reply with the gate's own closed-book answer on a skip when the direct "
+                    "branch would write exactly it (see the class docstring).",
+    )
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -192,6 +255,25 @@ class GateRouter(RunnableSerializable[Any, Any]):
     def _route(self, decision: GateDecision) -> tuple[Runnable[Any, Any], str]:
         return (self.retrieve, RETRIEVE_TAG) if decision.retrieve else (self.direct, DIRECT_TAG)
 
+    def _reused(self, input: Any, decision: GateDecision, data: dict[str, JsonValue],
+                config: RunnableConfig, *, chunk: bool = False
+                ) -> tuple[Any, dict[str, JsonValue]]:
+        """(output, data): the gate's answer through the direct branch's steps after the
+        model when it is reusable (else output None), and ``data`` with the
+        ``answer_once`` note when a gate generated an answer."""
+        if (not self.answer_once or decision.retrieve
+                or find_closed_book_answer(decision) is None):
+            return None, data
+        reuse, rest, chat = _reuse(self.direct, decision, input)
+        data = {**data, "answer_once": reuse.as_json()}
+        if reuse.answer is None or chat is None:
+            return None, data
+        cls = AIMessageChunk if chunk else AIMessage
+        output: Any = cls(content=reuse.answer, response_metadata=chat._response_metadata())
+        for step in rest:
+            output = step.invoke(output, config)
+        return output, data
+
     # ------------------------------------------------------------------ Runnable
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any) -> Any:
         config = ensure_config(config)
@@ -206,9 +288,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
             )
             branch, tag = self._route(decision)
-            output = branch.invoke(
-                input, _branch_config(config, run_manager.get_child(), tag), **kwargs
-            )
+            child = _branch_config(config, run_manager.get_child(), tag)
+            output, data = self._reused(input, decision, data, child)
+            if output is None:
+                output = branch.invoke(input, child, **kwargs)
             output = _annotate(output, self.annotation_key, data)
         except BaseException as e:
             run_manager.on_chain_error(e)
@@ -231,9 +314,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
             )
             branch, tag = self._route(decision)
-            output = await branch.ainvoke(
-                input, _branch_config(config, run_manager.get_child(), tag), **kwargs
-            )
+            child = _branch_config(config, run_manager.get_child(), tag)
+            output, data = self._reused(input, decision, data, child)
+            if output is None:
+                output = await branch.ainvoke(input, child, **kwargs)
             output = _annotate(output, self.annotation_key, data)
         except BaseException as e:
             await run_manager.on_chain_error(e)
@@ -257,9 +341,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
             )
             branch, tag = self._route(decision)
-            chunks = branch.stream(
-                input, _branch_config(config, run_manager.get_child(), tag), **kwargs
-            )
+            child = _branch_config(config, run_manager.get_child(), tag)
+            reused, data = self._reused(input, decision, data, child, chunk=True)
+            chunks = iter([reused]) if reused is not None else branch.stream(
+                input, child, **kwargs)
             merge = _Merger()
             for i, chunk in enumerate(chunks):
                 out = _annotate(chunk, self.annotation_key, data) if i == 0 else chunk
@@ -287,12 +372,12 @@ class GateRouter(RunnableSerializable[Any, Any]):
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
             )
             branch, tag = self._route(decision)
-            chunks = branch.astream(
-                input, _branch_config(config, run_manager.get_child(), tag), **kwargs
-            )
+            child = _branch_config(config, run_manager.get_child(), tag)
+            reused, data = self._reused(input, decision, data, child, chunk=True)
             merge = _Merger()
             first = True
-            async for chunk in chunks:
+            async for chunk in (_one(reused) if reused is not None
+                                else branch.astream(input, child, **kwargs)):
                 out = _annotate(chunk, self.annotation_key, data) if first else chunk
                 first = False
                 merge.add(out)
@@ -302,6 +387,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
             await run_manager.on_chain_error(e)
             raise
         await run_manager.on_chain_end(final)
+
+
+async def _one(item: Any) -> AsyncIterator[Any]:
+    yield item
 
 
 class _Merger:
@@ -331,6 +420,7 @@ def route_by_gate(
     retrieve: Runnable[Any, Any] | Callable[..., Any] | Mapping[str, Any],
     direct: Runnable[Any, Any] | Callable[..., Any] | Mapping[str, Any],
     query_key: str = "question",
+    answer_once: bool = True,
 ) -> GateRouter:
     """A :class:`GateRouter`: ``retrieve`` when ``gate`` asks for retrieval, else ``direct``.
 
@@ -339,4 +429,5 @@ def route_by_gate(
         >>> msg = router.invoke("Who directed Ed Wood?")
         >>> msg.response_metadata["rag_gates"]["reason"]
     """
-    return GateRouter(gate=gate, retrieve=retrieve, direct=direct, query_key=query_key)
+    return GateRouter(gate=gate, retrieve=retrieve, direct=direct, query_key=query_key,
+                      answer_once=answer_once)

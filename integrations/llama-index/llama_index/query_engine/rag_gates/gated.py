@@ -14,15 +14,17 @@ from typing import Any
 from llama_index.core.base.base_query_engine import BaseQueryEngine
 from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
 from llama_index.core.callbacks import CallbackManager
-from llama_index.core.llms import LLM
+from llama_index.core.llms import LLM, ChatMessage
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
 from llama_index.core.schema import QueryBundle
 from llama_index.core.settings import Settings
+from llama_index.llms.rag_gates.base import RagGatesLLM
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
 from llama_index.retrievers.rag_gates.gated import emit_decision
 from pydantic import JsonValue
 
+from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
 from rag_gates.gate import Gate
 from rag_gates.types import GateDecision
 
@@ -35,6 +37,9 @@ DEFAULT_DIRECT_PROMPT = PromptTemplate(
     "Answer: "
 )
 """The prompt of the direct (no-retrieval) answer; it has one variable, ``query_str``."""
+
+# The gate's own closed-book prompt, passed whole as the one variable (braces in it stay text).
+_VERBATIM = PromptTemplate("{query_str}")
 
 
 class GatedQueryEngine(BaseQueryEngine):
@@ -49,6 +54,15 @@ class GatedQueryEngine(BaseQueryEngine):
     * no retrieval: ``llm`` answers the question directly with ``direct_prompt`` (default
       :data:`DEFAULT_DIRECT_PROMPT`); the wrapped engine, its retriever and its synthesizer
       are not called and ``response.source_nodes`` is ``[]``.
+
+    Answer once: a gate that generated the closed-book answer to decide (``AnswerLogprobGate``,
+    or a composite or loaded spec holding one) has written the direct reply already. Without
+    a ``direct_prompt`` the direct answer then uses the gate's own prompt, and when ``llm`` is
+    a :class:`~llama_index.llms.rag_gates.RagGatesLLM` over the gate's model, greedy, with
+    no system prompt and a budget that cannot change the text, the gate's answer is the reply
+    (no second generation). ``response.metadata[annotation_key]["answer_once"]`` says whether
+    it was reused and why not when it was not; a given ``direct_prompt`` is reused only when
+    it renders to the gate's prompt.
 
     Either way the decision (``GateDecision.model_dump(mode="json")``) is in
     ``response.metadata[annotation_key]``, dispatched as a
@@ -135,6 +149,7 @@ class GatedQueryEngine(BaseQueryEngine):
         self.gate = gate
         self.llm: LLM = llm or Settings.llm
         self.direct_prompt: BasePromptTemplate = direct_prompt or DEFAULT_DIRECT_PROMPT
+        self._direct_prompt_given = direct_prompt is not None
         self.annotation_key = annotation_key
         self.last_decision: GateDecision | None = None
         """The most recent decision (per instance; read events when queries run concurrently)."""
@@ -146,6 +161,7 @@ class GatedQueryEngine(BaseQueryEngine):
     def _update_prompts(self, prompts: PromptDictType) -> None:
         if "direct_prompt" in prompts:
             self.direct_prompt = prompts["direct_prompt"]
+            self._direct_prompt_given = True
 
     def _get_prompt_modules(self) -> PromptMixinType:
         return {"query_engine": self.query_engine}
@@ -166,18 +182,59 @@ class GatedQueryEngine(BaseQueryEngine):
     def _direct(self, text: str, data: dict[str, JsonValue]) -> Response:
         return Response(response=text, source_nodes=[], metadata={self.annotation_key: data})
 
+    # ------------------------------------------------------------------ answer once
+    def _direct_call(self, decision: GateDecision, query_str: str
+                     ) -> tuple[BasePromptTemplate, str, Reuse | None]:
+        """The direct answer's template and its one variable's value, and the gate's own
+        answer when it is exactly what that call would return (None: no gate generated)."""
+        found = find_closed_book_answer(decision)
+        if self._direct_prompt_given or found is None or not isinstance(found.prompt, str):
+            template, value = self.direct_prompt, query_str
+        else:  # the direct answer is the gate's own closed-book prompt
+            template, value = _VERBATIM, found.prompt
+        if found is None:
+            return template, value, None
+        return template, value, self._reuse(decision, template.format(query_str=value))
+
+    def _reuse(self, decision: GateDecision, text: str) -> Reuse:
+        llm = self.llm
+        gate = find_closed_book_answer(decision)
+        name = gate.gate if gate else None
+        if not isinstance(llm, RagGatesLLM):
+            return Reuse(None, f"llm is a {type(llm).__name__}, not a RagGatesLLM: cannot "
+                               "check it would write the gate's answer", name)
+        if llm.system_prompt:
+            return Reuse(None, "llm has a system prompt the gate's answer was written "
+                               "without", name)
+        prompt, template = llm._chat_input([ChatMessage(role="user", content=text)])
+        if template is not None:
+            return Reuse(None, "llm formats messages itself (messages_to_prompt)", name)
+        return reusable_answer(decision, lm=llm.lm, prompt=prompt,
+                               max_new_tokens=llm.max_new_tokens, temperature=llm.temperature)
+
+    def _answered(self, text: str, data: dict[str, JsonValue], reuse: Reuse | None
+                  ) -> Response:
+        if reuse is not None:
+            data = {**data, "answer_once": reuse.as_json()}
+        return self._direct(text, data)
+
     # ------------------------------------------------------------------ query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        data = self._record(query_bundle, self.gate.decide(query_bundle.query_str))
+        decision = self.gate.decide(query_bundle.query_str)
+        data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return self._annotated(self.query_engine.query(query_bundle), data)
-        text = self.llm.predict(self.direct_prompt, query_str=query_bundle.query_str)
-        return self._direct(text, data)
+        template, value, reuse = self._direct_call(decision, query_bundle.query_str)
+        if reuse is not None and reuse.answer is not None:
+            return self._answered(reuse.answer, data, reuse)
+        return self._answered(self.llm.predict(template, query_str=value), data, reuse)
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         decision = await self.gate.adecide(query_bundle.query_str)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return self._annotated(await self.query_engine.aquery(query_bundle), data)
-        text = await self.llm.apredict(self.direct_prompt, query_str=query_bundle.query_str)
-        return self._direct(text, data)
+        template, value, reuse = self._direct_call(decision, query_bundle.query_str)
+        if reuse is not None and reuse.answer is not None:
+            return self._answered(reuse.answer, data, reuse)
+        return self._answered(await self.llm.apredict(template, query_str=value), data, reuse)
