@@ -169,8 +169,10 @@ def test_two_eval_gate_runs_share_one_label_cache(environment: None, tiny_model:
     from rag_gates.eval.runner import read_records
 
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
-    config = GateEvalConfig(gate="any", dataset="popqa", n=4, model=str(tiny_model), k=1,
-                            max_new_tokens=3)
+    # The same data file as the runs: the label cache is keyed by its questions, answers
+    # and corpus.
+    config = GateEvalConfig(gate="any", dataset="popqa", data_path=str(POPQA), n=4,
+                            model=str(tiny_model), k=1, max_new_tokens=3)
     labels = label_run_dir(config, load_dataset("popqa", POPQA, n=4).fingerprint)
     labels.mkdir(parents=True)
     holder = append_locked(labels / "results.jsonl")  # another run writing the labels
