@@ -15,7 +15,8 @@ import pytest
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.types import CooccurrenceResult, CountResult, Scope
 from rag_gates.extract import HeuristicExtractor
-from rag_gates.quco import QuCoGate
+from rag_gates.extract.base import Claim
+from rag_gates.quco import ClaimVerifier, QuCoGate
 
 
 @pytest.mark.parametrize(("question", "subject"), [
@@ -85,3 +86,33 @@ def test_question_gate_averages_whole_subject_counts() -> None:
     decision = gate.decide("Who was the producer of Tron: Legacy?")
     assert decision.evidence["counts"] == {"Tron: Legacy": 1}
     assert decision.retrieve
+
+
+def test_question_gate_tie_retrieves() -> None:
+    """Our documented deviation (docs/fidelity.md Q5): a mean exactly at tau retrieves
+    (the authors' ``avg_count < threshold`` would not). "Tron: Legacy" occurs once; tau 1."""
+    gate = QuCoGate(PhraseCounts(["Tron: Legacy was produced by Steven Lisberger."]),
+                    HeuristicExtractor(), tau_entity=1)
+    assert gate.decide("Who was the producer of Tron: Legacy?").retrieve
+    assert not QuCoGate(PhraseCounts(["Tron: Legacy.", "Tron: Legacy."]), HeuristicExtractor(),
+                        tau_entity=1).decide("Who was the producer of Tron: Legacy?").retrieve
+
+
+def test_verifier_rules() -> None:
+    """The authors' ``modifier``: a triple is flagged when count(h AND t) < 1 (never in one
+    document), a (head, relation) pair when count(h) < 20; the query is "head relation".
+    Hand-computed counts; exact."""
+    docs = ["Ed Wood was directed by Tim Burton."] + ["Ed Wood again."] * 18
+    verifier = ClaimVerifier(PhraseCounts(docs), HeuristicExtractor())
+    together, apart, partial = verifier.check_claims([
+        Claim(head="Ed Wood", relation="directed by", tail="Tim Burton"),
+        Claim(head="Ed Wood", relation="directed by", tail="Steven Spielberg"),
+        Claim(head="Ed Wood", relation="director"),
+    ])
+    assert (together.cooccurrence, together.flagged) == (1, False)
+    assert (apart.cooccurrence, apart.flagged) == (0, True)
+    assert apart.query == "Ed Wood directed by"
+    # count("Ed Wood") = 19 < 20: flagged; one more occurrence (20) is not.
+    assert (partial.head_count, partial.flagged) == (19, True)
+    more = ClaimVerifier(PhraseCounts([*docs, "Ed Wood."]), HeuristicExtractor())
+    assert not more.check_claims([Claim(head="Ed Wood", relation="director")])[0].flagged
