@@ -64,3 +64,18 @@ def test_gate_skips_above_beta(smol: Any, probe: Any) -> None:
     conf = _conf(smol, probe, probe.prompts.qa(Q))
     assert not CBDRGate(smol, probe, beta=max(0.0, conf - 1e-3)).decide(Q).retrieve
     assert CBDRGate(smol, probe, beta=min(1.0, conf + 1e-3)).decide(Q).retrieve
+
+
+def test_paper_prompts_are_the_papers() -> None:
+    """Appendix table (QA and RAG prompts), the paragraphs joined by newlines."""
+    from rag_gates.cbdr.prompts import ProbePrompts
+
+    prompts = ProbePrompts(style="paper")
+    assert prompts.qa("Q?") == ("You need to read the question carefully and answer it "
+                                "based on your own knowledge.\nQuestion: Q?")
+    rag = prompts.rag("Q?", [Passage(text="C.")])
+    assert rag.startswith("You are a rigorous language model. Please answer the question "
+                          "based on the provided context. If the context does not support "
+                          "reasoning about the answer, please answer the question based on "
+                          "your own knowledge.\nContexts:\n")
+    assert rag.endswith("C.\nQuestion: Q?")

@@ -235,3 +235,18 @@ def test_decision_rules() -> None:
     skipped = authors_score(probs, emb, torch.tensor([0.5, 0.5]), torch.tensor([0, 0]),
                             torch.tensor([True, True]))
     assert skipped.rag_side == 0.0
+
+
+def test_adacad_alpha_is_the_jsd_in_bits(tiny: Any) -> None:
+    """AdaCAD: alpha = JSD(p_RAG, p_LLM) in bits. Hand-computed: disjoint -> 1; equal -> 0;
+    (3/4, 1/4) against (1/4, 3/4) -> 3/4 log2(3/2) + 1/4 log2(1/2) = 0.188722 (tol 1e-5)."""
+    from rag_gates.tokrag import AdaCADDecoder
+
+    decoder = AdaCADDecoder(tiny)
+
+    def alpha(p: list[float], q: list[float]) -> float:
+        return decoder.weight(torch.tensor([p, q]).clamp_min(1e-30).log())
+
+    assert alpha([1.0, 0.0], [0.0, 1.0]) == pytest.approx(1.0, abs=1e-5)
+    assert alpha([0.5, 0.5], [0.5, 0.5]) == pytest.approx(0.0, abs=1e-5)
+    assert alpha([0.75, 0.25], [0.25, 0.75]) == pytest.approx(0.188722, abs=1e-5)
