@@ -250,3 +250,31 @@ def test_adacad_alpha_is_the_jsd_in_bits(tiny: Any) -> None:
     assert alpha([1.0, 0.0], [0.0, 1.0]) == pytest.approx(1.0, abs=1e-5)
     assert alpha([0.5, 0.5], [0.5, 0.5]) == pytest.approx(0.0, abs=1e-5)
     assert alpha([0.75, 0.25], [0.25, 0.75]) == pytest.approx(0.188722, abs=1e-5)
+
+
+def test_bench_options_select_the_judge(tiny: Any) -> None:
+    """``tokrag@paper`` / ``tokrag@N`` (the paper's judge, searched or fixed layer, as every
+    committed table ran it) and ``tokrag@authors`` / ``tokrag@authors-N`` (the released
+    code's judge at attention layer N) in ``rag-gates bench``; bad options fail first."""
+    from rag_gates.eval.methods import (
+        MethodContext,
+        available_methods,
+        check_method_name,
+        make_method,
+    )
+    from rag_gates.eval.plugins.tokrag import parse_tokrag_option
+    from rag_gates.retrieval.bm25 import BM25Retriever
+
+    assert parse_tokrag_option(None) == (None, None)
+    assert parse_tokrag_option("12") == ("paper", 12)
+    assert parse_tokrag_option("paper") == ("paper", None)
+    assert parse_tokrag_option("authors") == ("authors-qa", None)
+    assert parse_tokrag_option("authors-0") == ("authors-qa", 0)
+    for bad in ("tokrag@authors-x", "tokrag@authors--1", "tokrag@judge", "tokrag@0"):
+        with pytest.raises(ValueError, match="tokrag"):
+            check_method_name(bad, available_methods())
+    ctx = MethodContext(lm=tiny, retriever=BM25Retriever.from_passages(
+        [Passage(id="p", text="The capital of France is Paris.")]), k=1, max_new_tokens=4)
+    method = make_method("tokrag@authors-1", ctx)
+    assert (method.decoder.config.judge, method.decoder.authors_layer) == ("authors-qa", 1)
+    assert make_method("tokrag@paper", ctx).decoder.config.judge == "paper"
