@@ -112,7 +112,7 @@ def _reference_paper(step: dict[str, Any], a: float = 5e-7) -> dict[str, Any]:
             first_above = layer
             break
     l_star = (max(f, key=f.__getitem__) + first_above) // 2
-    emb = smol.model.get_input_embeddings().weight.float()
+    emb = smol.model.get_input_embeddings().weight.detach().float()
     p_rag = torch.softmax(rag.logits[0, -1].float(), -1)
     p_llm = torch.softmax(llm.logits[0, -1].float(), -1)
     rising = int((p_rag.log() - _lens(smol, rag.hidden_states[l_star][0, -1])).argmax())
@@ -144,7 +144,7 @@ def test_paper_fusion_layer_and_score(step: dict[str, Any]) -> None:
 def _authors_qa(step: dict[str, Any], layer: int) -> float:
     """``get_predict_emb_contrastive``, re-read loop by loop (score = rag - no-rag side)."""
     smol, streams = step["smol"], step["streams"]
-    emb = smol.model.get_input_embeddings().weight.float()
+    emb = smol.model.get_input_embeddings().weight.detach().float()
     cos = torch.nn.functional.cosine_similarity
     p_rag = torch.softmax(step["rag"].logits[0, -1].float(), -1)
     p_llm = torch.softmax(step["llm"].logits[0, -1].float(), -1)
@@ -172,7 +172,7 @@ def _authors_qa(step: dict[str, Any], layer: int) -> float:
 def _authors_token(step: dict[str, Any], layer: int) -> float:
     """The primary experiment's loop: top-3 both sides, attention ranks 3-7 of the top 10."""
     smol, streams = step["smol"], step["streams"]
-    emb = smol.model.get_input_embeddings().weight.float()
+    emb = smol.model.get_input_embeddings().weight.detach().float()
     cos = torch.nn.functional.cosine_similarity
     p_rag = torch.softmax(step["rag"].logits[0, -1].float(), -1)
     p_llm = torch.softmax(step["llm"].logits[0, -1].float(), -1)
