@@ -38,7 +38,7 @@ from sklearn.metrics import f1_score, roc_auc_score
 
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
-from rag_gates.tokrag import TokRAGDecoder
+from rag_gates.tokrag import TokRAGConfig, TokRAGDecoder
 from rag_gates.tokrag.streams import TwoStreams
 from rag_gates.types import QAExample
 
@@ -145,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     lm = load_default_lm()
-    decoder = TokRAGDecoder(lm)
+    decoder = TokRAGDecoder(lm, TokRAGConfig(judge="paper"))  # the paper's l*, p_R scores
     layers = list(range(1, lm.num_layers))
     done: set[str] = set()
     records: list[dict[str, Any]] = []
