@@ -29,6 +29,7 @@ import itertools
 import json
 import platform
 import time
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -37,7 +38,8 @@ from sklearn.metrics import f1_score, roc_auc_score
 
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
-from rag_gates.tokrag import TokRAGDecoder
+from rag_gates.tokrag import TokRAGConfig, TokRAGDecoder
+from rag_gates.tokrag.streams import TwoStreams
 from rag_gates.types import QAExample
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -55,10 +57,11 @@ def targets(example: QAExample) -> dict[str, str]:
     return {"answer": example.answers[0], "sentence": sentence}
 
 
-def label_row(decoder: TokRAGDecoder, example: QAExample, layers: list[int]
-              ) -> list[dict[str, Any]]:
+def labelled_steps(decoder: TokRAGDecoder, example: QAExample
+                   ) -> Iterator[tuple[str, str, int, int, TwoStreams, int, int]]:
+    """Each labelled disagreement of a row, with the streams positioned at it:
+    (condition, target, position, label, streams, RAG token, LLM token)."""
     lm = decoder.lm
-    out: list[dict[str, Any]] = []
     for (condition, passages), (target, text) in itertools.product(
             conditions(example).items(), targets(example).items()):
         gold_ids = lm.tokenizer(text, add_special_tokens=False)["input_ids"][:24]
@@ -69,22 +72,29 @@ def label_row(decoder: TokRAGDecoder, example: QAExample, layers: list[int]
         for position, gold in enumerate(gold_ids):
             t_rag, t_llm = group.greedy_tokens()
             if t_rag != t_llm and (t_rag == gold) != (t_llm == gold):
-                logp = group.logprobs
-                entropy = -(logp.exp() * logp).sum(-1)
-                dynamic = decoder.judge(streams)
-                fixed = {layer: decoder.judge(streams, layer=layer) for layer in layers}
-                out.append({
-                    "id": example.id, "condition": condition, "target": target,
-                    "position": position,
-                    "label": int(t_rag == gold),
-                    "tokrag_renormalised": dynamic.score_renormalised,
-                    "tokrag_literal": dynamic.score_literal, "layer": dynamic.layer,
-                    "fixed_renormalised": {str(k): v.score_renormalised for k, v in fixed.items()},
-                    "fixed_literal": {str(k): v.score_literal for k, v in fixed.items()},
-                    "logprob_diff": float(logp[0, t_rag] - logp[1, t_llm]),
-                    "entropy_diff": float(entropy[1] - entropy[0]),
-                })
+                yield condition, target, position, int(t_rag == gold), streams, t_rag, t_llm
             group.advance(gold)
+
+
+def label_row(decoder: TokRAGDecoder, example: QAExample, layers: list[int]
+              ) -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+    for condition, target, position, label, streams, t_rag, t_llm in labelled_steps(
+            decoder, example):
+        logp = streams.group.logprobs
+        entropy = -(logp.exp() * logp).sum(-1)
+        dynamic = decoder.judge(streams)
+        fixed = {layer: decoder.judge(streams, layer=layer) for layer in layers}
+        out.append({
+            "id": example.id, "condition": condition, "target": target,
+            "position": position, "label": label,
+            "tokrag_renormalised": dynamic.score_renormalised,
+            "tokrag_literal": dynamic.score_literal, "layer": dynamic.layer,
+            "fixed_renormalised": {str(k): v.score_renormalised for k, v in fixed.items()},
+            "fixed_literal": {str(k): v.score_literal for k, v in fixed.items()},
+            "logprob_diff": float(logp[0, t_rag] - logp[1, t_llm]),
+            "entropy_diff": float(entropy[1] - entropy[0]),
+        })
     return out
 
 
@@ -135,7 +145,7 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(1)
     lm = load_default_lm()
-    decoder = TokRAGDecoder(lm)
+    decoder = TokRAGDecoder(lm, TokRAGConfig(judge="paper"))  # the paper's l*, p_R scores
     layers = list(range(1, lm.num_layers))
     done: set[str] = set()
     records: list[dict[str, Any]] = []

@@ -45,6 +45,9 @@ from rag_gates.types import Passage, QAExample
 ROOT = Path(__file__).resolve().parent.parent
 SHARES = (0, 60, 100)
 RAG_METHODS = ("single", "cad", "adacad", "tokrag")
+# The committed answers ran the paper's judge (the default before issue 34); the
+# label "tokrag" keeps naming it so the cache resumes.
+SPECS = {"tokrag": "tokrag@paper"}
 
 
 class FixedPassages(BaseRetriever):
@@ -75,14 +78,15 @@ def passages_for(example: QAExample, share: int, bm25: Any, seed: int) -> list[P
     return chosen
 
 
-def summarise(rows: list[dict[str, Any]], examples: list[QAExample]) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], examples: list[QAExample],
+              methods: tuple[str, ...] = RAG_METHODS) -> dict[str, Any]:
     keys = {(r["id"], r["share"], r["method"]) for r in rows}
     complete = [e.id for e in examples
                 if (e.id, None, "no-rag") in keys
-                and all((e.id, s, m) in keys for s in SHARES for m in RAG_METHODS)]
+                and all((e.id, s, m) in keys for s in SHARES for m in methods)]
     done = set(complete)
     table: dict[str, dict[str, dict[str, float]]] = {}
-    for method in ("no-rag", *RAG_METHODS):
+    for method in ("no-rag", *methods):
         for share in (None,) if method == "no-rag" else SHARES:
             picked = [r for r in rows if r["method"] == method and r["share"] == share
                       and r["id"] in done]
@@ -102,7 +106,11 @@ def main() -> None:
                         default=ROOT / "benchmarks/results/tokrag_noisy_answers.jsonl")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/tokrag_noisy.json")
     parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--methods", default=",".join(RAG_METHODS),
+                        help="bench methods beside no-rag (e.g. add tokrag@authors; "
+                             "'tokrag' is the paper judge the committed table ran)")
     args = parser.parse_args()
+    rag_methods = tuple(m.strip() for m in args.methods.split(",") if m.strip())
     examples = load_dataset("hotpotqa", n=args.n).examples
     rows: list[dict[str, Any]] = []
     if args.cache.exists():
@@ -116,12 +124,13 @@ def main() -> None:
         fixed = FixedPassages()
         ctx = MethodContext(lm=lm, retriever=fixed, dataset="hotpotqa", k=5,
                             max_new_tokens=args.max_new_tokens)
-        methods = {name: make_method(name, ctx) for name in ("no-rag", *RAG_METHODS)}
+        methods = {name: make_method(SPECS.get(name, name), ctx)
+                   for name in ("no-rag", *rag_methods)}
         done = {(r["id"], r["share"], r["method"]) for r in rows}
         start = time.perf_counter()
         with args.cache.open("a") as cache:
             for i, example in enumerate(examples):
-                plan = [(None, "no-rag")] + [(s, m) for s in SHARES for m in RAG_METHODS]
+                plan = [(None, "no-rag")] + [(s, m) for s in SHARES for m in rag_methods]
                 for share, name in plan:
                     if (example.id, share, name) in done:
                         continue
@@ -139,10 +148,12 @@ def main() -> None:
                       f"{time.perf_counter() - start:.0f}s", flush=True)
     payload = {
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_noisy.py --n {args.n} "
-                   f"--max-new-tokens {args.max_new_tokens}",
+                   f"--max-new-tokens {args.max_new_tokens}"
+                   + ("" if rag_methods == RAG_METHODS else
+                      f" --methods {','.join(rag_methods)} --out {args.out.name}"),
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "dataset": "hotpotqa (dev, file order)", "questions_planned": len(examples),
-        "passages": 5, "shares": list(SHARES), **summarise(rows, examples),
+        "passages": 5, "shares": list(SHARES), **summarise(rows, examples, rag_methods),
     }
     tmp = args.out.with_suffix(".tmp")
     tmp.write_text(json.dumps(payload, indent=2) + "\n")

@@ -39,7 +39,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from tokrag_noisy import FixedPassages
+from tokrag_noisy import SPECS, FixedPassages
 
 from rag_gates.answers import normalize_answer, score_answer
 from rag_gates.eval.corpus import load_retriever
@@ -142,7 +142,7 @@ def main() -> None:
         fixed = FixedPassages()
         ctx = MethodContext(lm=lm, retriever=fixed, dataset="testbed", k=3,
                             max_new_tokens=args.max_new_tokens)
-        methods = {m: make_method(m, ctx) for m in ("no-rag", *RAG_METHODS)}
+        methods = {m: make_method(SPECS.get(m, m), ctx) for m in ("no-rag", *RAG_METHODS)}
         done = {(r["id"], r["case"], r["method"]) for r in rows}
         start = time.perf_counter()
         cache.parent.mkdir(parents=True, exist_ok=True)

@@ -6,8 +6,10 @@ documents: here the paragraphs of the shipped HotpotQA sample, see ``my_document
 its retriever; only the response synthesizer changes: ``TokRAGSynthesizer`` hands the
 retrieved nodes to the decoder separately from the question. The model then writes the answer
 twice in lockstep, with the nodes and without them; where the two disagree on the next token,
-Tok-RAG keeps the side the retrieved text supports (score ``cos(w_RAG, w_IR) - cos(w_RAG,
-w_LLM)`` at the fusion layer l*). Each disagreement is printed.
+Tok-RAG keeps the side the retrieved text supports (by default the authors' released judge:
+the RAG stream's top-2 expected embedding against the most attended passage tokens, at one
+fixed layer; ``TokRAGConfig(judge="paper")`` for the paper's score at the fusion layer l*).
+Each disagreement is printed.
 
     .venv/bin/python examples/llama_index_tokrag.py
 

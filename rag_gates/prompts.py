@@ -20,13 +20,14 @@ def format_passages(passages: Sequence[Passage]) -> str:
 
 
 def qa_prompt(question: str, passages: Sequence[Passage] | None = None,
-              dataset: str | None = None) -> str:
-    """A short-answer prompt, with the passages as context when given."""
+              dataset: str | None = None, *, block: str | None = None) -> str:
+    """A short-answer prompt, with the passages as context when given (``block``: the
+    passages already rendered, in place of :func:`format_passages`)."""
     instruction = _INSTRUCTION.get(dataset, _INSTRUCTION[None])
     if not passages:
         return f"{instruction}\nQuestion: {question}"
     return (f"{instruction.rstrip('.')}, using the context.\nContext:\n"
-            f"{format_passages(passages)}\nQuestion: {question}")
+            f"{format_passages(passages) if block is None else block}\nQuestion: {question}")
 
 
 def continue_prompt(question: str, passages: Sequence[Passage] | None, so_far: str,

@@ -111,6 +111,12 @@ _TOKEN = re.compile(
     """,
     re.VERBOSE,
 )
+_ORDINAL = re.compile(r"^\d+(?:st|nd|rd|th)$")
+# Titles that make an apposition part of a name ("Thomas Fane, 8th Earl of Westmorland").
+_NOBLE_TITLES = _wordset("""
+Baron Baroness Baronet Earl Duke Duchess Prince Princess Count Countess Viscount Viscountess
+Marquess Marquis Marchioness Lord Lady King Queen Emperor Empress Margrave Landgrave Elector
+""")
 _NUMBER = re.compile(r"^\d[\d,.]*(?:st|nd|rd|th|s)?$", re.IGNORECASE)
 _YEAR = re.compile(r"^(1[0-9]{3}|20[0-9]{2})s?$")
 _POSSESSIVE = re.compile(r"^(.+?)(?:'s|’s|')$")
@@ -300,8 +306,43 @@ class HeuristicExtractor(BaseExtractor):
             ):
                 j = m
                 continue
-            break
+            appended = self._appended(toks, j)
+            if appended is None:
+                break
+            j = appended
         return j
+
+    def _appended(self, toks: list[_Tok], j: int) -> int | None:
+        """The end of a subtitle or a title apposition that belongs to the name ending at
+        ``j`` ("Tron: Legacy", "John V, Prince of Anhalt-Zerbst", "Thomas Fane, 8th Earl of
+        Westmorland", "Harvey Peltier, Sr."), or None. QuCo's authors extract such subjects
+        whole (their extractor prompt's example 4), and a split subject is counted as two
+        unrelated, commoner words. A colon followed by a list is not a subtitle ("formed in
+        California: Dig and Thinking Fellers ...")."""
+        n = len(toks)
+        k = j + 1
+        if k + 1 >= n or toks[k].start != toks[j].end:
+            return None
+        nxt = toks[k + 1]
+        if toks[k].text == ":":
+            first = k + 2 if nxt.text in _TITLE_ARTICLES and k + 2 < n else k + 1
+            if not (_is_cap(toks[first]) and toks[first].text.lower() not in _STOP):
+                return None
+            end = self._span_end(toks, k + 1)
+            after = toks[end + 1].text.lower() if end + 1 < n else ""
+            return None if after in {"and", "or", ","} else end
+        if toks[k].text != ",":
+            return None
+        if nxt.text.rstrip(".") in {"Jr", "Sr"}:  # "Sr." before "'s" is one token
+            dot = k + 2 < n and toks[k + 2].text == "." and toks[k + 2].start == nxt.end
+            return k + 2 if dot else k + 1
+        title = k + 2 if _ORDINAL.match(nxt.text) and k + 2 < n else k + 1
+        if toks[title].text not in _NOBLE_TITLES:
+            return None
+        if title == k + 1 and not (k + 3 < n and toks[k + 2].text.lower() == "of"
+                                   and _is_cap(toks[k + 3])):
+            return None  # a bare "Prince" after a comma may open a list
+        return self._span_end(toks, k + 1)
 
     @staticmethod
     def _joins_and(toks: list[_Tok], start: int, end: int, at: int) -> bool:

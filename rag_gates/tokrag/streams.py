@@ -108,6 +108,7 @@ class TwoStreams:
     # (valid while the number of generated tokens is ``memo_step``).
     passage_index: torch.Tensor = field(init=False, repr=False)
     passage_embeddings: torch.Tensor | None = field(default=None, repr=False)
+    passage_skip: torch.Tensor | None = field(default=None, repr=False)
     memo: dict[Any, torch.Tensor] = field(default_factory=dict, repr=False)
     memo_step: int = field(default=-1, repr=False)
 
@@ -162,6 +163,9 @@ class TwoStreamDecoder(BaseTextLM):
     """
 
     name = "two-stream"
+    # "list": the benchmark's "- Title: text" lines; "reference": the Tok-RAG authors'
+    # "[Reference]: text" blocks, concatenated (their Tok-RAG_for_ODQA.py).
+    passage_format = "list"
 
     def __init__(self, lm: Any, *, dataset: str | None = None) -> None:
         method = type(self).__name__
@@ -192,9 +196,17 @@ class TwoStreamDecoder(BaseTextLM):
 
     # ------------------------------------------------------------------ streams
     def prompts(self, question: str, passages: Sequence[Passage]) -> tuple[str, str]:
-        """(RAG prompt, LLM prompt): the ``single`` and ``no-rag`` prompts of the benchmark."""
-        return (qa_prompt(question, passages, dataset=self.dataset),
+        """(RAG prompt, LLM prompt): the ``single`` and ``no-rag`` prompts of the benchmark
+        (with ``passage_format = "reference"``, the passage block in the authors' form)."""
+        return (qa_prompt(question, passages, dataset=self.dataset,
+                          block=self._block(passages)),
                 qa_prompt(question, dataset=self.dataset))
+
+    def _block(self, passages: Sequence[Passage]) -> str:
+        if self.passage_format == "reference":
+            return "".join(f"[Reference]: {p.title}: {p.text}" if p.title
+                           else f"[Reference]: {p.text}" for p in passages)
+        return format_passages(passages)
 
     def capture(self) -> tuple[list[int], list[int]]:
         """(hidden layers, attention layers) the step rule reads; none by default."""
@@ -260,7 +272,7 @@ class TwoStreamDecoder(BaseTextLM):
                            prompt_ids: list[int]) -> list[int]:
         """Token positions of the passage block in the RAG prompt (via offset mapping)."""
         text = self.lm.render(prompt)
-        block = format_passages(passages)
+        block = self._block(passages)
         start = text.find(block)
         if start < 0 or not getattr(self.lm.tokenizer, "is_fast", False):
             return []

@@ -22,6 +22,8 @@ from rag_gates.tokrag import (  # noqa: E402
 from rag_gates.types import Generation, Passage, TokenChoice  # noqa: E402
 
 Q = "What is the capital of France?"
+# These tests exercise the paper's judge (l*, p_R); tests/fidelity covers the authors'.
+PAPER = TokRAGConfig(judge="paper")
 PASSAGES = [Passage(title="France", text="The capital of France is Paris."),
             Passage(text="Who wrote Hamlet? William Shakespeare wrote Hamlet in London.")]
 
@@ -34,7 +36,7 @@ class TextOnly(BaseTextLM):
 
 
 def test_choices_follow_the_streams(tiny: Any) -> None:
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, PAPER)
     g = decoder.generate(Q, passages=PASSAGES, max_new_tokens=12, logprobs=2)
     assert isinstance(g, TwoStreamGeneration)
     assert len(g.choices) == g.completion_tokens or g.finish_reason == "eos"
@@ -57,7 +59,7 @@ def test_choices_follow_the_streams(tiny: Any) -> None:
 
 
 def test_stream_and_async_match_generate(tiny: Any) -> None:
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, PAPER)
     whole = decoder.generate(Q, passages=PASSAGES, max_new_tokens=10)
     assert "".join(decoder.stream(Q, passages=PASSAGES, max_new_tokens=10)) == whole.text
     again = asyncio.run(decoder.agenerate(Q, passages=PASSAGES, max_new_tokens=10))
@@ -71,7 +73,7 @@ def test_stream_and_async_match_generate(tiny: Any) -> None:
 
 
 def test_stop_string_and_max_tokens(tiny: Any) -> None:
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, PAPER)
     full = decoder.generate(Q, passages=PASSAGES, max_new_tokens=12)
     assert full.finish_reason == "length" and full.completion_tokens == 12
     stop = full.text[3:5]
@@ -95,16 +97,16 @@ def test_eos_ends_generation(tiny: Any) -> None:
 
 
 def test_fixed_layer_and_both_pr_forms(tiny: Any) -> None:
-    fixed = TokRAGDecoder(tiny, TokRAGConfig(fusion_layer=2))
+    fixed = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", fusion_layer=2))
     assert fixed.capture() == ([2], [2])
     g = fixed.generate(Q, passages=PASSAGES, max_new_tokens=8)
     assert {c.layer for c in g.disagreements} <= {2}
-    decoder = TokRAGDecoder(tiny, TokRAGConfig(pr_form="renormalised"))
+    decoder = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", pr_form="renormalised"))
     streams = decoder.open(Q, PASSAGES, max_new_tokens=8)
     verdict = decoder.judge(streams)
     assert verdict.score == verdict.score_renormalised
     assert TokRAGConfig().pr_form == "literal"  # the default chosen by measured AUC
-    literal = TokRAGDecoder(tiny, TokRAGConfig(pr_form="literal"))
+    literal = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", pr_form="literal"))
     assert literal.judge(literal.open(Q, PASSAGES, max_new_tokens=8),
                          layer=verdict.layer).score == pytest.approx(verdict.score_literal)
     _, curves = decoder.fusion_layer(streams)
@@ -113,23 +115,23 @@ def test_fixed_layer_and_both_pr_forms(tiny: Any) -> None:
     assert all(g <= decoder.config.a for g in curves["g"][:-1])  # stops at the first above a
     assert all(0.0 <= f <= 1.0 + 1e-6 for f in curves["f"])
     with pytest.raises(ValueError, match="fusion_layer=9 out of range"):
-        TokRAGDecoder(tiny, TokRAGConfig(fusion_layer=9))
+        TokRAGDecoder(tiny, TokRAGConfig(judge="paper", fusion_layer=9))
 
 
 def test_threshold_a_and_layers_searched(tiny: Any) -> None:
     top = tiny.num_layers - 1
     # a = 0: g(l) exceeds it at the first searched layer, so the lens stops there.
-    eager = TokRAGDecoder(tiny, TokRAGConfig(a=0.0))
+    eager = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=0.0))
     _, curves = eager.fusion_layer(eager.open(Q, PASSAGES, max_new_tokens=8))
     assert len(curves["g"]) == 1 and curves["g"][0] > 0.0
     # An a no JSD difference can exceed: every searched layer is read, l* leans to the top.
-    never = TokRAGDecoder(tiny, TokRAGConfig(a=10.0))
+    never = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=10.0))
     layer, curves = never.fusion_layer(never.open(Q, PASSAGES, max_new_tokens=8))
     assert len(curves["g"]) == top and max(curves["g"]) <= 10.0
     by_attention = never.searched[max(range(top), key=curves["f"].__getitem__)]
     assert layer == (by_attention + top) // 2
     # Two layers searched: the ends of the range; l* snaps to one of them.
-    thin = TokRAGDecoder(tiny, TokRAGConfig(search_layers=2))
+    thin = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", search_layers=2))
     assert thin.searched == [1, top]
     assert set(thin.capture()[1]) == {1, top} and set(thin.capture()[0]) == {0, 1, top - 1, top}
     g = thin.generate(Q, passages=PASSAGES, max_new_tokens=8)
@@ -137,7 +139,7 @@ def test_threshold_a_and_layers_searched(tiny: Any) -> None:
 
 
 def test_passage_positions_are_the_passage_tokens(tiny: Any) -> None:
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, PAPER)
     streams = decoder.open(Q, PASSAGES, max_new_tokens=4)
     text = tiny.tokenizer.decode(streams.passage_ids)
     assert "The capital of France is Paris." in text and "Question" not in text
@@ -155,7 +157,7 @@ def test_cad_alpha_zero_is_standard_rag(tiny: Any) -> None:
 
 
 def test_no_passages_is_plain_generation_with_a_warning(tiny: Any) -> None:
-    g = TokRAGDecoder(tiny).generate(Q, passages=[], max_new_tokens=8)
+    g = TokRAGDecoder(tiny, PAPER).generate(Q, passages=[], max_new_tokens=8)
     assert g.text == tiny.generate(qa_prompt(Q), max_new_tokens=8).text
     assert g.choices == [] and g.warnings
     assert g.trace.events[0].kind == "note" and "no passages" in g.trace.events[0].data["message"]
@@ -163,7 +165,7 @@ def test_no_passages_is_plain_generation_with_a_warning(tiny: Any) -> None:
 
 def test_long_passages_are_cut_and_counted(tiny: Any) -> None:
     long = [Passage(text="Paris is the capital. " * 10), Passage(text="London words " * 200)]
-    g = TokRAGDecoder(tiny).generate(Q, passages=long, max_new_tokens=8)
+    g = TokRAGDecoder(tiny, PAPER).generate(Q, passages=long, max_new_tokens=8)
     assert g.truncated_tokens > 0 and any("cut" in w for w in g.warnings)
     assert g.passages[0] == long[0] and len(g.passages[-1].text) < len(long[1].text)
     assert g.prompt_tokens + 8 <= tiny.max_context
@@ -175,7 +177,7 @@ def test_bad_input(tiny: Any) -> None:
         TokRAGDecoder(TextOnly())
     with pytest.raises(WhiteBoxRequiredError):
         CADDecoder(TextOnly())
-    decoder = TokRAGDecoder(tiny)
+    decoder = TokRAGDecoder(tiny, PAPER)
     with pytest.raises(ValueError, match="question is empty"):
         decoder.generate("  ", passages=PASSAGES)
     with pytest.raises(TypeError, match="passages must be a list"):

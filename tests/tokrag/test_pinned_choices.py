@@ -70,9 +70,12 @@ def _decoder(lm: Any, name: str) -> Any:
         return CADDecoder(lm, 0.5)
     if name == "adacad":
         return AdaCADDecoder(lm)
-    config = {"tokrag": TokRAGConfig(), "tokrag-layer2": TokRAGConfig(fusion_layer=2),
-              "tokrag-renormalised": TokRAGConfig(pr_form="renormalised"),
-              "tokrag-search3": TokRAGConfig(search_layers=3)}[name]
+    # The fixture pins the paper's judge (written before the authors' judge existed).
+    paper = "paper"
+    config = {"tokrag": TokRAGConfig(judge=paper),
+              "tokrag-layer2": TokRAGConfig(judge=paper, fusion_layer=2),
+              "tokrag-renormalised": TokRAGConfig(judge=paper, pr_form="renormalised"),
+              "tokrag-search3": TokRAGConfig(judge=paper, search_layers=3)}[name]
     return TokRAGDecoder(lm, config)
 
 

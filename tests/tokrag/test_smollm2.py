@@ -36,7 +36,7 @@ def test_streams_disagree_and_each_choice_is_recorded(smol: Any) -> None:
     # CAD at alpha 0 is standard RAG, one code path apart.
     assert CADDecoder(smol, 0.0).generate(Q, passages=PASSAGES,
                                           max_new_tokens=24).text == single.text
-    fixed = TokRAGDecoder(smol, TokRAGConfig(fusion_layer=12))
+    fixed = TokRAGDecoder(smol, TokRAGConfig(judge="paper", fusion_layer=12))
     assert {c.layer for c in fixed.generate(Q, passages=PASSAGES,
                                             max_new_tokens=8).disagreements} <= {12}
     streams = fixed.open(Q, PASSAGES, max_new_tokens=4)

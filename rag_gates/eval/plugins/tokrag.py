@@ -3,8 +3,12 @@
 Methods (each retrieves like ``single``: the question, top-k, the same prompt, then decodes
 with and without the passages in lockstep):
 
-- ``tokrag``: Tok-RAG with the l* search (:class:`~rag_gates.tokrag.TokRAGConfig` defaults);
-- ``tokrag@LAYER``: Tok-RAG at a fixed fusion layer (1 .. num_layers - 1);
+- ``tokrag``: Tok-RAG with the :class:`~rag_gates.tokrag.TokRAGConfig` defaults;
+- ``tokrag@paper``: the paper's judge (Eq. 14-16) with the l* search; ``tokrag@LAYER``: the
+  paper's judge at a fixed fusion layer (1 .. num_layers - 1);
+- ``tokrag@authors`` / ``tokrag@authors-LAYER``: the authors' released judge
+  (:mod:`rag_gates.tokrag.authors`, ``authors-qa``) at attention layer LAYER
+  (0 .. num_layers - 1; default the config's);
 - ``cad`` / ``cad@ALPHA``: context-aware decoding at ``alpha`` (default
   :data:`~rag_gates.tokrag.cad.DEFAULT_CAD_ALPHA`);
 - ``adacad``: CAD with the per-token JSD weight.
@@ -22,22 +26,27 @@ from rag_gates.eval.plugins import number_option
 from rag_gates.retrieval.recorded import retrieve_recorded
 from rag_gates.types import TraceRecorder
 
-__all__ = ["TwoStreamMethod", "adacad_method", "cad_method", "parse_alpha", "parse_layer",
-           "tokrag_method"]
+__all__ = ["TwoStreamMethod", "adacad_method", "cad_method", "parse_alpha",
+           "parse_tokrag_option", "tokrag_method"]
+
+_TOKRAG_OPTIONS = ("a fusion layer (an integer >= 1), 'paper', 'authors' or "
+                   "'authors-LAYER' (LAYER an integer >= 0)")
 
 
-def parse_layer(option: str | None) -> int | None:
-    """The fixed fusion layer of ``tokrag@LAYER`` (None: search l*)."""
+def parse_tokrag_option(option: str | None) -> tuple[str | None, int | None]:
+    """(judge, layer) of ``tokrag@OPTION``: None for the config's default."""
     if option is None:
-        return None
-    try:
-        layer = int(option)
-    except ValueError:
-        raise ValueError(f"tokrag@{option}: the option is a fusion layer, an integer >= 1"
-                         ) from None
-    if layer < 1:
-        raise ValueError(f"tokrag@{option}: the fusion layer must be >= 1")
-    return layer
+        return None, None
+    if option == "paper":
+        return "paper", None
+    if option == "authors":
+        return "authors-qa", None
+    judge, minimum, text = "paper", 1, option
+    if option.startswith("authors-"):
+        judge, minimum, text = "authors-qa", 0, option.removeprefix("authors-")
+    if not text.isdigit() or int(text) < minimum:
+        raise ValueError(f"tokrag@{option}: the option is {_TOKRAG_OPTIONS}")
+    return judge, int(text)
 
 
 def parse_alpha(option: str | None) -> float:
@@ -72,10 +81,13 @@ def _name(base: str, ctx: MethodContext) -> str:
 
 
 def tokrag_method(ctx: MethodContext) -> TwoStreamMethod:
-    """Tok-RAG; ``tokrag@LAYER`` fixes the fusion layer."""
+    """Tok-RAG; ``tokrag@paper`` / ``@LAYER`` / ``@authors`` / ``@authors-LAYER`` choose the
+    judge and fix the layer (module docstring)."""
     from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
 
-    config = TokRAGConfig(fusion_layer=parse_layer(ctx.option))
+    judge, layer = parse_tokrag_option(ctx.option)
+    config = TokRAGConfig(fusion_layer=layer) if judge is None else TokRAGConfig(
+        fusion_layer=layer, judge=judge)
     return TwoStreamMethod(ctx, _name("tokrag", ctx),
                            TokRAGDecoder(ctx.lm, config, dataset=ctx.dataset))
 
@@ -98,5 +110,5 @@ def adacad_method(ctx: MethodContext) -> TwoStreamMethod:
 tokrag_method.accepts_option = True  # type: ignore[attr-defined]
 cad_method.accepts_option = True  # type: ignore[attr-defined]
 # Checked by the method registry before any model is loaded (see check_method_name).
-tokrag_method.validate_option = parse_layer  # type: ignore[attr-defined]
+tokrag_method.validate_option = parse_tokrag_option  # type: ignore[attr-defined]
 cad_method.validate_option = parse_alpha  # type: ignore[attr-defined]
