@@ -35,7 +35,7 @@ def _run(tiny: Any, bm25: BM25Retriever, method: str) -> tuple[Any, int]:
 
 def test_selective_skip_costs_one_generation_and_equals_no_rag(tiny: Any, bm25: Any) -> None:
     closed, closed_calls = _run(tiny, bm25, "no-rag")
-    skipped, calls = _run(tiny, bm25, "selective@answer-logprob:1e9")
+    skipped, calls = _run(tiny, bm25, "selective@answer-logprob:100")
     assert closed_calls == 1
     assert calls == 1  # the gate's generation is the reply
     assert skipped.answer == closed.answer
@@ -45,26 +45,26 @@ def test_selective_skip_costs_one_generation_and_equals_no_rag(tiny: Any, bm25: 
 
 def test_selective_retrieving_still_generates_with_the_passages(tiny: Any, bm25: Any) -> None:
     single, _ = _run(tiny, bm25, "single")
-    retrieved, calls = _run(tiny, bm25, "selective@answer-logprob:-1e9")
+    retrieved, calls = _run(tiny, bm25, "selective@answer-logprob:0")
     assert calls == 2 and retrieved.answer == single.answer
 
 
 def test_composite_passes_its_childs_answer(tiny: Any, bm25: Any) -> None:
     closed, _ = _run(tiny, bm25, "no-rag")
     # all-of: retrieve only when both want to; first-token-prob scores <= 1 < 2: skip.
-    skipped, calls = _run(tiny, bm25, "selective@answer-logprob:1e9&first-token-prob:2")
+    skipped, calls = _run(tiny, bm25, "selective@answer-logprob:100&first-token-prob:1")
     assert calls == 1 and skipped.answer == closed.answer
 
 
 def test_first_token_prob_generates_nothing_to_reuse(tiny: Any) -> None:
-    decision = FirstTokenProbGate(tiny, threshold=2.0).decide(QUESTION)
+    decision = FirstTokenProbGate(tiny, threshold=1.0).decide(QUESTION)
     assert find_closed_book_answer(decision) is None
     assert reusable_answer(decision, lm=tiny, prompt=qa_prompt(QUESTION),
                            max_new_tokens=12).answer is None
 
 
 def test_no_reuse_when_prompt_or_budget_differ_and_it_says_why(tiny: Any) -> None:
-    decision = AnswerLogprobGate(tiny, threshold=1e9, max_new_tokens=12).decide(QUESTION)
+    decision = AnswerLogprobGate(tiny, threshold=100.0, max_new_tokens=12).decide(QUESTION)
     assert not decision.retrieve
     other_prompt = reusable_answer(decision, lm=tiny, prompt="Question: " + QUESTION,
                                    max_new_tokens=12)

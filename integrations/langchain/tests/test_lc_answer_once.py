@@ -21,7 +21,7 @@ QUESTION = "Who wrote the play Hamlet?"
 def _router(tiny: Any, rec: TraceRecorder, direct_prompt: Any = None) -> Any:
     lm = RecordedLM(tiny, rec)
     chat = ChatRagGates(lm=lm, max_tokens=12)
-    gate = AnswerLogprobGate(lm, threshold=1e9, max_new_tokens=12)  # always skips
+    gate = AnswerLogprobGate(lm, threshold=100.0, max_new_tokens=12)  # always skips
     return route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
                          direct=(direct_prompt or closed_book_prompt()) | chat)
 
@@ -48,7 +48,7 @@ async def test_async_and_stream_answer_once(tiny: Any) -> None:
 def test_later_steps_still_run_on_the_reused_answer(tiny: Any) -> None:
     rec = TraceRecorder()
     lm = RecordedLM(tiny, rec)
-    gate = AnswerLogprobGate(lm, threshold=1e9, max_new_tokens=12)
+    gate = AnswerLogprobGate(lm, threshold=100.0, max_new_tokens=12)
     router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
                            direct=closed_book_prompt() | ChatRagGates(lm=lm, max_tokens=12)
                            | StrOutputParser())

@@ -43,7 +43,7 @@ def test_a_skip_replies_with_the_gates_answer_in_one_generation(tiny_li: Any, bm
     direct = RagGatesLLM(lm=tiny_li, max_new_tokens=12).predict(
         PromptTemplate("{query_str}"), query_str=qa_prompt(QUESTION))
     rec = TraceRecorder()
-    response = _engine(tiny_li, bm25, rec, threshold=1e9).query(QUESTION)
+    response = _engine(tiny_li, bm25, rec, threshold=100.0).query(QUESTION)
     assert rec.trace().llm_calls == 1
     assert response.response == direct
     assert response.metadata["rag_gates"]["answer_once"]["answer_reused"] is True
@@ -52,14 +52,14 @@ def test_a_skip_replies_with_the_gates_answer_in_one_generation(tiny_li: Any, bm
 
 async def test_async_skip_also_answers_once(tiny_li: Any, bm25: Any) -> None:
     rec = TraceRecorder()
-    response = await _engine(tiny_li, bm25, rec, threshold=1e9).aquery(QUESTION)
+    response = await _engine(tiny_li, bm25, rec, threshold=100.0).aquery(QUESTION)
     assert rec.trace().llm_calls == 1
     assert response.metadata["rag_gates"]["answer_once"]["answer_reused"] is True
 
 
 def test_another_direct_prompt_generates_again_and_says_why(tiny_li: Any, bm25: Any) -> None:
     rec = TraceRecorder()
-    engine = _engine(tiny_li, bm25, rec, threshold=1e9, direct_prompt=DEFAULT_DIRECT_PROMPT)
+    engine = _engine(tiny_li, bm25, rec, threshold=100.0, direct_prompt=DEFAULT_DIRECT_PROMPT)
     response = engine.query(QUESTION)
     assert rec.trace().llm_calls == 2
     note = response.metadata["rag_gates"]["answer_once"]
