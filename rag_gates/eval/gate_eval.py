@@ -31,6 +31,7 @@ from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.gates import make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
+from rag_gates.eval.names import check_dataset, check_gate_expression, check_retriever
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
@@ -160,6 +161,10 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
                   progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
     ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
+    # Every name before any model loads or question is answered (the labels come first).
+    check_gate_expression(config.gate)
+    check_dataset(config.dataset)
+    check_retriever(config.retriever)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
         raise FileNotFoundError(
             f"the labels directory {config.labels_dir} does not exist; pass an existing bench "

@@ -21,9 +21,8 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any, Protocol, runtime_checkable
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates.gate import BaseGate, Gate, is_gate_expression, parse_gate_expression
 from rag_gates.lm.recorded import RecordedLM, generate_recorded
 from rag_gates.prompts import continue_prompt, qa_prompt
 from rag_gates.retrieval.base import Retriever
@@ -214,8 +213,9 @@ class SelectiveRetrievalMethod:
     def validate_option(option: str | None) -> None:
         if not option:
             raise ValueError("selective needs a gate: selective@GATE, e.g. selective@quco")
-        if is_gate_expression(option):  # syntax only: gate names resolve when built
-            parse_gate_expression(option, _syntax_only)
+        from rag_gates.eval.names import check_gate_expression
+
+        check_gate_expression(option)  # every gate name registered, before any model loads
 
     def answer(self, question: str) -> MethodResult:
         rec = TraceRecorder()
@@ -228,16 +228,6 @@ class SelectiveRetrievalMethod:
                                            dataset=self.ctx.dataset),
                                  self.ctx.max_new_tokens)
         return MethodResult(answer=text, trace=rec.trace(), passages=passages)
-
-
-def _syntax_only(name: str, threshold: float | None) -> Gate:
-    class _Named(BaseGate):
-        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-            return 0.0, {}
-
-    gate = _Named(0.0 if threshold is None else threshold)
-    gate.name = name
-    return gate
 
 
 def split_method_list(text: str) -> list[str]:
@@ -269,6 +259,19 @@ def available_methods() -> dict[str, Callable[[MethodContext], Method]]:
     for ep in entry_points(group=ENTRY_POINT_GROUP):
         methods.setdefault(ep.name, ep.load())
     return methods
+
+
+def available_method(name: str) -> Callable[[MethodContext], Method]:
+    """One method's factory by its base name, importing only that plugin (a method's
+    plugin can take seconds to import: torch, a framework)."""
+    if name in BUILTIN_METHODS:
+        return BUILTIN_METHODS[name]
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        factory: Callable[[MethodContext], Method] = ep.load()
+        return factory
+    from rag_gates.eval.names import method_names
+
+    raise ValueError(f"unknown method {name!r}; valid names: {', '.join(method_names())}")
 
 
 def split_method_name(name: str) -> tuple[str, str | None]:
