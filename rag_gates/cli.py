@@ -615,7 +615,7 @@ def _check_names(*checks: Callable[[], None]) -> None:
     try:
         for check in checks:
             check()
-    except ValueError as exc:
+    except (ValueError, OSError) as exc:  # OSError: weighted(FILE) without its file
         console.print(error_line(exc), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
 

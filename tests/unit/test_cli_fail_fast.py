@@ -72,6 +72,15 @@ def test_an_unknown_gate_inside_an_expression_is_named(tmp_path: Path) -> None:
     nothing_loaded(output, home, out)
 
 
+def test_a_weighted_gate_without_its_file_fails_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "eval-gate", "--gate", "weighted(missing.json)",
+                                 "--dataset", "popqa", "--n", "4", "--out", str(out))
+    assert code == 2, output
+    assert "weighted(missing.json): no such file" in output and "Traceback" not in output
+    nothing_loaded(output, home, out)
+
+
 def test_an_unknown_dataset_fails_with_the_valid_names_and_no_progress_bar(
         tmp_path: Path) -> None:
     out = tmp_path / "out"
