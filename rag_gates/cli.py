@@ -104,6 +104,8 @@ def info(
     try:
         import torch
 
+        if threads is not None:  # as the model load would set them (process-wide)
+            torch.set_num_threads(threads)
         table.add_row("torch threads", str(torch.get_num_threads()))
     except ImportError:
         table.add_row("torch threads", Text('torch not installed: pip install "rag-gates[hf]"'))
