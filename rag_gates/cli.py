@@ -460,7 +460,6 @@ def bench(
     from rag_gates.eval.methods import split_method_list
     from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
 
-    _quiet_transformers()
     try:
         config = BenchConfig(dataset=dataset, methods=split_method_list(methods),
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
@@ -473,6 +472,7 @@ def bench(
         raise typer.BadParameter(str(exc)) from exc
     _check_names(lambda: check_dataset(dataset), lambda: check_retriever(retriever),
                  lambda: check_methods(config.methods))
+    _quiet_transformers()  # after the checks: importing transformers takes a second or two
     # Transient: an error (or the summary) is printed where the bar was, not under it.
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console,
@@ -524,7 +524,6 @@ def eval_gate(
 
     from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
 
-    _quiet_transformers()
     try:
         config = GateEvalConfig(gate=gate, dataset=dataset, n=n, offset=offset, model=model,
                                 retriever=retriever, k=k, max_new_tokens=max_new_tokens,
@@ -536,6 +535,7 @@ def eval_gate(
         raise typer.BadParameter(str(exc)) from exc
     _check_names(lambda: check_gate_expression(gate), lambda: check_dataset(dataset),
                  lambda: check_retriever(retriever))
+    _quiet_transformers()
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:

@@ -31,9 +31,11 @@ from rag_gates.eval.names import (
 )
 
 ROOT = Path(__file__).resolve().parents[2]
-# Runs the CLI, then reports (after typer's exit) whether torch was ever imported.
+# Runs the CLI, then reports (after typer's exit) whether torch or transformers (a second or
+# two to import) were ever imported.
 RUN_CLI = ("import atexit, sys\n"
-           "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules))\n"
+           "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules,\n"
+           "    'transformers imported:', 'transformers' in sys.modules))\n"
            "from rag_gates.cli import main\n"
            "sys.argv[0] = 'rag-gates'\n"
            "main()\n")
@@ -48,7 +50,7 @@ def run_cli(tmp_path: Path, *args: str) -> tuple[int, str, Path]:
 
 
 def nothing_loaded(output: str, home: Path, out: Path) -> None:
-    assert "torch imported: False" in output
+    assert "torch imported: False transformers imported: False" in output
     assert not home.exists() or not any(home.iterdir()), sorted(home.rglob("*"))
     assert not out.exists()
 
