@@ -30,10 +30,21 @@ try:
 except PackageNotFoundError:  # running from a source tree without installing
     __version__ = "0.0.0+unknown"
 
+def __getattr__(name: str) -> object:
+    """``rag_gates.load_gate`` and ``rag_gates.GateSpec`` without importing the calibration
+    package (numpy) on ``import rag_gates``."""
+    if name in ("load_gate", "GateSpec"):
+        from rag_gates import calibration
+
+        return getattr(calibration, name)
+    raise AttributeError(f"module 'rag_gates' has no attribute {name!r}")
+
+
 __all__ = [
     "ChatMessage",
     "ContextLengthError",
     "GateDecision",
+    "GateSpec",
     "Generation",
     "ModelNotFoundError",
     "Passage",
@@ -45,4 +56,5 @@ __all__ = [
     "TraceRecorder",
     "WhiteBoxRequiredError",
     "__version__",
+    "load_gate",
 ]

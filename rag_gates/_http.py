@@ -1,7 +1,19 @@
 """Plumbing shared by the HTTP clients (model servers, hosted corpus indexes): a private event
 loop on a daemon thread, so sync, batch and async calls from any thread share one connection
-pool and one concurrency bound; and the retry schedule (exponential backoff with jitter,
-``Retry-After`` honoured, never past the call's deadline).
+pool and one concurrency bound; the retry schedule (exponential backoff with jitter,
+``Retry-After`` honoured, never past the call's deadline); and the two rules every reply and
+every server URL pass through here:
+
+* **Secrets stay out** (:func:`check_server_url`, :func:`scrub`): a URL carrying credentials
+  (``user:KEY@host``) or a query string (``?api_key=...``) is refused, and the refusal shows
+  the URL with those parts replaced by ``***``; every reply body is scrubbed of the client's
+  API key as it is read, so an error, a log line or a trace built from it cannot repeat the
+  key (some servers echo the ``Authorization`` header in their error bodies). A key a client
+  sends is also registered (:func:`register_secret`) with a filter on httpx's and httpcore's
+  loggers, whose debug lines print response headers, which such a server fills with it.
+* **Replies are bounded** (:func:`read_body`, :func:`read_lines`): a body is read in chunks and
+  refused at ``limit`` bytes (:data:`DEFAULT_MAX_RESPONSE_BYTES` unless configured), before it
+  is parsed; the error names the limit and the option that raises it.
 
 Example:
     >>> runner = LoopThread("example")
@@ -17,14 +29,74 @@ from __future__ import annotations
 import asyncio
 import concurrent.futures
 import contextlib
+import logging
 import random
+import re
 import threading
-from collections.abc import Coroutine, Mapping
+from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
+from urllib.parse import urlsplit
 
-__all__ = ["RETRY_STATUS", "LoopThread", "backoff_delay", "retry_after_seconds"]
+__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "MIN_SECRET_CHARS", "RETRY_STATUS",
+           "LoopThread",
+           "backoff_delay", "check_server_url", "read_body", "read_lines", "redact_url",
+           "register_secret", "retry_after_seconds", "scrub"]
 
 T = TypeVar("T")
+
+#: The largest reply body a client reads (32 MiB): far above any real count or completion
+#: reply (an echoed 4,000-token prompt with 20 alternatives per token is about 3 MB).
+DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
+#: How much of an error reply (4xx/5xx) is read: enough for the server's message.
+ERROR_BODY_BYTES = 64 * 1024
+_REDACTED = "***"
+# Everything between the scheme (if any) and the last '@' of the authority; the query.
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
+_QUERY = re.compile(r"\?[^#]*")
+# The loggers of the HTTP stack this package uses (httpcore's debug lines print headers).
+_HTTP_LOGGERS = ("httpx", "httpcore.connection", "httpcore.http11", "httpcore.http2",
+                 "httpcore.proxy", "httpcore.socks")
+#: Shorter "keys" are placeholders ("EMPTY", "none"), not secrets: scrubbing them would change
+#: model output that happens to contain the word.
+MIN_SECRET_CHARS = 8
+_SECRETS: set[str] = set()
+_SECRETS_LOCK = threading.Lock()
+
+
+class _ScrubSecrets(logging.Filter):
+    """Rewrites a record whose text holds a registered secret, with ``***`` in its place."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        secrets = tuple(_SECRETS)
+        if not secrets:
+            return True
+        text = record.getMessage()
+        if any(s in text for s in secrets):
+            for secret in secrets:
+                text = text.replace(secret, _REDACTED)
+            record.msg, record.args = text, None
+        return True
+
+
+_FILTER = _ScrubSecrets()
+
+
+def register_secret(secret: str) -> None:
+    """Keep ``secret`` (an API key a client sends) out of httpx's and httpcore's log lines
+    from now on, in this process (unless it is a placeholder shorter than
+    :data:`MIN_SECRET_CHARS`).
+
+    Example:
+        >>> register_secret("sk-example-key")
+    """
+    if len(secret) < MIN_SECRET_CHARS:
+        return
+    with _SECRETS_LOCK:
+        _SECRETS.add(secret)
+        for name in _HTTP_LOGGERS:
+            log = logging.getLogger(name)
+            if _FILTER not in log.filters:
+                log.addFilter(_FILTER)
 
 # Statuses worth another try: timeouts, rate limits, and the server's own failures.
 RETRY_STATUS = frozenset({408, 425, 429, 500, 502, 503, 504})
@@ -69,3 +141,110 @@ def backoff_delay(attempt: int, retry_after: float | None, base: float, cap: flo
     if retry_after is not None:
         return min(cap, max(0.0, retry_after))
     return float(min(cap, base * (2 ** attempt)) * random.uniform(0.5, 1.0))
+
+
+def redact_url(url: str) -> str:
+    """``url`` with any credentials (``user:password@``) and query string replaced by ``***``,
+    safe to show in an error or a log line.
+
+    Example:
+        >>> redact_url("http://user:sk-123@host:8000/v1?key=sk-123")
+        'http://***@host:8000/v1?***'
+    """
+    shown = _USERINFO.sub(lambda m: f"{m.group(1) or ''}{_REDACTED}@", url, count=1)
+    return _QUERY.sub(f"?{_REDACTED}", shown, count=1)
+
+
+def check_server_url(url: str, what: str, key_hint: str) -> str:
+    """Return ``url`` if it is an ``http(s)://HOST...`` URL without credentials or a query
+    string; else raise ValueError showing it only through :func:`redact_url`. The one check
+    of every server URL a client is given (a URL ends up in reprs, traces, run directories
+    and httpx's logs, so a secret in it would too). ``key_hint`` says where a key goes.
+
+    Example:
+        >>> check_server_url("http://127.0.0.1:8000/v1", "base_url", "")
+        'http://127.0.0.1:8000/v1'
+    """
+    shown = redact_url(url)
+    if not url.startswith(("http://", "https://")):
+        raise ValueError(f"{what} must start with http:// or https://, got {shown!r}")
+    try:
+        parts = urlsplit(url)
+        host = parts.hostname
+    except ValueError:  # e.g. an unclosed '[' of an IPv6 address
+        host = None
+    if not host:
+        raise ValueError(f"{what} names no host: {shown!r}")
+    if "@" in parts.netloc:
+        raise ValueError(f"{what} {shown!r} carries credentials (user:password@), which would "
+                         f"be shown in reprs, traces and logs: remove them. {key_hint}")
+    if parts.query:
+        raise ValueError(f"{what} {shown!r} carries a query string, which would be shown in "
+                         f"reprs, traces and logs (and may hold a key): remove it. {key_hint}")
+    return url
+
+
+def scrub(data: bytes, secrets: Sequence[bytes]) -> bytes:
+    """``data`` with every occurrence of each secret replaced by ``***`` (secrets shorter than
+    :data:`MIN_SECRET_CHARS` are placeholders, left alone).
+
+    Example:
+        >>> scrub(b'{"auth": "Bearer sk-123456"}', [b"sk-123456"])
+        b'{"auth": "Bearer ***"}'
+    """
+    for secret in secrets:
+        if len(secret) >= MIN_SECRET_CHARS:
+            data = data.replace(secret, _REDACTED.encode())
+    return data
+
+
+def _too_large(where: str, limit: int, setting: str) -> str:
+    return (f"{where} sent a reply larger than {limit:,} bytes ({setting}={limit}); it was "
+            f"refused without reading the rest. If the server's replies really are this "
+            f"large, raise {setting}")
+
+
+async def read_body(response: Any, limit: int, *, where: str, setting: str,
+                    error: Callable[[str], Exception], secrets: Sequence[bytes] = (),
+                    truncate: bool = False) -> bytes:
+    """The body of an httpx streamed ``response``, read in chunks, at most ``limit`` bytes
+    (after decompression), scrubbed of ``secrets``. Beyond the limit: with ``truncate`` the
+    first ``limit`` bytes (an error reply, read only for its message); else
+    ``error(message)`` is raised, naming the limit and ``setting`` (the option to raise)."""
+    declared = response.headers.get("Content-Length")
+    if not truncate and declared is not None and declared.isdigit() and int(declared) > limit:
+        raise error(_too_large(where, limit, setting))
+    chunks: list[bytes] = []
+    total = 0
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > limit:
+            if not truncate:
+                raise error(_too_large(where, limit, setting))
+            chunks.append(chunk[: len(chunk) - (total - limit)])
+            break
+        chunks.append(chunk)
+    return scrub(b"".join(chunks), secrets)
+
+
+async def read_lines(response: Any, limit: int, *, where: str, setting: str,
+                     error: Callable[[str], Exception], secrets: Sequence[bytes] = ()
+                     ) -> AsyncIterator[str]:
+    """The lines of a streamed (server-sent events) ``response``, scrubbed of ``secrets``;
+    ``error(message)`` is raised once the stream has sent more than ``limit`` bytes in all,
+    so neither one endless line nor an endless stream is held in memory."""
+    total = 0
+    line = bytearray()  # the line being read: appended to, never copied whole per chunk
+    async for chunk in response.aiter_bytes():
+        total += len(chunk)
+        if total > limit:
+            raise error(_too_large(where, limit, setting))
+        start = 0
+        while (end := chunk.find(b"\n", start)) >= 0:
+            line += chunk[start:end]
+            yield scrub(bytes(line), secrets).decode("utf-8", "replace").rstrip("\r")
+            line.clear()
+            start = end + 1
+        line += chunk[start:]
+    if line:
+        yield scrub(bytes(line), secrets).decode("utf-8", "replace").rstrip("\r")

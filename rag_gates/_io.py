@@ -4,6 +4,10 @@ from __future__ import annotations
 
 import json
 import logging
+import os
+import tempfile
+import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
@@ -14,10 +18,17 @@ logger = logging.getLogger(__name__)
 
 def write_text_atomic(path: Path, text: str) -> None:
     """Write ``text`` to ``path`` through a temporary file and a rename, so a reader never
-    sees a half-written file and an interruption leaves the old one in place."""
-    tmp = path.with_name(f".{path.name}.tmp")
-    tmp.write_text(text, encoding="utf-8")
-    tmp.replace(path)
+    sees a half-written file and an interruption leaves the old one in place. The temporary
+    file is this call's own, so two processes writing the same file at once both succeed
+    (the last rename wins) instead of renaming each other's half-written file."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w", encoding="utf-8") as handle:
+            handle.write(text)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def drop_torn_tail(path: Path) -> bool:
@@ -35,10 +46,15 @@ def drop_torn_tail(path: Path) -> bool:
     return True
 
 
-def append_locked(path: Path) -> IO[str]:
+def append_locked(path: Path, *, wait_s: float = 0.0,
+                  on_wait: Callable[[], None] | None = None) -> IO[str]:
     """``path`` opened for appending, with an exclusive lock held until it is closed, so two
     processes resuming the same output (the same ``--out`` twice) cannot both write it: the
     second gets a :class:`~rag_gates.errors.FileInUseError` before it reads or writes a row.
+
+    ``wait_s``: wait up to this many seconds (``math.inf``: as long as it takes) for the
+    other writer to finish instead, calling ``on_wait()`` once when the wait starts; a
+    shared cache (eval-gate's labels) is then read, and completed, after the other writer.
 
     Take it before reading the rows already there, so the rows read are the whole truth.
     Advisory (``flock``): every rag-gates writer takes it; where ``fcntl`` does not exist
@@ -51,14 +67,27 @@ def append_locked(path: Path) -> IO[str]:
         import fcntl
     except ImportError:  # pragma: no cover - not on POSIX
         return handle
-    try:
-        fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        handle.close()
-        raise FileInUseError(
-            f"{path} is being written by another process (a second writer would duplicate "
-            "its rows): wait for that run to finish, or write to another --out") from None
-    return handle
+    deadline = time.monotonic() + wait_s
+    waiting = False
+    while True:
+        try:
+            fcntl.flock(handle.fileno(), fcntl.LOCK_EX | fcntl.LOCK_NB)
+            return handle
+        except BlockingIOError:
+            if time.monotonic() >= deadline:
+                handle.close()
+                waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
+                raise FileInUseError(
+                    f"{path} is being written by another process{waited} (a second writer "
+                    "would duplicate its rows): wait for that run to finish, or write to "
+                    "another --out") from None
+        except BaseException:
+            handle.close()
+            raise
+        if not waiting and on_wait is not None:
+            on_wait()
+        waiting = True
+        time.sleep(0.2)
 
 
 class JsonlLog:

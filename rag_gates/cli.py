@@ -21,7 +21,7 @@ from rag_gates._console import error_line
 from rag_gates.commands._help import TidyGroup
 from rag_gates.eval.names import (
     check_dataset,
-    check_gate_expression,
+    check_gate_names,
     check_methods,
     check_retriever,
     names_help,
@@ -533,7 +533,7 @@ def eval_gate(
                                 create_labels=create_labels, threads=threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
-    _check_names(lambda: check_gate_expression(gate), lambda: check_dataset(dataset),
+    _check_names(lambda: check_gate_names(gate), lambda: check_dataset(dataset),
                  lambda: check_retriever(retriever))
     _quiet_transformers()
     with Progress("[progress.description]{task.description}", BarColumn(),

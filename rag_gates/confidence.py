@@ -3,7 +3,9 @@
 - :class:`FirstTokenProbGate`: ``1 - max_v p(v | QA prompt)``: one forward pass, no
   generation; needs a white-box model.
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
-  a model that returns log-probabilities (any TextLM with ``supports_logprobs``).
+  a model that returns log-probabilities (any TextLM with ``supports_logprobs``). A served
+  model that reports a value that is not a log-probability (``ServerLogprobError``: not
+  finite, or above 0) leaves it undecided: it retrieves and says why.
 
 Example:
     >>> from rag_gates.confidence import FirstTokenProbGate
@@ -19,6 +21,7 @@ from typing import Any
 
 from pydantic import JsonValue
 
+from rag_gates.errors import ServerLogprobError
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import qa_prompt
@@ -30,6 +33,7 @@ class FirstTokenProbGate(BaseGate):
     """Retrieve when the model is unsure of the first answer token: score ``1 - max p``."""
 
     name = "first-token-prob"
+    threshold_range = (0.0, 1.0)  # 1 - a probability
 
     def __init__(self, lm: Any, threshold: float = 0.5, dataset: str | None = None) -> None:
         super().__init__(threshold)
@@ -47,6 +51,9 @@ class AnswerLogprobGate(BaseGate):
     """Retrieve when the closed-book answer is unlikely: score ``-mean log p(token)``."""
 
     name = "answer-logprob"
+    #: -mean log p in nats: 0 (certain) up; a uniform choice among 50,000 tokens is 10.8, so
+    #: a threshold above 100 would never retrieve.
+    threshold_range = (0.0, 100.0)
 
     def __init__(self, lm: Any, threshold: float = 1.0, dataset: str | None = None,
                  max_new_tokens: int = 32) -> None:
@@ -59,10 +66,18 @@ class AnswerLogprobGate(BaseGate):
         self.max_new_tokens = max_new_tokens
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
-                             max_new_tokens=self.max_new_tokens, logprobs=0)
+        try:
+            g = self.lm.generate(qa_prompt(query, dataset=self.dataset),
+                                 max_new_tokens=self.max_new_tokens, logprobs=0)
+        except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
+            return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         values = [item.logprob for item in g.logprobs or []]
         mean = sum(values) / len(values) if values else -math.inf
         return -mean if values else math.inf, {"closed_book_answer": g.text,
                                                 "mean_logprob": mean if values else None,
                                                 "tokens": len(values)}
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if "error" in evidence:
+            return f"the model's log-probabilities are unusable: {evidence['error']}"
+        return super().undecided(score, evidence)

@@ -4,16 +4,21 @@ from __future__ import annotations
 
 __all__ = [
     "ArtifactError",
+    "CalibrationError",
     "ContextLengthError",
     "FileInUseError",
     "ModelNotFoundError",
     "ProbeMismatchError",
     "RagGatesError",
     "ServerError",
+    "ServerLogprobError",
     "ServerReplyError",
     "ServerRequestError",
     "ServerTimeoutError",
     "ServerUnavailableError",
+    "SpecModelMismatchError",
+    "StoreLockedError",
+    "WeightsFileError",
     "WhiteBoxRequiredError",
 ]
 
@@ -43,9 +48,26 @@ class ArtifactError(RagGatesError, ValueError):
     or foreign; the message names the file and what to do (usually: rebuild or retrain it)."""
 
 
+class CalibrationError(RagGatesError, ValueError):
+    """Calibration input that cannot give a certified threshold (too few questions, one
+    class, a bound outside (0, 1)), or a gate spec file that is damaged, edited by hand or
+    incomplete; the message says which and what to do."""
+
+
+class SpecModelMismatchError(CalibrationError):
+    """A gate spec was calibrated for another model than the one it is loaded with: its
+    guarantee does not transfer. Recalibrate, or pass ``allow_other_model=True``."""
+
+
 class FileInUseError(ArtifactError):
     """A resumable output (a bench run, gate decisions, synthesized rows, labels) is being
     written by another process; a second writer would duplicate its rows."""
+
+
+class StoreLockedError(FileInUseError):
+    """A local Qdrant folder (an SR-RAG policy, a dense index) is open in another process:
+    Qdrant's local mode admits one client per folder. The message names the two ways out:
+    open it read-only (each process loads a private copy) or serve it from a Qdrant server."""
 
 
 class ServerError(RagGatesError, RuntimeError):
@@ -61,9 +83,20 @@ class ServerReplyError(ServerError):
     """The server answered, but not in the OpenAI API's shape (a malformed reply)."""
 
 
+class ServerLogprobError(ServerReplyError):
+    """The server reported a log-probability that is not one (not finite, or above 0 by more
+    than float rounding): a decision read from it would be wrong, so none is made (gates
+    retrieve)."""
+
+
 class ServerUnavailableError(ServerError):
     """The server kept failing (connection errors, 429, 5xx) after every retry."""
 
 
 class ServerTimeoutError(ServerError, TimeoutError):
     """No answer within the call's total timeout (retries included)."""
+
+
+class WeightsFileError(ArtifactError):
+    """A ``weighted(FILE)`` weights file is not the JSON ``rag-gates fit-weighted`` writes (or
+    names itself through its gates); the message names the file and the shape expected."""

@@ -23,25 +23,110 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import contextvars
 import math
 import re
 import sys
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Callable, Sequence
+from pathlib import Path
 from typing import Any, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
+from rag_gates._json import loads_bounded
 from rag_gates._text import check_text
+from rag_gates.errors import WeightsFileError
 from rag_gates.types import GateDecision
 
-__all__ = ["GATE_GRAMMAR", "UNDECIDED_SCORE", "AllOf", "AnyOf", "BaseGate", "Cascade", "Gate",
-           "Weighted", "decision_margin", "is_gate_expression", "json_safe",
+__all__ = ["GATE_GRAMMAR", "MAX_EXPRESSION_CHARS", "MAX_EXPRESSION_DEPTH",
+           "MAX_EXPRESSION_TERMS", "MAX_WEIGHTS_FILE_BYTES", "UNDECIDED_SCORE", "AllOf",
+           "AnyOf", "BaseGate", "Cascade", "Gate", "Weighted", "check_in_range", "check_threshold",
+           "decision_margin", "is_gate_expression", "json_safe", "out_of_range",
            "parse_gate_expression"]
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
+
+
+def out_of_range(value: object, low: float = -math.inf, high: float = math.inf, *,
+                 tolerance: float = 0.0) -> str | None:
+    """What is wrong with ``value`` as a number in ``[low, high]`` (each bound widened by
+    ``tolerance``, for float rounding), or None when it is a finite number in range.
+
+    The one check of every number that reaches a decision: a gate's score
+    (:meth:`BaseGate.decision`: not finite -> retrieve), a kNN policy's keys and neighbour
+    similarities (``SourcePolicy.vote``), a served model's log-probabilities (``<= 0``,
+    ``OpenAICompatibleLM``). The caller turns the answer into its own typed error or a
+    fail-closed decision.
+
+    Example:
+        >>> out_of_range(5.0, high=0.0, tolerance=1e-6)
+        '5.0 is above 0.0 (tolerance 1e-06)'
+        >>> out_of_range(-0.25, high=0.0) is None
+        True
+    """
+    if isinstance(value, bool) or not isinstance(value, int | float):
+        return f"{value!r} is not a number"
+    number = float(value)
+    if not math.isfinite(number):
+        return f"{number!r} is not finite"
+    said = f" (tolerance {tolerance:g})" if tolerance else ""
+    if number < low - tolerance:
+        return f"{number!r} is below {low!r}{said}"
+    if number > high + tolerance:
+        return f"{number!r} is above {high!r}{said}"
+    return None
+
+
+def _range_words(low: float, high: float) -> str:
+    if math.isfinite(low) and math.isfinite(high):
+        return f"a number in [{low:g}, {high:g}]"
+    if math.isfinite(low):
+        return f"a number >= {low:g}"
+    if math.isfinite(high):
+        return f"a number <= {high:g}"
+    return "a finite number"
+
+
+def check_in_range(value: object, what: str, low: float = -math.inf, high: float = math.inf,
+                   ) -> float:
+    """``value`` as a float if it is a finite number in ``[low, high]``, else a ValueError
+    ``"{what}, a number in [low, high]"``. The one range check of thresholds and options:
+    gates' thresholds (:attr:`BaseGate.threshold_range`, gate expressions) and the bench's
+    ``METHOD@OPTION`` values.
+
+    Example:
+        >>> check_in_range(0.4, "cbdr's threshold", 0.0, 1.0)
+        0.4
+        >>> check_in_range(2, "cbdr's threshold", 0.0, 1.0)
+        Traceback (most recent call last):
+        ...
+        ValueError: cbdr's threshold, a number in [0, 1]
+    """
+    if out_of_range(value, low, high) is not None:
+        raise ValueError(f"{what}, {_range_words(low, high)}")
+    return float(value)  # type: ignore[arg-type]
+
+
+def check_threshold(gate: str, threshold: object, threshold_range: tuple[float, float]
+                    ) -> float:
+    """``threshold`` as a float if it lies on the gate's score scale ``threshold_range`` (one
+    step above its top is allowed: the "never retrieve" threshold ``eval-gate`` calibrates
+    when the largest score seen is the top), else a ValueError naming the gate and the range.
+    The one check of a gate's threshold: :class:`BaseGate` applies it when a gate is built,
+    and ``make_gate`` to every ``NAME:THRESHOLD`` of an expression before any gate is built.
+
+    Example:
+        >>> check_threshold("cbdr", 2.0, (0.0, 1.0))  # doctest: +ELLIPSIS
+        Traceback (most recent call last):
+        ...
+        ValueError: gate 'cbdr' at threshold 2.0: the threshold is on the gate's score ...
+    """
+    low, high = threshold_range
+    return check_in_range(threshold, f"gate {gate!r} at threshold {threshold!r}: the threshold "
+                          "is on the gate's score scale", low, math.nextafter(high, math.inf))
 
 
 @runtime_checkable
@@ -74,11 +159,12 @@ class BaseGate(ABC):
     """
 
     name: str = "gate"
+    #: The scale of this gate's score, where its threshold must lie (a subclass narrows it:
+    #: ``(0.0, 1.0)`` for a probability); checked when the gate is built.
+    threshold_range: tuple[float, float] = (-math.inf, math.inf)
 
     def __init__(self, threshold: float) -> None:
-        if not isinstance(threshold, int | float) or threshold != threshold:
-            raise ValueError(f"threshold must be a number, got {threshold!r}")
-        self.threshold = float(threshold)
+        self.threshold = check_threshold(self.name, threshold, self.threshold_range)
 
     @abstractmethod
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
@@ -109,7 +195,7 @@ class BaseGate(ABC):
         """
         value = float(score)
         evidence = json_safe(evidence)
-        if math.isfinite(value):
+        if out_of_range(value) is None:
             retrieve = value >= self.threshold
             reason = self.reason(value, retrieve, evidence)
         else:
@@ -424,6 +510,9 @@ class Weighted(_Composite):
         0.62
     """
 
+    name = "weighted"
+    threshold_range = (0.0, 1.0)  # the score is a probability
+
     def __init__(self, gates: Sequence[Gate], weights: Sequence[float], bias: float = 0.0, *,
                  center: Sequence[float] | None = None, scale: Sequence[float] | None = None,
                  threshold: float = 0.5, name: str | None = None) -> None:
@@ -461,8 +550,8 @@ class Weighted(_Composite):
         if list(data.get("gates", [])) != names:
             raise ValueError(f"these weights were fitted for gates {data.get('gates')}, "
                              f"not {names}")
-        return cls(gates, data["weights"], data["bias"], center=data["center"],
-                   scale=data["scale"], threshold=data.get("threshold", 0.5))
+        return cls(gates, data["weights"], data.get("bias", 0.0), center=data.get("center"),
+                   scale=data.get("scale"), threshold=data.get("threshold", 0.5))
 
     def _consult_one(self, query: str, signals: dict[str, Any]) -> list[GateDecision]:
         return [g.decide(query, **signals) for g in self.gates]
@@ -498,10 +587,29 @@ unit     := '(' expr ')'
                                                 is in [LO, HI], else the first does
           | 'weighted(' FILE ')'                weights fitted by rag-gates fit-weighted
           | NAME [':' THRESHOLD]                a registered gate, optionally at a threshold
-examples: quco&cbdr   quco|answer-logprob:-1.2   cascade(quco,cbdr,0.2,0.8)
+                                                (on the gate's score scale)
+limits:   4096 characters, 64 gate names, 32 levels of nesting ('(', cascade, weighted,
+          counted through the gates a weights file names)
+examples: quco&cbdr   quco|answer-logprob:1.2   cascade(quco,cbdr,0.2,0.8)
           (quco&cbdr)|first-token-prob"""
 
+#: The longest gate expression read (checked before it is tokenized).
+MAX_EXPRESSION_CHARS = 4096
+#: The most gate names one expression holds (each may load a model or an index).
+MAX_EXPRESSION_TERMS = 64
+#: The deepest nesting of '(', cascade( and weighted(, through weights files too (the parser
+#: and the composite gates recurse once per level).
+MAX_EXPRESSION_DEPTH = 32
+#: The largest weights file read (a fitted file is well under 10 KB).
+MAX_WEIGHTS_FILE_BYTES = 1024 * 1024
+
 _TOKEN = re.compile(r"\s*(?:(?P<punct>[()&|,])|(?P<word>[^\s()&|,]+))")
+# Nesting and the weights files being read, across the nested parses a weights file's gate
+# names start (resolve -> make_gate -> parse_gate_expression): per thread and task.
+_DEPTH: contextvars.ContextVar[int] = contextvars.ContextVar("rag_gates_gate_depth",
+                                                             default=0)
+_READING: contextvars.ContextVar[tuple[str, ...]] = contextvars.ContextVar(
+    "rag_gates_weights_files", default=())
 
 
 def is_gate_expression(text: str) -> bool:
@@ -509,14 +617,37 @@ def is_gate_expression(text: str) -> bool:
     return any(c in text for c in "()&|,")
 
 
+def _is_gate_name(tokens: list[tuple[str, int]], i: int) -> bool:
+    """Whether token ``i`` names a gate (not punctuation, a keyword, a band or a file)."""
+    word = tokens[i][0]
+    if word in "()&|," or (i + 1 < len(tokens) and tokens[i + 1][0] == "("):
+        return False
+    if i >= 2 and tokens[i - 1][0] == "(" and tokens[i - 2][0] == "weighted":
+        return False
+    try:
+        float(word)
+    except ValueError:
+        return True
+    return False
+
+
+def _shown(text: str) -> str:
+    return repr(text if len(text) <= 80 else f"{text[:60]}...{text[-12:]}")
+
+
 def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate],
                           load_weights: Callable[[str], dict[str, Any]] | None = None
                           ) -> Gate:
-    """Build the gate an expression names (grammar: :data:`GATE_GRAMMAR`).
+    """Build the gate an expression names (grammar and limits: :data:`GATE_GRAMMAR`).
 
     ``resolve(name, threshold)`` builds one registered gate (threshold None: its default);
-    ``load_weights(path)`` reads a ``weighted(FILE)`` JSON (default: the file as JSON).
-    A malformed expression raises :class:`ValueError` saying where and what was expected.
+    ``load_weights(path)`` reads a ``weighted(FILE)`` JSON (default: the file, at most
+    :data:`MAX_WEIGHTS_FILE_BYTES`). A malformed expression raises :class:`ValueError`
+    saying where and what was expected; one over a limit (:data:`MAX_EXPRESSION_CHARS`,
+    :data:`MAX_EXPRESSION_TERMS`, :data:`MAX_EXPRESSION_DEPTH`) names the limit, and is
+    refused before any gate is built for the terms past it. A weights file that is not the
+    JSON ``rag-gates fit-weighted`` writes, or whose gates name the file itself, raises
+    :class:`~rag_gates.errors.WeightsFileError` naming the file.
 
     Example:
         >>> class Words(BaseGate):
@@ -529,6 +660,11 @@ def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate
         >>> parse_gate_expression("short:2&long:9", resolve).name
         '(short&long)'
     """
+    if not isinstance(text, str):
+        raise TypeError(f"a gate expression is a str, got {type(text).__name__}")
+    if len(text) > MAX_EXPRESSION_CHARS:
+        raise ValueError(f"gate expression {_shown(text)} is {len(text):,} characters long, "
+                         f"more than the limit of {MAX_EXPRESSION_CHARS:,} characters")
     tokens: list[tuple[str, int]] = []
     pos = 0
     while pos < len(text):
@@ -539,6 +675,11 @@ def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate
         pos = m.end()
     if not tokens:
         raise ValueError(f"empty gate expression {text!r}\n{GATE_GRAMMAR}")
+    # Count the gate names first: none is built (a model, an index) if there are too many.
+    names = sum(1 for i in range(len(tokens)) if _is_gate_name(tokens, i))
+    if names > MAX_EXPRESSION_TERMS:
+        raise ValueError(f"gate expression {_shown(text)} names {names} gates, more than the "
+                         f"limit of {MAX_EXPRESSION_TERMS} gates in one expression")
     cursor = 0
 
     def fail(expected: str) -> ValueError:
@@ -592,30 +733,47 @@ def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate
         word = peek()
         if word is None or word in "&|,)":
             raise fail("a gate name or '('")
+        nested = word == "(" or (word in ("cascade", "weighted") and cursor + 1 < len(tokens)
+                                 and tokens[cursor + 1][0] == "(")
+        if not nested:
+            return named(take("a gate name"))
+        depth = _DEPTH.get() + 1
+        if depth > MAX_EXPRESSION_DEPTH:
+            raise ValueError(
+                f"gate expression {_shown(text)} is nested deeper than "
+                f"{MAX_EXPRESSION_DEPTH} levels (the limit; '(', cascade( and weighted( "
+                "count, through the gates of weights files too)")
+        token = _DEPTH.set(depth)
+        try:
+            return inner()
+        finally:
+            _DEPTH.reset(token)
+
+    def inner() -> Gate:
+        word = take("a gate name")
         if word == "(":
-            take("(")
-            inner = any_()
+            gate = any_()
             take(")")
-            return inner
-        take("a gate name")
-        if word in ("cascade", "weighted") and peek() == "(":
-            take("(")
-            if word == "cascade":
-                cheap = any_()
-                take(",")
-                expensive = any_()
-                take(",")
-                lo = number()
-                take(",")
-                hi = number()
-                take(")")
-                if lo > hi:
-                    raise ValueError(f"gate expression {text!r}: cascade band {lo:g}..{hi:g} "
-                                     "is empty (LO must be <= HI)")
-                return Cascade(cheap, expensive, (lo, hi))
-            path = take("a file")
+            return gate
+        take("(")
+        if word == "cascade":
+            cheap = any_()
+            take(",")
+            expensive = any_()
+            take(",")
+            lo = number()
+            take(",")
+            hi = number()
             take(")")
-            return _weighted_from_file(path, resolve, load_weights)
+            if lo > hi:
+                raise ValueError(f"gate expression {text!r}: cascade band {lo:g}..{hi:g} "
+                                 "is empty (LO must be <= HI)")
+            return Cascade(cheap, expensive, (lo, hi))
+        path = take("a file")
+        take(")")
+        return _weighted_from_file(path, resolve, load_weights)
+
+    def named(word: str) -> Gate:
         name, colon, threshold = word.partition(":")
         if colon:
             try:
@@ -635,23 +793,85 @@ def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate
     return gate
 
 
+def _read_weights(path: str) -> Any:
+    """A weights file's JSON, bounded in size and depth before it is parsed."""
+    file = Path(path).expanduser()
+    if not file.is_file():
+        raise FileNotFoundError(f"weighted({path}): no such file; fit one with "
+                                "rag-gates fit-weighted")
+    with file.open("rb") as handle:
+        raw = handle.read(MAX_WEIGHTS_FILE_BYTES + 1)
+    if len(raw) > MAX_WEIGHTS_FILE_BYTES:
+        raise WeightsFileError(f"weighted({path}): the file is larger than "
+                               f"{MAX_WEIGHTS_FILE_BYTES:,} bytes (the limit); a weights file "
+                               "written by rag-gates fit-weighted is a few hundred bytes")
+    try:
+        return loads_bounded(raw, max_depth=8, what=f"weighted({path})")
+    except ValueError as exc:  # also JSONDepthError and UnicodeDecodeError
+        raise WeightsFileError(f"weighted({path}): the file is not JSON ({exc}); expected "
+                               "the JSON written by rag-gates fit-weighted") from None
+
+
+_WEIGHTS_SHAPE = ('an object {"gates": [names], "weights": [numbers, one per gate], "bias": '
+                  'number, and optionally "center"/"scale" (numbers, one per gate), '
+                  '"threshold" (a probability in [0, 1]) and "gate_thresholds" (a number or '
+                  'null per gate)}, as rag-gates fit-weighted writes it')
+
+
+def _check_weights(path: str, data: Any) -> tuple[list[str], list[float | None]]:
+    """The gate names and their thresholds of a weights file's data, or WeightsFileError
+    naming the file, what is wrong and the shape expected."""
+
+    def bad(what: str) -> WeightsFileError:
+        return WeightsFileError(f"weighted({path}): {what}; expected {_WEIGHTS_SHAPE}")
+
+    def is_number(v: Any) -> bool:
+        return isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v)
+
+    if not isinstance(data, dict):
+        raise bad(f"the file holds a JSON {type(data).__name__}, not a JSON object")
+    names = data.get("gates")
+    if not isinstance(names, list) or not names or not all(
+            isinstance(n, str) and n for n in names):
+        raise bad("'gates' is not a non-empty list of gate names")
+    if len(names) > MAX_EXPRESSION_TERMS:
+        raise bad(f"it names {len(names)} gates, more than the limit of "
+                  f"{MAX_EXPRESSION_TERMS}")
+    n = len(names)
+    for key, required in (("weights", True), ("center", False), ("scale", False),
+                          ("gate_thresholds", False)):
+        value = data.get(key)
+        if value is None and not required:
+            continue
+        allowed_null = key == "gate_thresholds"
+        if not isinstance(value, list) or len(value) != n or not all(
+                is_number(v) or (allowed_null and v is None) for v in value):
+            got = f"{len(value)} values" if isinstance(value, list) else repr(value)[:40]
+            raise bad(f"{key!r} must be {n} finite numbers{' or nulls' if allowed_null else ''}"
+                      f" (one per gate), got {got}")
+    for key in ("bias", "threshold"):
+        if key in data and not is_number(data[key]):
+            raise bad(f"{key!r} must be a finite number, got {data[key]!r}")
+    thresholds = data.get("gate_thresholds") or [None] * n
+    return names, [None if t is None else float(t) for t in thresholds]
+
+
 def _weighted_from_file(path: str, resolve: Callable[[str, float | None], Gate],
                         load: Callable[[str], dict[str, Any]] | None) -> Weighted:
-    if load is None:
-        import json
-        from pathlib import Path
-
-        file = Path(path).expanduser()
-        if not file.is_file():
-            raise FileNotFoundError(f"weighted({path}): no such file; fit one with "
-                                    "rag-gates fit-weighted")
-        data: dict[str, Any] = json.loads(file.read_text(encoding="utf-8"))
-    else:
-        data = load(path)
-    names = data.get("gates")
-    if not isinstance(names, list) or not names:
-        raise ValueError(f"weighted({path}): the file names no gates (expected the JSON "
-                         "written by rag-gates fit-weighted)")
-    thresholds = data.get("gate_thresholds") or [None] * len(names)
-    gates = [resolve(str(n), t) for n, t in zip(names, thresholds, strict=True)]
-    return Weighted.from_json(data, gates)
+    key = str(Path(path).expanduser().resolve()) if load is None else path
+    reading = _READING.get()
+    if key in reading:
+        chain = " -> ".join(f"weighted({p})" for p in (*reading[reading.index(key):], key))
+        raise WeightsFileError(f"weighted({path}) names itself through its gates ({chain}): "
+                               "a weights file cannot include itself")
+    data = _read_weights(path) if load is None else load(path)
+    names, thresholds = _check_weights(path, data)
+    token = _READING.set((*reading, key))
+    try:
+        gates = [resolve(name, t) for name, t in zip(names, thresholds, strict=True)]
+    finally:
+        _READING.reset(token)
+    try:
+        return Weighted.from_json(data, gates)
+    except ValueError as exc:
+        raise WeightsFileError(f"weighted({path}): {exc}") from None

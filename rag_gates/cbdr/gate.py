@@ -70,6 +70,7 @@ class CBDRGate(BaseGate):
     """
 
     name = "cbdr"
+    threshold_range = (0.0, 1.0)  # 1 - the probe's confidence
 
     def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float | None = None, *,
                  batch_size: int = 8) -> None:

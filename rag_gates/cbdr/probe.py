@@ -115,8 +115,10 @@ class ConfidenceProbe:
         self.module = module if module is not None else _mlp(d, config.hidden_dims,
                                                              config.dropout)
         self.module.eval()
-        self.mean = mean if mean is not None else torch.zeros(d)
-        self.std = std if std is not None else torch.ones(d)
+        # The MLP runs in float32: statistics saved in another precision (float64 from numpy,
+        # say) are read as float32 here, or the first decision fails on a dtype mismatch.
+        self.mean = (mean if mean is not None else torch.zeros(d)).to(torch.float32)
+        self.std = (std if std is not None else torch.ones(d)).to(torch.float32)
 
     # ------------------------------------------------------------------ identity
     @property
@@ -244,6 +246,9 @@ def _check_tensors(tensors: dict[str, torch.Tensor], hidden_size: int, where: st
         if tuple(tensors[name].shape) != (hidden_size,):
             raise ArtifactError(f"{where}: {name} has shape {tuple(tensors[name].shape)}, the "
                                 f"probe config says ({hidden_size},); {retrain}")
+        if not tensors[name].is_floating_point():  # other float precisions: read as float32
+            raise ArtifactError(f"{where}: {name} has dtype {tensors[name].dtype}, not a "
+                                f"floating-point type; {retrain}")
     for name, tensor in tensors.items():
         if tensor.is_floating_point() and not bool(torch.isfinite(tensor).all()):
             bad = int((~torch.isfinite(tensor)).sum())

@@ -199,7 +199,7 @@ def train_command(
     """
     from rag_gates.deeprag.export import export_dpo, export_sft
     from rag_gates.deeprag.synthesis import read_rows
-    from rag_gates.deeprag.train import train_dpo, train_sft
+    from rag_gates.deeprag.train import read_training_records, train_dpo, train_sft
     from rag_gates.deeprag.trajectory import DeepRAGPrompt
     from rag_gates.lm.defaults import load_lm
 
@@ -210,7 +210,10 @@ def train_command(
             raise ValueError("give --data (records from 'deeprag export') or --rows (rows "
                              "from 'deeprag synthesize'), one of the two")
         prompt = DeepRAGPrompt.model_validate({"style": style})
-        found = read_rows(rows) if rows is not None else None  # a bad file fails before loading
+        # A bad file fails before the model loads.
+        found = read_rows(rows) if rows is not None else None
+        if data is not None:
+            read_training_records(data, "sft" if stage == "sft" else "dpo")
         with console.status(f"loading {model}"):
             lm = load_lm(model, num_threads=threads)
         with tempfile.TemporaryDirectory() as scratch:

@@ -124,28 +124,49 @@ class CachedCorpusStats(CorpusStats):
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
             return conn
+        conn = None
         try:
             conn = sqlite3.connect(self.path, timeout=self._busy_ms / 1000.0,
                                    isolation_level=None)
             conn.execute(f"PRAGMA busy_timeout={self._busy_ms}")
+            # Read the schema before anything writes: a file that is refused (another
+            # program's database) must be left byte for byte as it was, and switching to WAL
+            # rewrites its header.
+            self._check_schema(conn)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=NORMAL")
             conn.execute(_SCHEMA)
-            columns = [row[1] for row in conn.execute("PRAGMA table_info(answers)")]
-        except sqlite3.Error as exc:
+        except (sqlite3.Error, CorpusCacheError) as exc:
+            if conn is not None:
+                conn.close()
+            if isinstance(exc, CorpusCacheError):
+                raise
             raise CorpusCacheError(f"cannot open the corpus cache at {self.path}: {exc}; pass "
                                    "another path, or delete the file if it is a damaged "
                                    "cache") from exc
-        if columns != _COLUMNS:
-            conn.close()
-            raise CorpusCacheError(
-                f"{self.path} holds a table 'answers' with the columns {columns}, so it is not "
-                f"a rag-gates corpus cache (columns {_COLUMNS}); pass another path, or delete "
-                "the file if it is a cache from an incompatible version")
         self._local.conn = conn
         with self._lock:
             self._connections.append(conn)
         return conn
+
+    def _check_schema(self, conn: sqlite3.Connection) -> None:
+        """Refuse (read-only) a database that is not a corpus cache: a table 'answers' of
+        other columns, or other tables and no 'answers' (an empty file is a new cache)."""
+        tables = [row[0] for row in conn.execute(
+            "SELECT name FROM sqlite_master WHERE type = 'table' AND name NOT LIKE 'sqlite_%'")]
+        if "answers" in tables:
+            columns = [row[1] for row in conn.execute("PRAGMA table_info(answers)")]
+            if columns != _COLUMNS:
+                raise CorpusCacheError(
+                    f"{self.path} holds a table 'answers' with the columns {columns}, so it is "
+                    f"not a rag-gates corpus cache (columns {_COLUMNS}); pass another path, or "
+                    "delete the file if it is a cache from an incompatible version (the file "
+                    "is left as it is)")
+        elif tables:
+            raise CorpusCacheError(
+                f"{self.path} is another program's database (tables {tables[:5]}, no "
+                "'answers'), not a rag-gates corpus cache; pass another path (the file is left "
+                "as it is)")
 
     @contextlib.contextmanager
     def _sqlite(self, action: str) -> Iterator[sqlite3.Connection]:

@@ -22,7 +22,9 @@ document, so it undercounts on short documents; the local backend does not.
 Robustness: one pooled HTTP/1.1 connection pool (httpx), at most ``max_concurrency`` requests
 in flight, a per-attempt timeout, bounded retries with exponential backoff and jitter on
 timeouts, dropped connections, 429/5xx and malformed replies (``Retry-After`` honoured), and a
-hard total ``timeout`` per call (retries included) that is never exceeded. At most
+hard total ``timeout`` per call (retries included) that is never exceeded. Reply bodies are
+read in chunks and refused beyond ``max_response_bytes`` (32 MiB by default); a URL carrying
+credentials or a query string is refused without repeating them. At most
 ``max_concurrency`` calls run at once; a call's timeout starts when it gets one of those slots,
 so the items of a large batch queue without timing out. Errors are typed
 (:mod:`rag_gates.corpus.errors`). Requests run on a private event loop thread, so the sync,
@@ -44,9 +46,19 @@ from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rag_gates._http import RETRY_STATUS, LoopThread, backoff_delay, retry_after_seconds
+from rag_gates._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ERROR_BODY_BYTES,
+    RETRY_STATUS,
+    LoopThread,
+    backoff_delay,
+    check_server_url,
+    read_body,
+    retry_after_seconds,
+)
+from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import (
@@ -86,9 +98,11 @@ _DEADLINE: contextvars.ContextVar[float | None] = contextvars.ContextVar(
 class HostedConfig(BaseModel):
     """Options of :class:`HostedInfiniGram`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a URL may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
-    url: str = Field(DEFAULT_URL, description="API endpoint (POST).")
+    url: str = Field(DEFAULT_URL, description="API endpoint (POST); no credentials or query "
+                                              "string.")
     timeout: float = Field(30.0, gt=0, le=3600, description="Hard limit, in seconds, for one "
                                                             "call including every retry.")
     attempt_timeout: float = Field(10.0, gt=0, le=3600,
@@ -118,6 +132,14 @@ class HostedConfig(BaseModel):
     max_phrase_tokens: int = Field(500, ge=1, le=500, description="The API's limit.")
     user_agent: str = Field("rag-gates", description="User-Agent header.")
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
+                                    description="Largest reply body read; a larger one is "
+                                                "refused with HostedProtocolError.")
+
+    @field_validator("url")
+    @classmethod
+    def _no_secrets_in_url(cls, value: str) -> str:
+        return check_server_url(value, "url", "The infini-gram API takes no key.")
 
 
 def split_operator_words(phrase: str) -> list[str]:
@@ -251,18 +273,32 @@ class HostedInfiniGram(CorpusStats):
                     per_try = max(0.001, min(self.config.attempt_timeout,
                                              deadline - time.monotonic()))
                     self.requests_sent += 1
-                    reply = await asyncio.wait_for(
-                        client.post(self.config.url, json=payload, timeout=per_try), per_try)
+                    async with asyncio.timeout(per_try):
+                        reply = await client.send(client.build_request(
+                            "POST", self.config.url, json=payload, timeout=per_try),
+                            stream=True)
+                        try:
+                            failed = reply.status_code >= 400
+                            body = await read_body(
+                                reply, ERROR_BODY_BYTES if failed else
+                                self.config.max_response_bytes, where=self.config.url,
+                                setting="max_response_bytes", error=HostedProtocolError,
+                                truncate=failed)
+                        finally:
+                            await reply.aclose()
+                text = body.decode("utf-8", "replace")
                 if reply.status_code in RETRY_STATUS or reply.status_code >= 500:
                     last = f"HTTP {reply.status_code}"
                     retry_after = retry_after_seconds(reply.headers)
                 elif reply.status_code >= 400:
                     raise HostedQueryError(
                         f"{self.config.url} refused the query (HTTP {reply.status_code}): "
-                        f"{reply.text[:300]}")
+                        f"{text[:300]}")
                 else:
                     try:
-                        data = reply.json()
+                        data = loads_bounded(body, what=f"the reply of {self.config.url}")
+                    except JSONDepthError as exc:
+                        raise HostedProtocolError(str(exc)) from None
                     except ValueError:  # JSONDecodeError and UnicodeDecodeError
                         data = None
                     if isinstance(data, dict) and "error" in data:
@@ -279,7 +315,7 @@ class HostedInfiniGram(CorpusStats):
                                 "HostedInfiniGram for counts equal to the local backend's",
                                 self.config.url)
                         return data
-                    last = f"malformed reply: {reply.text[:200]!r}"
+                    last = f"malformed reply: {text[:200]!r}"
             except (TimeoutError, httpx.TimeoutException):
                 last = "attempt timed out"
             except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...

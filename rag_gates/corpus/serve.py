@@ -17,7 +17,9 @@ infini-gram), restricted to what the client uses:
   (<= 500,000).
 * Errors are ``{"error": message}``: HTTP 400 for a malformed request (bad JSON, unknown index
   or field, a query type other than ``count``), HTTP 200 for a query the index cannot answer
-  (as the public server does), 413 for a body over ``max_body_bytes``, 411 without a
+  (as the public server does), 400 for a body nested deeper than :data:`MAX_JSON_DEPTH`
+  levels (refused before it is parsed) or a query holding a lone surrogate (text that cannot
+  be encoded as UTF-8), 413 for a body over ``max_body_bytes``, 411 without a
   ``Content-Length``, 404 for a path other than ``/``, 405 for other methods, 503 with
   ``Retry-After`` when a lookup misses ``request_timeout`` or the server is closing.
 
@@ -32,8 +34,10 @@ carry ``"lowercase"`` so a client can tell.
 
 Safety: the index is fixed when the server starts; no path or file name from a request is ever
 opened (a request can only name the served index, and unknown fields are refused). Bodies are
-bounded, a slow client is dropped after ``io_timeout`` seconds, a lookup gets
-``request_timeout`` seconds, and at most ``workers`` lookups run at once.
+bounded in size and depth, a slow client is dropped after ``io_timeout`` seconds, a lookup
+gets ``request_timeout`` seconds, and at most ``workers`` lookups run at once. Connections
+wait in a listen backlog of ``backlog`` (128), so a burst of clients that each open a new
+connection is queued, not reset.
 
 Example:
     >>> from rag_gates.corpus import HostedInfiniGram                    # doctest: +SKIP
@@ -57,6 +61,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._json import JSONDepthError, loads_bounded
+from rag_gates._text import check_encodable
 from rag_gates.corpus.local import LocalInfiniGram
 
 __all__ = ["IndexServer", "ServeConfig", "serve_index"]
@@ -69,6 +75,8 @@ MAX_CLAUSES_PER_CNF = 4
 MAX_TERMS_PER_CLAUSE = 4
 MAX_CLAUSE_FREQ = 500_000
 MAX_DIFF_TOKENS = 1000
+#: The deepest a request may nest: an object holding a CNF query (three list levels) is 4.
+MAX_JSON_DEPTH = 8
 _ENVELOPE = frozenset({"index", "corpus", "query_type", "query", "query_ids"})
 _CNF_OPTIONS = frozenset({"max_clause_freq", "max_diff_tokens"})
 _QUERY_TYPES = ("count",)
@@ -95,6 +103,11 @@ class ServeConfig(BaseModel):
                                           "idle keep-alive) before it is closed.")
     workers: int = Field(4, ge=1, le=256, description="Lookups computed at once; further "
                                                       "requests wait (within request_timeout).")
+    backlog: int = Field(128, ge=1, le=65535,
+                         description="Connections the operating system queues before the "
+                                     "server accepts them (the listen backlog; beyond it new "
+                                     "connections are reset). Capped by the system's "
+                                     "net.core.somaxconn.")
 
 
 class _Refused(Exception):
@@ -139,13 +152,12 @@ class IndexServer:
         self._pool = concurrent.futures.ThreadPoolExecutor(
             self.config.workers, thread_name_prefix="rag-gates-index-serve")
         try:
-            self.httpd = ThreadingHTTPServer((self.config.host, self.config.port),
-                                             _make_handler(self))
+            self.httpd = _HTTPServer((self.config.host, self.config.port),
+                                     _make_handler(self), self.config.backlog)
         except OSError:
             self._pool.shutdown(wait=False)
             self.stats.close()
             raise
-        self.httpd.daemon_threads = True  # idle keep-alive connections never block closing
         self._thread: threading.Thread | None = None
         self._closed = False
         self._close_lock = threading.Lock()
@@ -192,7 +204,9 @@ class IndexServer:
     def respond(self, body: bytes) -> tuple[int, dict[str, Any]]:
         """Status and JSON object answering one request body (never raises)."""
         try:
-            payload = json.loads(body)
+            payload = loads_bounded(body, max_depth=MAX_JSON_DEPTH, what="the request body")
+        except JSONDepthError as exc:
+            return 400, {"error": str(exc)}
         except (json.JSONDecodeError, UnicodeDecodeError):
             return 400, {"error": "malformed JSON payload"}
         try:
@@ -254,6 +268,10 @@ class IndexServer:
         if query is not None:
             if not isinstance(query, str):
                 return {"error": "query must be a string!"}, {}
+            try:  # a JSON "\ud800" escape: the tokenizer cannot take it
+                check_encodable(query, "query")
+            except ValueError as exc:
+                raise _Refused(400, str(exc)) from None
             if len(query) > MAX_QUERY_CHARS:
                 return {"error": f"Please limit your input to <= {MAX_QUERY_CHARS} "
                                  "characters!"}, {}
@@ -325,6 +343,18 @@ def serve_index(directory: str | os.PathLike[str], host: str = "127.0.0.1", port
         'http://127.0.0.1:41234/'
     """
     return IndexServer(directory, host=host, port=port, **options).start()
+
+
+class _HTTPServer(ThreadingHTTPServer):
+    """The threading HTTP server with a listen backlog of our choosing (the standard
+    library's 5 resets connections in a burst of clients)."""
+
+    daemon_threads = True  # idle keep-alive connections never block closing
+
+    def __init__(self, address: tuple[str, int], handler: type[BaseHTTPRequestHandler],
+                 backlog: int) -> None:
+        self.request_queue_size = backlog  # read by server_activate, in the constructor
+        super().__init__(address, handler)
 
 
 def _make_handler(server: IndexServer) -> type[BaseHTTPRequestHandler]:

@@ -34,8 +34,10 @@ from pydantic import BaseModel, ConfigDict, Field
 from rag_gates._io import write_text_atomic
 from rag_gates._optional import require
 from rag_gates.deeprag.trajectory import DeepRAGPrompt
+from rag_gates.errors import ArtifactError
 
-__all__ = ["PROMPT_FILE", "TRAINING_FILE", "Training", "train_dpo", "train_sft"]
+__all__ = ["PROMPT_FILE", "TRAINING_FILE", "Training", "read_training_records", "train_dpo",
+           "train_sft"]
 
 logger = logging.getLogger(__name__)
 
@@ -59,20 +61,54 @@ class Training(BaseModel):
     out: str
 
 
-def _records(path: str | Path, keys: set[str], how: str) -> list[dict[str, Any]]:
+#: The keys every record of a stage has, and the export option that writes them.
+_STAGES: dict[str, tuple[frozenset[str], str]] = {
+    "sft": (frozenset({"input_ids", "labels"}), "--sft"),
+    "dpo": (frozenset({"prompt", "chosen", "rejected"}), "--dpo"),
+}
+
+
+def read_training_records(path: str | Path, stage: Literal["sft", "dpo"]
+                          ) -> list[dict[str, Any]]:
+    """The records of ``rag-gates deeprag export --sft`` or ``--dpo`` for ``stage``. A file
+    that is missing, empty, not UTF-8, or has a line that is not a JSON object with the
+    stage's keys raises (``FileNotFoundError``, ``ArtifactError``: a ValueError) naming the
+    file and the line. The CLI reads them before it loads the model.
+
+    Example:
+        >>> rows = read_training_records("sft.jsonl", "sft")      # doctest: +SKIP
+        >>> sorted(rows[0])
+        ['input_ids', 'labels']
+    """
+    keys, how = _STAGES[stage]
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"{file} not found; write it with: rag-gates deeprag export "
                                 f"--rows ROWS {how} {file}")
-    rows = [json.loads(line) for line in file.read_text(encoding="utf-8").splitlines()
-            if line.strip()]
+    hint = (f"--data takes the {how} file of rag-gates deeprag export, --rows the rows of "
+            "rag-gates deeprag synthesize")
+    rows = []
+    with file.open("rb") as handle:
+        for number, raw in enumerate(handle, start=1):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError as exc:
+                raise ArtifactError(f"{file}:{number} is not UTF-8 text ({exc}); {hint}") from None
+            if not line.strip():
+                continue
+            try:
+                row = json.loads(line)
+            except ValueError as exc:
+                raise ArtifactError(f"{file}:{number} is not JSON ({exc}); {hint}") from None
+            if not isinstance(row, dict):
+                raise ArtifactError(f"{file}:{number} is not a JSON object; {hint}")
+            if not keys <= set(row):
+                raise ArtifactError(f"{file}:{number} lacks {sorted(keys - set(row))}; "
+                                    f"{hint}")
+            rows.append(row)
     if not rows:
-        raise ValueError(f"{file} has no records: the synthesis found no trajectories to "
-                         "train on; synthesize more questions")
-    for number, row in enumerate(rows, start=1):
-        if not keys <= set(row):
-            raise ValueError(f"{file}:{number} lacks {sorted(keys - set(row))}; it is not a "
-                             f"{how[2:]} export of rag-gates deeprag export")
+        raise ArtifactError(f"{file} has no records: the synthesis found no trajectories to "
+                            "train on; synthesize more questions")
     return rows
 
 
@@ -133,7 +169,7 @@ def train_sft(lm: Any, records: str | Path, out: str | Path, *, lr: float = 1e-5
     datasets = require("datasets", "train")
     from trl import SFTConfig, SFTTrainer
 
-    rows = _records(records, {"input_ids", "labels"}, "--sft")
+    rows = read_training_records(records, "sft")
     model = _trainable(lm)
     start = time.perf_counter()
     settings = {"lr": lr, "epochs": epochs, "max_steps": max_steps, "batch_size": batch_size,
@@ -160,7 +196,7 @@ def train_dpo(lm: Any, pairs: str | Path, out: str | Path, *, beta: float = 0.4,
     datasets = require("datasets", "train")
     from trl import DPOConfig, DPOTrainer
 
-    rows = _records(pairs, {"prompt", "chosen", "rejected"}, "--dpo")
+    rows = read_training_records(pairs, "dpo")
     model = _trainable(lm)
     start = time.perf_counter()
     settings = {"beta": beta, "lr": lr, "epochs": epochs, "max_steps": max_steps,

@@ -47,6 +47,7 @@ __all__ = [
     "RETRIEVERS",
     "build_corpus_stats",
     "build_testbed_corpus_stats",
+    "corpus_key",
     "corpus_passages",
     "corpus_stats_dir",
     "corpus_stats_documents",
@@ -98,16 +99,29 @@ def corpus_passages(dataset: str, path: str | Path | None = None) -> list[Passag
     return list(seen.values())
 
 
-def index_dir(dataset: str, path: str | Path | None = None) -> Path:
-    """Cache directory of a dataset's indexes (keyed by the data file's content hash); a
-    testbed keeps its indexes inside its own directory."""
+def corpus_key(dataset: str, path: str | Path | None = None) -> str:
+    """The content hash of what a dataset's retrieval corpus is built from (the data file;
+    a testbed's ``passages.jsonl``): the key of its cached indexes and of eval-gate's labels.
+
+    Example:
+        >>> corpus_key("hotpotqa", "examples/data/hotpotqa_dev_sample.jsonl")  # doctest: +SKIP
+        '3f1c0b9e2d4a'
+    """
     if is_testbed(dataset):
         from rag_gates.eval.testbed.dataset import testbed_dir
 
-        directory = testbed_dir(dataset)
-        return directory / "indexes" / f"retrieval-{_file_hash(directory / 'passages.jsonl')}"
-    file = resolve_dataset_file(dataset, path)
-    return rag_gates_home() / "indexes" / f"{dataset}-{_file_hash(file)}"
+        return _file_hash(testbed_dir(dataset) / "passages.jsonl")
+    return _file_hash(resolve_dataset_file(dataset, path))
+
+
+def index_dir(dataset: str, path: str | Path | None = None) -> Path:
+    """Cache directory of a dataset's indexes (keyed by :func:`corpus_key`); a testbed keeps
+    its indexes inside its own directory."""
+    if is_testbed(dataset):
+        from rag_gates.eval.testbed.dataset import testbed_dir
+
+        return testbed_dir(dataset) / "indexes" / f"retrieval-{corpus_key(dataset)}"
+    return rag_gates_home() / "indexes" / f"{dataset}-{corpus_key(dataset, path)}"
 
 
 def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = None
@@ -124,14 +138,15 @@ def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = N
         passages = corpus_passages(dataset, path)
         logger.info("indexing %d %s paragraphs with BM25", len(passages), dataset)
         bm25 = BM25Retriever.from_passages(passages)
-        bm25.save(directory)
+        # Another process may have built the same cache meanwhile: its copy stands.
+        bm25.save(directory, replace=False)
         return bm25
     from rag_gates.retrieval.dense import QdrantDenseRetriever
 
     done = directory / "complete"
-    if done.is_file():
-        return QdrantDenseRetriever(QdrantDenseRetriever.connect(str(directory / "qdrant")),
-                                    "passages")
+    if done.is_file():  # read-only: every bench process searches its own copy
+        return QdrantDenseRetriever(
+            QdrantDenseRetriever.connect(str(directory / "qdrant"), read_only=True), "passages")
     passages = corpus_passages(dataset, path)
     logger.info("embedding %d %s paragraphs into local Qdrant", len(passages), dataset)
     directory.parent.mkdir(parents=True, exist_ok=True)
@@ -141,14 +156,20 @@ def load_retriever(dataset: str, kind: str = "bm25", path: str | Path | None = N
                                            show_progress=True)
         dense.client.close()
         (build / "complete").write_text(str(len(passages)))
-        if directory.exists():
-            shutil.rmtree(directory)
-        os.rename(build, directory)
+        if not done.is_file():  # else another process built the same cache meanwhile
+            if directory.exists():
+                shutil.rmtree(directory)
+            try:
+                os.rename(build, directory)
+            except OSError:
+                if not done.is_file():
+                    raise  # not another process's finished copy
     finally:
         if build.exists():
             shutil.rmtree(build, ignore_errors=True)
-    return QdrantDenseRetriever(QdrantDenseRetriever.connect(str(directory / "qdrant")),
-                                "passages", dense.embedder)
+    return QdrantDenseRetriever(
+        QdrantDenseRetriever.connect(str(directory / "qdrant"), read_only=True), "passages",
+        dense.embedder)
 
 
 # ------------------------------------------------------------------- corpus statistics

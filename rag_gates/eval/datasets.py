@@ -55,7 +55,20 @@ class DatasetLoad(BaseModel):
 
     @property
     def fingerprint(self) -> str:
-        """Hash of the questions loaded: a run directory records it to refuse mixing data."""
+        """Hash of the questions loaded and their gold answers: a run directory records it
+        to refuse mixing data, and eval-gate keys its label cache by it, so a file whose
+        answers were edited in place is never scored with labels made from the old ones."""
+        digest = hashlib.sha256()
+        for e in self.examples:
+            answers = json.dumps(e.answers, ensure_ascii=False)
+            digest.update(f"{e.id}\x1f{e.question}\x1f{answers}\x1e".encode())
+        return digest.hexdigest()[:16]
+
+    @property
+    def question_fingerprint(self) -> str:
+        """The fingerprint of earlier versions (ids and questions only). Only to recognise
+        their run directories, whose records must then be checked answer by answer
+        (:func:`rag_gates.eval.runner.data_matches`)."""
         digest = hashlib.sha256()
         for e in self.examples:
             digest.update(f"{e.id}\x1f{e.question}\x1e".encode())

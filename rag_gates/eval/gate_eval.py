@@ -5,7 +5,15 @@ Labels come from cached runs of the same model on the same questions: ``no-rag``
 book; label 1 = wrong) and ``single`` (top-k retrieval). A gate at threshold t answers a
 question with retrieval when its score >= t, so its accuracy at t is the ``single`` accuracy
 on retrieved questions and the ``no-rag`` accuracy on the rest; both runs are resumable and
-shared by every gate evaluated on that model and dataset.
+shared by every gate evaluated on that model and those questions: the cache is keyed by the
+questions, their gold answers and the retrieval corpus (the data file's content), never by the
+file's path, so a copy of the file elsewhere shares the labels and a file edited in place gets
+new ones.
+
+Several eval-gate runs at once (one per gate, in parallel) share the labels: each decides
+its own gate first, then the labels are written by one run at a time (a lock on the cache's
+``results.jsonl``); a run that finds them being written waits for the other and reads them
+(and finishes them, if the other stopped), so no question is labelled twice.
 
 Example:
     >>> from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
@@ -27,14 +35,18 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
-from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.gates import make_gate
+from rag_gates.calibration.fit import ThresholdPoint, threshold_curve
+from rag_gates.calibration.fit import best_accuracy_point as calibrate
+from rag_gates.eval.datasets import DatasetLoad, load_dataset
+from rag_gates.eval.gates import check_gate_expression, make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
-from rag_gates.eval.names import check_dataset, check_gate_expression, check_retriever
+from rag_gates.eval.names import check_dataset, check_gate_names, check_retriever
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
+    ModelSpec,
+    data_matches,
     read_records,
     run_bench,
 )
@@ -48,13 +60,14 @@ logger = logging.getLogger(__name__)
 
 
 class GateEvalConfig(BaseModel):
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused, see ModelSpec).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     gate: str = Field(..., description="Gate name (see available_gates()).")
     dataset: str
     n: int = Field(200, ge=2)
     offset: int = Field(0, ge=0)
-    model: str = "default"
+    model: ModelSpec = "default"
     retriever: str = "bm25"
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(32, ge=1, le=1024)
@@ -73,14 +86,6 @@ class GateEvalConfig(BaseModel):
     threads: int | None = Field(
         None, ge=1, exclude=True,
         description="torch threads for the model (not part of the evaluation's identity).")
-
-
-class ThresholdPoint(BaseModel):
-    model_config = ConfigDict(frozen=True)
-
-    threshold: float
-    retrieval_rate: float
-    accuracy: float
 
 
 class GateEvalReport(BaseModel):
@@ -102,69 +107,79 @@ class GateEvalReport(BaseModel):
     mean_gate_latency_ms: float
 
 
-def threshold_curve(scores: list[float], closed: list[float], retrieved: list[float]
-                    ) -> list[ThresholdPoint]:
-    """Accuracy and retrieval rate at every distinct threshold (plus never-retrieve)."""
-    n = len(scores)
-    # Above the largest score nothing is retrieved (a finite threshold keeps JSON valid).
-    top = max(scores)
-    thresholds = sorted(set(scores)) + ([math.nextafter(top, math.inf)]
-                                        if math.isfinite(top) else [])
-    points = []
-    for t in thresholds:
-        use = [s >= t for s in scores]
-        acc = sum(r if u else c for u, r, c in zip(use, retrieved, closed, strict=True)) / n
-        points.append(ThresholdPoint(threshold=t, retrieval_rate=sum(use) / n, accuracy=acc))
-    return points
-
-
-def calibrate(curve: list[ThresholdPoint], target_rate: float | None) -> ThresholdPoint:
-    """The best-accuracy point (fewest retrievals among ties), or the point whose retrieval
-    rate is the largest not above ``target_rate``."""
-    if target_rate is None:
-        return max(curve, key=lambda p: (p.accuracy, -p.retrieval_rate))
-    allowed = [p for p in curve if p.retrieval_rate <= target_rate + 1e-12]
-    return max(allowed, key=lambda p: (p.retrieval_rate, p.accuracy))
-
-
 def _slug(text: str) -> str:
     return re.sub(r"[^A-Za-z0-9._-]+", "_", text).strip("_")[:80]
 
 
-def label_run_dir(config: GateEvalConfig, fingerprint: str) -> Path:
+def label_run_dir(config: GateEvalConfig, fingerprint: str, corpus: str | None = None
+                  ) -> Path:
     """Where the shared no-rag/single runs of this model and these questions are cached:
-    keyed by the loaded questions' ``fingerprint`` (:attr:`DatasetLoad.fingerprint`), so two
-    data files never share labels, and the same questions from another path do."""
-    name = (f"{_slug(config.dataset)}-{fingerprint}-n{config.n}-o{config.offset}-"
-            f"{config.retriever}-k{config.k}-t{config.max_new_tokens}")
-    return rag_gates_home() / "eval-cache" / _slug(config.model) / name
+    keyed by the loaded questions' and gold answers' ``fingerprint``
+    (:attr:`DatasetLoad.fingerprint`) and by the retrieval corpus they were answered from
+    (``corpus``, default :func:`~rag_gates.eval.corpus.corpus_key` of the data file), so two
+    data files, or one whose answers were edited, never share labels, and a copy of the same
+    file at another path does."""
+    from rag_gates.eval.corpus import corpus_key
+
+    corpus = corpus or corpus_key(config.dataset, config.data_path)
+    return _label_root(config) / _label_name(config, f"-{fingerprint}-c{corpus}")
 
 
-def _adopt_unkeyed_labels(labels_dir: Path, fingerprint: str) -> None:
-    """Move a label cache written before the key held the fingerprint to its new name when
-    it holds these very questions (its config.json records their fingerprint)."""
-    old = labels_dir.with_name(labels_dir.name.replace(f"-{fingerprint}", "", 1))
-    if labels_dir.exists() or not (old / "config.json").is_file():
+def _label_root(config: GateEvalConfig) -> Path:
+    return rag_gates_home() / "eval-cache" / _slug(config.model)
+
+
+def _label_name(config: GateEvalConfig, key: str) -> str:
+    return (f"{_slug(config.dataset)}{key}-n{config.n}-o{config.offset}-{config.retriever}-"
+            f"k{config.k}-t{config.max_new_tokens}")
+
+
+def _adopt_older_labels(config: GateEvalConfig, labels_dir: Path, data: DatasetLoad,
+                        corpus: str) -> None:
+    """Move a label cache of an earlier layout (named without a key, or by the questions'
+    fingerprint alone) to ``labels_dir`` when it holds these very labels: its records carry
+    these questions' current gold answers (:func:`~rag_gates.eval.runner.data_matches`) and
+    its data file has this retrieval corpus. It then records this data's fingerprint and no
+    data path (the name says which data; the path does not matter)."""
+    from rag_gates.eval.corpus import corpus_key
+
+    if labels_dir.exists():
         return
-    try:
-        recorded = json.loads((old / "config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return
-    if isinstance(recorded, dict) and recorded.get("data_fingerprint") == fingerprint:
-        old.rename(labels_dir)
-        logger.info("label cache %s renamed to %s (keyed by the data's fingerprint)", old,
-                    labels_dir)
+    for key in (f"-{data.question_fingerprint}", ""):
+        old = _label_root(config) / _label_name(config, key)
+        try:
+            recorded = json.loads((old / "config.json").read_text(encoding="utf-8"))
+            recorded_path = recorded["config"].get("data_path")
+            same_corpus = corpus_key(config.dataset, recorded_path) == corpus
+        except (OSError, ValueError, KeyError, TypeError, AttributeError):
+            continue  # absent, damaged or its data file gone: not provably the same labels
+        if same_corpus and data_matches(recorded.get("data_fingerprint"), data, old):
+            recorded["config"]["data_path"] = None
+            recorded["data_fingerprint"] = data.fingerprint
+            write_text_atomic(old / "config.json", json.dumps(recorded, indent=2))
+            old.rename(labels_dir)
+            logger.info("label cache %s renamed to %s (keyed by the data's questions, gold "
+                        "answers and corpus)", old, labels_dir)
+            return
 
 
 def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None,
                   retriever: Any = None,
-                  progress: Callable[[str, int, int], None] | None = None) -> GateEvalReport:
+                  progress: Callable[[str, int, int], None] | None = None,
+                  labels_wait_s: float = math.inf) -> GateEvalReport:
     """Score a gate against closed-book correctness; write ``gate_eval.json``,
-    ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``."""
-    # Every name before any model loads or question is answered (the labels come first).
-    check_gate_expression(config.gate)
+    ``decisions.jsonl`` and the calibrated ``gate.json`` to ``out_dir``.
+
+    The gate decides first; then the labels (the shared ``no-rag``/``single`` runs). Labels
+    another process is writing are waited for, up to ``labels_wait_s`` seconds (default: as
+    long as it takes; then :class:`~rag_gates.errors.FileInUseError`), and read, not redone.
+    """
+    # Every name before anything loads (the names alone import no plugin), then the
+    # expression (syntax, limits, thresholds, weights files) before a model loads.
+    check_gate_names(config.gate)
     check_dataset(config.dataset)
     check_retriever(config.retriever)
+    check_gate_expression(config.gate)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
         raise FileNotFoundError(
             f"the labels directory {config.labels_dir} does not exist; pass an existing bench "
@@ -176,28 +191,42 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
         from rag_gates.lm.defaults import load_lm
 
         lm = load_lm(config.model, num_threads=config.threads)
+    data_path = config.data_path
+    if config.labels_dir:  # the user's own bench directory: its data path must match
+        labels_dir = Path(config.labels_dir)
+    else:  # the shared cache: its name says which data; any path to that data shares it
+        from rag_gates.eval.corpus import corpus_key, load_retriever
+
+        corpus = corpus_key(config.dataset, config.data_path)
+        labels_dir = label_run_dir(config, data.fingerprint, corpus)
+        _adopt_older_labels(config, labels_dir, data, corpus)
+        if retriever is None:
+            retriever = load_retriever(config.dataset, config.retriever, config.data_path)
+        data_path = None
     bench = BenchConfig(dataset=config.dataset, methods=["no-rag", "single"], n=config.n,
                         offset=config.offset, model=config.model, retriever=config.retriever,
                         k=config.k, max_new_tokens=config.max_new_tokens,
-                        data_path=config.data_path, threads=config.threads)
-    if config.labels_dir:
-        labels_dir = Path(config.labels_dir)
-    else:
-        labels_dir = label_run_dir(config, data.fingerprint)
-        _adopt_unkeyed_labels(labels_dir, data.fingerprint)
+                        data_path=data_path, threads=config.threads)
 
     def bench_progress(done: int, total: int, _: Any) -> None:
         if progress is not None:
             progress("labels (no-rag, single)", done, total)
 
-    run_bench(bench, labels_dir, lm=lm, retriever=retriever, data=data,
-              progress=bench_progress)
-    by_key = {(r.id, r.method): r for r in read_records(labels_dir)}
+    def waiting() -> None:
+        logger.info("waiting for the labels another process is writing in %s", labels_dir)
+        if progress is not None:
+            progress("waiting for the labels another eval-gate is writing", 0, 1)
+
+    # The gate first: its errors come before hours of labelling, and a run started beside
+    # another decides while the other labels.
     ctx = MethodContext(lm=lm, dataset=config.dataset, max_new_tokens=config.max_new_tokens)
     gate = make_gate(config.gate, ctx)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     decisions = _decide_resumably(gate, config, data.examples, out, progress)
+    run_bench(bench, labels_dir, lm=lm, retriever=retriever, data=data,
+              progress=bench_progress, lock_wait_s=labels_wait_s, on_lock_wait=waiting)
+    by_key = {(r.id, r.method): r for r in read_records(labels_dir)}
     closed = [by_key[(e.id, "no-rag")].accuracy for e in data.examples]
     retrieved = [by_key[(e.id, "single")].accuracy for e in data.examples]
     # An infinite score (e.g. an empty answer) ranks above every finite one.

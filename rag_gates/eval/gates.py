@@ -5,20 +5,33 @@ confidence, as in FLARE and the CBDR paper's baselines), ``first-token-prob`` an
 ``answer-logprob``.
 
 Method packages register theirs under the ``rag_gates.gates`` entry-point group, each entry a
-factory ``(MethodContext, threshold) -> Gate``.
+factory ``(MethodContext, threshold) -> Gate``. A factory declares the scale of its gate's
+score as ``factory.threshold_range = (low, high)`` (its gate class's
+:attr:`~rag_gates.gate.BaseGate.threshold_range`), so ``NAME:THRESHOLD`` is checked before
+any gate, model or index is built, by the check every gate applies when built.
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
+from pydantic import JsonValue
+
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
 from rag_gates.eval.methods import MethodContext
-from rag_gates.gate import Gate, is_gate_expression, parse_gate_expression
+from rag_gates.gate import (
+    BaseGate,
+    Gate,
+    check_threshold,
+    is_gate_expression,
+    parse_gate_expression,
+)
 
-__all__ = ["AnswerLogprobGate", "FirstTokenProbGate", "available_gates", "make_gate"]
+__all__ = ["AnswerLogprobGate", "FirstTokenProbGate", "available_gates",
+           "check_gate_expression", "check_gate_threshold", "make_gate"]
 
 ENTRY_POINT_GROUP = "rag_gates.gates"
 
@@ -34,6 +47,7 @@ def _builtin(cls: type[FirstTokenProbGate] | type[AnswerLogprobGate]) -> GateFac
         gate: Gate = cls(ctx.lm, **kwargs)
         return gate
 
+    factory.threshold_range = cls.threshold_range  # type: ignore[attr-defined]
     return factory
 
 
@@ -51,16 +65,72 @@ def available_gates() -> dict[str, GateFactory]:
     return gates
 
 
+def check_gate_threshold(name: str, threshold: float | None,
+                         gates: dict[str, GateFactory] | None = None) -> float | None:
+    """``threshold`` if it lies on the score scale the gate ``name`` declares (None stays
+    None: the gate's default), else a ValueError naming the gate and its range. Model-free.
+
+    Example:
+        >>> check_gate_threshold("first-token-prob", 0.4)
+        0.4
+    """
+    if threshold is None:
+        return None
+    factory = (gates if gates is not None else available_gates()).get(name)
+    return check_threshold(name, threshold,
+                           getattr(factory, "threshold_range", (-math.inf, math.inf)))
+
+
+class _Unbuilt(BaseGate):
+    """Stands for a named gate while an expression is checked (never decides)."""
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        raise RuntimeError("a gate of a checked expression was asked to decide")
+
+
+def check_gate_expression(expression: str, gates: dict[str, GateFactory] | None = None
+                          ) -> None:
+    """Check a gate expression without building a gate: its syntax and limits, its weights
+    files (shape, cycles) and every ``NAME:THRESHOLD`` against the gate's declared range.
+    Raises ValueError (:class:`~rag_gates.errors.WeightsFileError` for a weights file) saying
+    what is wrong. Names not registered are left to :func:`make_gate`.
+
+    Example:
+        >>> check_gate_expression("quco&first-token-prob:0.4")
+    """
+    known = gates if gates is not None else available_gates()
+
+    def resolve(name: str, threshold: float | None) -> Gate:
+        if is_gate_expression(name) or ":" in name:  # a weights file's gate
+            if threshold is not None:
+                raise ValueError(f"gate {name!r}: give thresholds inside the expression")
+            return parse_gate_expression(name, resolve)
+        value = check_gate_threshold(name, threshold, known)
+        gate = _Unbuilt(0.0)
+        gate.name, gate.threshold = name, value if value is not None else 0.0
+        return gate
+
+    parse_gate_expression(expression, resolve)
+
+
 def make_gate(name: str, ctx: MethodContext, threshold: float | None = None) -> Gate:
     """Build a gate by exact name, ``NAME:THRESHOLD``, or a composite expression of them
     (``quco&cbdr``, ``cascade(quco,cbdr,0.2,0.8)``: :data:`rag_gates.gate.GATE_GRAMMAR`);
-    an unknown name lists the valid ones."""
+    an unknown name lists the valid ones. An expression is checked whole first
+    (:func:`check_gate_expression`), so nothing is built for one that would be refused."""
+    gates = available_gates()  # read once: each lookup of the entry points takes ~50 ms
+    if (is_gate_expression(name) or ":" in name) and threshold is None:
+        check_gate_expression(name, gates)
+    return _build(name, ctx, threshold, gates)
+
+
+def _build(name: str, ctx: MethodContext, threshold: float | None,
+           gates: dict[str, GateFactory]) -> Gate:
     if is_gate_expression(name) or ":" in name:
         if threshold is not None:
             raise ValueError(f"gate {name!r}: give thresholds inside the expression "
                              "(NAME:THRESHOLD), not as a separate threshold")
-        return parse_gate_expression(name, lambda n, t: make_gate(n, ctx, t))
-    gates = available_gates()
+        return parse_gate_expression(name, lambda n, t: _build(n, ctx, t, gates))
     if name not in gates:
         raise ValueError(f"unknown gate {name!r}; valid names: {', '.join(sorted(gates))}")
-    return gates[name](ctx, threshold)
+    return gates[name](ctx, check_gate_threshold(name, threshold, gates))

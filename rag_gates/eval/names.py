@@ -8,7 +8,7 @@ by its own model-free ``validate_option`` (which imports that one plugin).
 
 Example:
     >>> check_dataset("popqa")
-    >>> check_gate_expression("quco&cbdr")
+    >>> check_gate_names("quco&cbdr")
     >>> check_methods(["no-rag", "selective@first-token-prob"])
     >>> check_dataset("nosuch")  # doctest: +ELLIPSIS
     Traceback (most recent call last):
@@ -24,7 +24,7 @@ from typing import Any
 from rag_gates.gate import BaseGate, Gate, is_gate_expression, parse_gate_expression
 
 __all__ = ["BUILTIN_GATE_NAMES", "BUILTIN_METHOD_NAMES", "RETRIEVER_NAMES", "check_dataset",
-           "check_gate_expression", "check_methods", "check_retriever", "dataset_names",
+           "check_gate_names", "check_methods", "check_retriever", "dataset_names",
            "gate_names", "method_names", "names_help"]
 
 # The built-in names, kept here so that listing them imports no method or model code
@@ -82,16 +82,20 @@ class _Placeholder(BaseGate):
     """Stands for a checked gate name while an expression is parsed; never decides."""
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-        raise RuntimeError("a placeholder gate from check_gate_expression cannot decide")
+        raise RuntimeError("a placeholder gate from check_gate_names cannot decide")
 
 
-def check_gate_expression(text: str) -> None:
+def check_gate_names(text: str) -> None:
     """Raise ValueError unless ``text`` is a gate name, ``NAME:THRESHOLD`` or an expression
     whose every gate is registered (grammar: :data:`rag_gates.gate.GATE_GRAMMAR`); the
-    message lists the valid names. ``weighted(FILE)`` reads the file's gate names."""
+    message lists the valid names. ``weighted(FILE)`` reads the file's gate names. Thresholds
+    and limits are :func:`rag_gates.eval.gates.check_gate_expression`'s (it imports the
+    gates' plugins to read their ranges)."""
     known = gate_names()
 
     def resolve(name: str, threshold: float | None) -> Gate:
+        if is_gate_expression(name) or ":" in name:  # a weights file's gate
+            return parse_gate_expression(name, resolve)
         if name not in known:
             raise _unknown("gate", name, known)
         gate = _Placeholder(0.0 if threshold is None else threshold)
@@ -125,7 +129,7 @@ def check_methods(names: Iterable[str]) -> None:
             if not option:
                 raise ValueError("selective needs a gate: selective@GATE, e.g. "
                                  "selective@first-token-prob or selective@quco&cbdr")
-            check_gate_expression(option)
+            check_gate_names(option)
         elif option is not None or base not in BUILTIN_METHOD_NAMES:
             from rag_gates.eval.methods import available_method, check_method_name
 

@@ -33,9 +33,9 @@ import time
 from collections import deque
 from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
@@ -52,6 +52,7 @@ __all__ = [
     "ConfigMismatchError",
     "RunDirectoryError",
     "RunRecord",
+    "data_matches",
     "read_records",
     "run_bench",
     "summarize",
@@ -66,18 +67,25 @@ SERVED_PREFIX = "openai:"
 
 
 def check_served_spec(spec: str) -> None:
-    """Refuse an ``openai:URL`` whose URL carries credentials or a query string: the run
-    directory records the spec, and an API key belongs in the environment."""
-    from urllib.parse import urlsplit
+    """Refuse an ``openai:URL`` whose URL carries credentials or a query string, without
+    repeating them: the run directory records the spec, and an API key belongs in the
+    environment (the check is :func:`rag_gates._http.check_server_url`, as for the client)."""
+    from rag_gates._http import check_server_url
 
-    parts = urlsplit(spec.removeprefix(SERVED_PREFIX).partition("#")[0])
-    if parts.scheme not in ("http", "https") or not parts.netloc:
-        raise ValueError(f"expected 'openai:http(s)://HOST[:PORT]/PATH[#model-name]', got "
-                         f"{spec!r}")
-    if parts.username is not None or parts.password is not None or parts.query:
-        raise ValueError(
-            "the model URL must not carry credentials or a query string (the run directory "
-            "records it); put the API key in the environment variable OPENAI_API_KEY")
+    url = spec.removeprefix(SERVED_PREFIX).partition("#")[0]
+    check_server_url(url, "the URL of --model openai:http(s)://HOST[:PORT]/PATH[#model-name]",
+                     "Put the API key in the environment variable OPENAI_API_KEY")
+
+
+def _model_spec(value: str) -> str:
+    if value.startswith(SERVED_PREFIX):
+        check_served_spec(value)
+    return value
+
+
+#: A ``--model`` value: a served model's URL carries no credentials or query string (checked;
+#: configs holding one never echo their input in errors).
+ModelSpec = Annotated[str, AfterValidator(_model_spec)]
 
 
 class ConfigMismatchError(ValueError):
@@ -92,13 +100,15 @@ class BenchConfig(BaseModel):
     """Everything that defines a run. A run directory accepts the same configuration again
     (resume) or with more methods (extend); anything else is refused."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a model URL may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     dataset: str = Field(..., description="hotpotqa, 2wiki, popqa or pubmedqa.")
     methods: list[str] = Field(..., min_length=1, description="Method names, run in order.")
     n: int = Field(200, ge=1, description="Questions (the first n valid rows).")
     offset: int = Field(0, ge=0, description="Valid rows skipped before the first question.")
-    model: str = Field("default", description="'default' or an HF path/id.")
+    model: ModelSpec = Field("default", description="'default', an HF path/id, or "
+                                                    "'openai:URL[#model-name]'.")
     retriever: str = Field("bm25", description="bm25 or dense.")
     k: int = Field(3, ge=1, le=50)
     max_new_tokens: int = Field(48, ge=1, le=1024)
@@ -128,13 +138,6 @@ class BenchConfig(BaseModel):
                     "template file or a model directory): chat prompts are rendered here and "
                     "sent to the completions endpoint, so score() and assistant prefill work "
                     "on them. Recorded with the served model in config.json.")
-
-    @field_validator("model")
-    @classmethod
-    def _no_credentials(cls, value: str) -> str:
-        if value.startswith(SERVED_PREFIX):
-            check_served_spec(value)
-        return value
 
     @model_validator(mode="after")
     def _served_options_need_a_server(self) -> BenchConfig:
@@ -209,7 +212,21 @@ def _read_run_config(path: Path) -> dict[str, Any]:
     return existing
 
 
-def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
+def data_matches(recorded: object, data: DatasetLoad, run_dir: str | Path) -> bool:
+    """Whether a run directory whose ``config.json`` records the data fingerprint
+    ``recorded`` holds answers to ``data``: the same fingerprint (questions and gold answers),
+    or, for a directory written before the fingerprint covered the answers (it recorded
+    :attr:`DatasetLoad.question_fingerprint`), every record it holds for these questions
+    carries their current gold answers (each record stores the answers it was scored on)."""
+    if recorded == data.fingerprint:
+        return True
+    if recorded != data.question_fingerprint:
+        return False
+    answers = {e.id: e.answers for e in data.examples}
+    return all(r.answers == answers[r.id] for r in read_records(run_dir) if r.id in answers)
+
+
+def _prepare_dir(run_dir: Path, config: BenchConfig, data: DatasetLoad,
                  served: dict[str, Any] | None = None, write: bool = True) -> None:
     """Check that the run directory holds this configuration (or nothing); with ``write``,
     store it (methods joined with earlier ones; ``served``: the served model's endpoint and
@@ -222,8 +239,9 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
         now = _identity(config)
         diff: dict[str, Any] = {k: (before.get(k), v) for k, v in now.items()
                                 if before.get(k) != v}
-        if existing.get("data_fingerprint") != fingerprint:
-            diff["data_fingerprint"] = (existing.get("data_fingerprint"), fingerprint)
+        if not data_matches(existing.get("data_fingerprint"), data, run_dir):
+            diff["data_fingerprint (questions and gold answers)"] = (
+                existing.get("data_fingerprint"), data.fingerprint)
         if diff:
             raise ConfigMismatchError(
                 f"{run_dir} holds a run with a different configuration (was, now): {diff}. "
@@ -244,7 +262,7 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, fingerprint: str,
         return
     run_dir.mkdir(parents=True, exist_ok=True)
     stored: dict[str, Any] = {"config": {**config.model_dump(), "methods": methods},
-                              "data_fingerprint": fingerprint}
+                              "data_fingerprint": data.fingerprint}
     if served is not None:
         stored["served"] = served
     write_text_atomic(path, json.dumps(stored, indent=2))
@@ -367,12 +385,16 @@ def run_bench(
     retriever: Any = None,
     data: DatasetLoad | None = None,
     progress: ProgressCallback | None = None,
+    lock_wait_s: float = 0.0,
+    on_lock_wait: Callable[[], None] | None = None,
 ) -> dict[str, dict[str, float]]:
     """Run (or resume) a benchmark; return the per-method summary.
 
     ``lm`` and ``retriever`` default to loading ``config.model`` and the dataset's cached
     ``config.retriever`` index. ``progress(done, total, running_summary)`` is called after
-    every record.
+    every record. A run directory another process is writing raises
+    :class:`~rag_gates.errors.FileInUseError`, or with ``lock_wait_s`` is waited for (up to
+    that many seconds; ``on_lock_wait()`` is called when the wait starts) and then resumed.
     """
     # Every name before any data, plugin or model loads: a typo fails at once, with the
     # valid names.
@@ -392,7 +414,7 @@ def run_bench(
     run_path = Path(run_dir)
     # A mismatched directory is refused before any model loads; it is written once the
     # methods are built (a method refusing this model leaves no trace in it).
-    _prepare_dir(run_path, config, data.fingerprint, write=False)
+    _prepare_dir(run_path, config, data, write=False)
     if lm is None:
         lm = load_bench_lm(config)
     served = served_info(lm)
@@ -408,10 +430,11 @@ def run_bench(
     ctx = MethodContext(lm=lm, retriever=retriever, dataset=config.dataset, k=config.k,
                         max_new_tokens=config.max_new_tokens)
     methods = [make_method(name, ctx) for name in config.methods]
-    _prepare_dir(run_path, config, data.fingerprint, served=served)
+    _prepare_dir(run_path, config, data, served=served)
     results = run_path / RESULTS
     # Locked before the rows are read: a second bench on the same --out stops here.
-    with append_locked(results) as out, concurrent.futures.ThreadPoolExecutor(
+    with append_locked(results, wait_s=lock_wait_s, on_wait=on_lock_wait) as out, \
+            concurrent.futures.ThreadPoolExecutor(
             config.concurrency, thread_name_prefix="rag-gates-bench") as pool:
         drop_torn_tail(results)
         records = read_records(run_path)

@@ -12,8 +12,9 @@ Example:
     >>> group.advance(int(group.logprobs[0].argmax()))           # same token to both
 
 All forward passes of one instance are serialised by a lock: the model is shared, the
-hooks used for attention capture are per call, and two CPU cores gain nothing from
-running two passes at once.
+hooks that capture hidden states and attention inputs are per call (registered and removed
+under the same lock, so one call never runs another's hooks), and two CPU cores gain nothing
+from running two passes at once.
 """
 
 from __future__ import annotations
@@ -107,6 +108,17 @@ def _output_cache(out: Any) -> Any:
     return cache if cache is not None else out.past_key_values
 
 
+@contextmanager
+def _locked(lm: HFWhiteBoxLM) -> Iterator[None]:
+    """Hold ``lm``'s lock from before per-call state is registered on its shared model (a
+    capture hook) until it is removed: the hooks fire on every forward pass of the model, so
+    another thread's pass in between would run this call's hooks and its own would miss
+    theirs (a ``KeyError`` for a layer, or another call's hidden state). The lock is
+    re-entrant: the forward pass inside takes it again."""
+    with lm._lock:
+        yield
+
+
 class _AttentionInputs:
     """Forward pre-hooks that keep what one attention layer was fed: its normalised hidden
     states and rotary (cos, sin). With the cached keys, that is enough to recompute the
@@ -120,7 +132,13 @@ class _AttentionInputs:
         self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
 
     @contextmanager
-    def installed(self, model: Any) -> Iterator[None]:
+    def installed(self, lm: HFWhiteBoxLM) -> Iterator[None]:
+        """These hooks on ``lm``'s model for one call, under its lock (:func:`_locked`)."""
+        with _locked(lm), self._hooks(lm.model):
+            yield
+
+    @contextmanager
+    def _hooks(self, model: Any) -> Iterator[None]:
         handles = []
         decoder_layers = model.model.layers
         for layer in self.layers:
@@ -173,7 +191,13 @@ class _HiddenStates:
             raise _EarlyExit
 
     @contextmanager
-    def installed(self, model: Any) -> Iterator[None]:
+    def installed(self, lm: HFWhiteBoxLM) -> Iterator[None]:
+        """These hooks on ``lm``'s model for one call, under its lock (:func:`_locked`)."""
+        with _locked(lm), self._hooks(lm.model):
+            yield
+
+    @contextmanager
+    def _hooks(self, model: Any) -> Iterator[None]:
         decoder = model.model.layers
         handles = []
         for layer in self.layers:
@@ -977,7 +1001,7 @@ class HFWhiteBoxLM(BaseTextLM):
                                 position_ids=self._positions(mask), output_hidden_states=True)
             return {layer: out.hidden_states[layer] for layer in layers}
         capture = _HiddenStates(layers, last_only=False, stop_after_deepest=True)
-        with capture.installed(self.model), suppress(_EarlyExit):
+        with capture.installed(self), suppress(_EarlyExit):
             self._forward(ids, cache=None, attention_mask=mask,
                           position_ids=self._positions(mask))
         return capture.states
@@ -1142,9 +1166,9 @@ class StreamGroup:
                 stack.enter_context(lm._lock)
                 stack.enter_context(_weight_major_head(lm.model))
             if self.attention_layers:
-                stack.enter_context(self._capture.installed(lm.model))
+                stack.enter_context(self._capture.installed(lm))
             if self.hidden_layers and hooks:
-                stack.enter_context(hidden.installed(lm.model))
+                stack.enter_context(hidden.installed(lm))
             out = lm._forward(ids, cache=cache, attention_mask=mask, position_ids=positions,
                               output_hidden_states=bool(self.hidden_layers) and not hooks)
         if self.hidden_layers and not hooks:

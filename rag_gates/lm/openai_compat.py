@@ -23,9 +23,18 @@ Text in a served prompt is not literal: the server parses special-token text suc
 tokenising them. Unlike :class:`~rag_gates.lm.hf.HFWhiteBoxLM`, a served model cannot keep a
 passage from forging a chat turn; keep untrusted text away from control tokens.
 
+Every log-probability a server reports (generated tokens, their alternatives, echoed prompts)
+must be finite and <= 0, allowing :data:`LOGPROB_TOLERANCE` (1e-6) above 0 for float rounding
+(such a value is read as 0): anything else raises :class:`~rag_gates.errors.ServerLogprobError`
+(a gate reading it then retrieves), and a server whose probe replies carry such values is
+declared as offering no log-probabilities.
+
 The API key is read from the environment (``api_key_env``, default ``OPENAI_API_KEY``) and
 sent only as the ``Authorization`` header; it is never logged, stored in a run directory or
-put in an error message.
+put in an error message. A ``base_url`` carrying credentials or a query string is refused
+(without repeating them), and every reply is scrubbed of the key as it is read, so a server
+that echoes the header cannot put it into an error or a log line. Every reply body is read in
+chunks and refused beyond ``max_response_bytes`` (32 MiB by default).
 
 Example:
     >>> lm = OpenAICompatibleLM("http://127.0.0.1:8000/v1")               # doctest: +SKIP
@@ -52,20 +61,35 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Seque
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rag_gates._http import RETRY_STATUS, LoopThread, backoff_delay, retry_after_seconds
+from rag_gates._http import (
+    DEFAULT_MAX_RESPONSE_BYTES,
+    ERROR_BODY_BYTES,
+    RETRY_STATUS,
+    LoopThread,
+    backoff_delay,
+    check_server_url,
+    read_body,
+    read_lines,
+    redact_url,
+    register_secret,
+    retry_after_seconds,
+)
+from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import (
     ContextLengthError,
     ServerError,
+    ServerLogprobError,
     ServerReplyError,
     ServerRequestError,
     ServerTimeoutError,
     ServerUnavailableError,
     WhiteBoxRequiredError,
 )
+from rag_gates.gate import out_of_range
 from rag_gates.lm.base import (
     BaseTextLM,
     Capabilities,
@@ -98,10 +122,13 @@ _PROBE_TOKENS = 3
 class OpenAIConfig(BaseModel):
     """Options of :class:`OpenAICompatibleLM`."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # A refused value is never echoed: a base_url may carry a key (refused below).
+    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
 
     base_url: str = Field(..., min_length=1,
-                          description="API root, e.g. 'http://127.0.0.1:8000/v1'.")
+                          description="API root, e.g. 'http://127.0.0.1:8000/v1' (no "
+                                      "credentials or query string: the key goes in the "
+                                      "environment, see api_key_env).")
     model: str | None = Field(None, description="Model name sent to the server (default: the "
                                                 "first one GET /models lists).")
     model_id: str | None = Field(None, description="Name recorded in traces and probes "
@@ -137,6 +164,16 @@ class OpenAIConfig(BaseModel):
                                    "nats, between an echoed and a generated log-probability "
                                    "of the same token for the server to count as aligned.")
     trust_env: bool = Field(True, description="Use proxy settings from the environment.")
+    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
+                                    description="Largest reply body read (streamed replies: "
+                                                "in all); a larger one is refused (reading "
+                                                "stops at the limit) with ServerReplyError.")
+
+    @field_validator("base_url")
+    @classmethod
+    def _no_secrets_in_url(cls, value: str) -> str:
+        return check_server_url(value, "base_url", "Put the API key in the environment "
+                                "variable named by api_key_env (default OPENAI_API_KEY)")
 
 
 class _Echo(BaseModel):
@@ -184,16 +221,14 @@ class OpenAICompatibleLM(BaseTextLM):
             self.config = OpenAIConfig.model_validate(overrides)
         else:
             self.config = OpenAIConfig.model_validate({**config.model_dump(), **overrides})
-        self.base_url = self.config.base_url.rstrip("/")
-        if not self.base_url.startswith(("http://", "https://")):
-            raise ValueError(f"base_url must start with http:// or https://, got "
-                             f"{self.config.base_url!r}")
+        self.base_url = self.config.base_url.rstrip("/")  # checked by OpenAIConfig
         self._template: Any = _compile_template(self.config.chat_template)
         self._model: str | None = self.config.model
         self._lock = threading.Lock()
         self._runner: LoopThread | None = None
         self._client: Any = None
         self._slots: asyncio.Semaphore | None = None
+        self._secrets: tuple[bytes, ...] = ()  # scrubbed from every reply (the API key)
         self.requests_sent = 0
         self.alignment: dict[PromptKind, Alignment] = {}
         if self.config.probe:
@@ -208,7 +243,7 @@ class OpenAICompatibleLM(BaseTextLM):
     def from_spec(cls, spec: str, **overrides: Any) -> OpenAICompatibleLM:
         """Build from ``openai:URL[#model-name]`` (the form ``--model`` takes)."""
         if not spec.startswith("openai:"):
-            raise ValueError(f"expected 'openai:URL[#model-name]', got {spec!r}")
+            raise ValueError(f"expected 'openai:URL[#model-name]', got {redact_url(spec)!r}")
         url, _, model = spec.removeprefix("openai:").partition("#")
         if model:
             overrides.setdefault("model", model)
@@ -265,6 +300,8 @@ class OpenAICompatibleLM(BaseTextLM):
         key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
         if key:
             headers["Authorization"] = f"Bearer {key}"
+            self._secrets = (key.encode("utf-8"),)
+            register_secret(key)
         return headers
 
     async def _http(self) -> Any:
@@ -307,7 +344,7 @@ class OpenAICompatibleLM(BaseTextLM):
                             async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
                                 return await on_open(response)
                         async with asyncio.timeout(per_try):
-                            body = await response.aread()
+                            body = await self._read(response, url)
                     finally:
                         await response.aclose()
                 status = response.status_code
@@ -318,7 +355,9 @@ class OpenAICompatibleLM(BaseTextLM):
                     raise _refusal(url, status, body)
                 else:
                     try:
-                        return json.loads(body)
+                        return loads_bounded(body, what=f"the reply of {url}")
+                    except JSONDepthError as exc:
+                        raise ServerReplyError(str(exc)) from None
                     except ValueError as exc:
                         raise ServerReplyError(
                             f"{url} answered HTTP {status} with a body that is not JSON: "
@@ -346,6 +385,20 @@ class OpenAICompatibleLM(BaseTextLM):
         raise ServerUnavailableError(
             f"{url} failed after {attempt + 1} attempt(s); last: {last}. Check that the "
             "server is up, or raise max_retries/timeout")
+
+    async def _read(self, response: Any, url: str) -> bytes:
+        """A reply's body: bounded, scrubbed of the key (an error reply: its first 64 KiB)."""
+        failed = response.status_code >= 400
+        return await read_body(response, ERROR_BODY_BYTES if failed else
+                               self.config.max_response_bytes, where=url,
+                               setting="max_response_bytes", error=ServerReplyError,
+                               secrets=self._secrets, truncate=failed)
+
+    def _lines(self, response: Any, url: str) -> AsyncIterator[str]:
+        """A streamed reply's lines: bounded in all, scrubbed of the key."""
+        return read_lines(response, self.config.max_response_bytes, where=url,
+                          setting="max_response_bytes", error=ServerReplyError,
+                          secrets=self._secrets)
 
     async def _resolve_model(self) -> str:
         if self._model is None:
@@ -506,7 +559,7 @@ class OpenAICompatibleLM(BaseTextLM):
             async def read(response: Any) -> None:
                 started = False
                 try:
-                    async for line in response.aiter_lines():
+                    async for line in self._lines(response, url):
                         if cancelled.is_set():
                             return
                         if not line.startswith("data:"):
@@ -515,7 +568,9 @@ class OpenAICompatibleLM(BaseTextLM):
                         if data == "[DONE]":
                             return
                         try:
-                            chunk = json.loads(data)
+                            chunk = loads_bounded(data, what=f"an event streamed by {url}")
+                        except JSONDepthError as exc:
+                            raise ServerReplyError(str(exc)) from None
                         except ValueError as exc:
                             raise ServerReplyError(
                                 f"{url} streamed an event that is not JSON: {data[:200]!r}"
@@ -637,12 +692,21 @@ class OpenAICompatibleLM(BaseTextLM):
         if not isinstance(lp, dict):
             return _Echo(text=reply_text, tokens=[], token_logprobs=[], top_logprobs=[])
         try:
-            return _Echo(text=reply_text, tokens=lp.get("tokens") or [],
+            echo = _Echo(text=reply_text, tokens=lp.get("tokens") or [],
                          token_logprobs=lp.get("token_logprobs") or [],
                          top_logprobs=lp.get("top_logprobs") or [])
         except ValueError as exc:
             raise ServerReplyError(f"{url} returned echoed log-probabilities that are not in "
                                    f"the completions shape: {str(lp)[:200]}") from exc
+        # The first prompt token has no value (None); every value given must be one.
+        for i, value in enumerate(echo.token_logprobs):
+            if value is not None:
+                echo.token_logprobs[i] = _logprob(value, url, f"echoed token {i}")
+        for i, top_entry in enumerate(echo.top_logprobs):
+            if top_entry is not None:
+                echo.top_logprobs[i] = {t: _logprob(v, url, f"echoed token {i}, alternative "
+                                                    f"{t!r}") for t, v in top_entry.items()}
+        return echo
 
     @staticmethod
     def _continuation_span(echo: _Echo, prompt: str, continuation: str) -> tuple[int, int]:
@@ -824,11 +888,15 @@ class OpenAICompatibleLM(BaseTextLM):
         await self._resolve_model()
         kinds: list[PromptKind] = ["raw", "chat"] if self._template is not None else ["raw"]
         found = {}
+        invalid: str | None = None
         for kind in kinds:
             try:
                 found[kind] = await self._probe_kind(kind)
             except ServerRequestError as exc:  # e.g. a chat-only server refusing completions
                 found[kind] = ("missing", f"the completions endpoint refused: {exc}", False)
+            except ServerLogprobError as exc:  # values that are not log-probabilities
+                invalid = str(exc)
+                found[kind] = ("mismatch", f"invalid log-probabilities: {exc}", False)
         self.alignment = {kind: result[0] for kind, result in found.items()}
         logprobs = any(result[2] for result in found.values())
         words = {"aligned": "aligned", "shifted": "shifted by one position (corrected from "
@@ -845,7 +913,8 @@ class OpenAICompatibleLM(BaseTextLM):
                                "%s (%s)", self.base_url, kind, words[a], detail)
         notes = {"score": summary}
         if not logprobs:
-            notes["logprobs"] = "the server returned no log-probabilities for generated tokens"
+            notes["logprobs"] = invalid or ("the server returned no log-probabilities for "
+                                            "generated tokens")
         return Capabilities(logprobs=logprobs,
                             top_logprobs=self.config.max_top_logprobs if logprobs else 0,
                             next_token="top-k" if logprobs else "none", score=scorable,
@@ -928,8 +997,27 @@ def _field(obj: dict[str, Any], url: str, *path: str, kind: type, nullable: bool
     return value
 
 
-def _tops(entries: Any, k: int) -> list[TopLogprob]:
-    pairs = sorted(((str(t), float(v)) for t, v in entries), key=lambda p: -p[1])[:k]
+#: How far above 0 a served log-probability may be (float rounding of log p for p near 1);
+#: such a value is read as 0. Anything higher, or not finite, is a ServerLogprobError.
+LOGPROB_TOLERANCE = 1e-6
+
+
+def _logprob(value: Any, url: str, where: str) -> float:
+    """``value`` as a log-probability (finite, <= 0 within :data:`LOGPROB_TOLERANCE`, clipped
+    to 0), or a :class:`ServerLogprobError` naming the server and the entry."""
+    problem = out_of_range(float(value), high=0.0, tolerance=LOGPROB_TOLERANCE)
+    if problem is not None:
+        raise ServerLogprobError(
+            f"{url} reported a log-probability that is not one ({where}: {problem}); "
+            f"log-probabilities are finite and <= 0 (tolerance {LOGPROB_TOLERANCE:g}), so the "
+            "server's logprobs are broken: no decision is read from them. Check the server "
+            "(its logprobs option, its version) or use another one")
+    return min(float(value), 0.0)
+
+
+def _tops(entries: Any, k: int, url: str, where: str) -> list[TopLogprob]:
+    pairs = sorted(((str(t), _logprob(v, url, f"{where}, alternative {str(t)!r}"))
+                    for t, v in entries), key=lambda p: -p[1])[:k]
     return [TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in pairs]
 
 
@@ -940,9 +1028,10 @@ def _completion_logprobs(choice: dict[str, Any], url: str, k: int) -> list[Token
     try:
         tokens, values = lp["tokens"], lp["token_logprobs"]
         tops = lp.get("top_logprobs") or [None] * len(tokens)
-        return [TokenLogprob(token=t, logprob=float(v), bytes=list(t.encode()),
-                             top_logprobs=_tops((top or {}).items(), k))
-                for t, v, top in zip(tokens, values, tops, strict=True)]
+        return [TokenLogprob(token=t, logprob=_logprob(v, url, f"token {i} {t!r}"),
+                             bytes=list(t.encode()),
+                             top_logprobs=_tops((top or {}).items(), k, url, f"token {i}"))
+                for i, (t, v, top) in enumerate(zip(tokens, values, tops, strict=True))]
     except (KeyError, TypeError, ValueError) as exc:
         raise ServerReplyError(f"{url}: choices[0].logprobs is not in the completions shape "
                                f"(tokens, token_logprobs, top_logprobs): {str(lp)[:200]}"
@@ -954,11 +1043,14 @@ def _chat_logprobs(choice: dict[str, Any], url: str, k: int) -> list[TokenLogpro
     if lp is None:
         return []
     try:
-        return [TokenLogprob(token=item["token"], logprob=float(item["logprob"]),
+        return [TokenLogprob(token=item["token"],
+                             logprob=_logprob(item["logprob"], url,
+                                              f"token {i} {item['token']!r}"),
                              bytes=item.get("bytes") or list(item["token"].encode()),
                              top_logprobs=_tops(((t["token"], t["logprob"])
-                                                 for t in item.get("top_logprobs") or []), k))
-                for item in lp["content"] or []]
+                                                 for t in item.get("top_logprobs") or []), k,
+                                                url, f"token {i}"))
+                for i, item in enumerate(lp["content"] or [])]
     except (KeyError, TypeError, ValueError) as exc:
         raise ServerReplyError(f"{url}: choices[0].logprobs is not in the chat shape "
                                f"(content[].token/logprob/top_logprobs): {str(lp)[:200]}"

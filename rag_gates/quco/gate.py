@@ -71,6 +71,7 @@ class QuCoGate(BaseGate):
     """
 
     name = "quco"
+    threshold_range = (0.0, 1.0)  # rarity 1 / (1 + count)
 
     def __init__(self, stats: CorpusStats, extractor: Extractor | None = None, *,
                  tau_entity: float = 1000.0, aggregate: Aggregate = "mean",

@@ -12,6 +12,10 @@ never puts the two together. A positive count does **not** prove the claim: the 
 co-occur in another relation ("X was born in Paris" vs "X died in Paris"). Read an unflagged
 claim as "not contradicted by the corpus", never as "verified true".
 
+Text with a lone surrogate (a broken ``\\ud800`` escape) is refused with a ValueError naming
+the position where it enters (``verify``, ``verify_sentences``, ``check_claims``): otherwise
+its corpus lookup fails and the ``on_error`` policy could report it as "nothing flagged".
+
 Example:
     >>> verifier = ClaimVerifier(stats)                                     # doctest: +SKIP
     >>> report = verifier.verify("Ed Wood was born in Poughkeepsie. He directed Jaws.")
@@ -29,6 +33,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._text import check_encodable
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import CorpusError
 from rag_gates.corpus.types import Scope, parse_scope
@@ -166,7 +171,7 @@ class ClaimVerifier:
         """Split ``text`` into sentences and check every claim of every sentence."""
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
-        return self.verify_sentences(split_sentences(text))
+        return self.verify_sentences(split_sentences(check_encodable(text, "text")))
 
     async def averify(self, text: str) -> Verification:
         return await asyncio.to_thread(self.verify, text)
@@ -175,6 +180,8 @@ class ClaimVerifier:
                          stop_at_first_flag: bool = False) -> Verification:
         """Check sentences in order; with ``stop_at_first_flag`` stop after the first flagged
         one (what the generation loop needs: later sentences are regenerated anyway)."""
+        for i, sentence in enumerate(sentences):
+            check_encodable(sentence, f"sentence {i}")
         checked: list[SentenceCheck] = []
         extract_ms = corpus_ms = 0.0
         errors = 0
@@ -198,6 +205,11 @@ class ClaimVerifier:
 
     def check_claims(self, claims: Sequence[Claim]) -> list[ClaimCheck]:
         """Check claims you extracted yourself (an agent's own triples, say)."""
+        for i, claim in enumerate(claims):
+            for field in ("head", "relation", "tail"):
+                value = getattr(claim, field)
+                if isinstance(value, str):
+                    check_encodable(value, f"claim {i} {field}")
         return [self._check(c) for c in claims]
 
     def _check(self, claim: Claim) -> ClaimCheck:

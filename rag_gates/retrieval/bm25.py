@@ -69,8 +69,11 @@ class BM25Retriever(BaseRetriever):
             for row_ids, row_scores in zip(ids, scores, strict=True)
         ]
 
-    def save(self, directory: str | Path) -> Path:
-        """Write the index and passages; atomic (temp dir, then rename)."""
+    def save(self, directory: str | Path, *, replace: bool = True) -> Path:
+        """Write the index and passages; atomic (temp dir, then rename).
+
+        ``replace=False`` keeps a complete index already at ``directory`` (a cache that
+        another process built at the same time: readers may be using it)."""
         target = Path(directory)
         target.parent.mkdir(parents=True, exist_ok=True)
         build = Path(tempfile.mkdtemp(prefix=f".{target.name}.", dir=target.parent))
@@ -79,9 +82,15 @@ class BM25Retriever(BaseRetriever):
             with (build / _PASSAGES).open("w", encoding="utf-8") as out:
                 for p in self.passages:
                     out.write(p.model_dump_json() + "\n")
+            if not replace and (target / _PASSAGES).is_file():
+                return target
             if target.exists():
                 shutil.rmtree(target)
-            os.rename(build, target)
+            try:
+                os.rename(build, target)
+            except OSError:
+                if replace or not (target / _PASSAGES).is_file():
+                    raise  # not another process's finished copy
         finally:
             if build.exists():
                 shutil.rmtree(build, ignore_errors=True)

@@ -38,14 +38,28 @@ class QdrantDenseRetriever(BaseRetriever):
         return "dense"
 
     @staticmethod
-    def connect(path: str | None = None, url: str | None = None) -> Any:
-        """A Qdrant client: local ``path`` (or ``":memory:"``), else a server ``url``."""
+    def connect(path: str | None = None, url: str | None = None, *, read_only: bool = False,
+                collection: str = "passages") -> Any:
+        """A Qdrant client: local ``path`` (or ``":memory:"``), else a server ``url``.
+
+        ``read_only``: a private in-memory copy of ``collection`` from the local ``path``,
+        the folder released at once, so several processes search one index; without it the
+        client is the folder's one writer (a folder held elsewhere raises
+        :class:`~rag_gates.errors.StoreLockedError`).
+        """
         qdrant_client = require("qdrant_client", "qdrant")
         if url is not None:
             return qdrant_client.QdrantClient(url=url)
         if path in (None, ":memory:"):
             return qdrant_client.QdrantClient(location=":memory:")
-        return qdrant_client.QdrantClient(path=path)
+        from pathlib import Path
+
+        from rag_gates._qdrant import open_local, read_only_copy
+
+        if read_only:
+            return read_only_copy(Path(path), collection, what="dense index")[0]
+        return open_local(Path(path), read_only_hint="QdrantDenseRetriever.connect(path, "
+                                                     "read_only=True)")
 
     @classmethod
     def build(cls, passages: Sequence[Passage], *, path: str | None = None,

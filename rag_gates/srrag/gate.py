@@ -11,9 +11,10 @@ chooses the score: ``"product"`` (SR-RAG, the paper's rule, tau 0.1-0.2), ``"mod
 a probability of needing retrieval, higher = more need, and the gate retrieves at
 ``score >= tau``.
 
-Fail closed: an empty datastore, a failed lookup or a non-finite ``p_M`` gives no number, so
-the gate retrieves and says why. A datastore with fewer than ``k`` questions votes with what it
-has, and the evidence says so.
+Fail closed: an empty datastore, a failed lookup, a key or vote that is not finite (a model
+with a NaN weight gives NaN keys, whose "nearest" neighbours are arbitrary) or a non-finite
+``p_M`` gives no number, so the gate retrieves and says why. A datastore with fewer than
+``k`` questions votes with what it has, and the evidence says so.
 
 Example:
     >>> policy = SourcePolicy.open(HiddenStateKeys(lm), path="~/.cache/rag-gates/srrag/policy")
@@ -32,7 +33,13 @@ from pydantic import JsonValue
 
 from rag_gates.gate import BaseGate
 from rag_gates.lm.base import require_white_box
-from rag_gates.srrag.policy import HiddenStateKeys, PolicyStoreError, PolicyVote, SourcePolicy
+from rag_gates.srrag.policy import (
+    HiddenStateKeys,
+    PolicyKeyError,
+    PolicyStoreError,
+    PolicyVote,
+    SourcePolicy,
+)
 from rag_gates.srrag.routing import (
     RouteFeatures,
     RoutingPrompt,
@@ -65,6 +72,8 @@ class SelfRoutingGate(BaseGate):
         prompt, layer: the routing prompt and key layer when there is no policy to take them
             from (default: :class:`RoutingPrompt` and the middle layer).
     """
+
+    threshold_range = (0.0, 1.0)  # a probability (or a product of two)
 
     def __init__(self, lm: Any, policy: SourcePolicy | None = None, tau: float | None = None,
                  *, mode: RoutingMode = "product", prompt: RoutingPrompt | None = None,
@@ -102,8 +111,11 @@ class SelfRoutingGate(BaseGate):
     def tau(self) -> float:
         return self.threshold
 
-    def features(self, query: str) -> tuple[RouteFeatures, PolicyVote | None, str | None]:
-        """The routing pass and the datastore vote (or why the lookup failed).
+    def features(self, query: str
+                 ) -> tuple[RouteFeatures, PolicyVote | None, tuple[str, str] | None]:
+        """The routing pass and the datastore vote, or why there is none: ``("lookup_error",
+        message)`` (Qdrant failed) or ``("vote_error", message)`` (the key or the
+        neighbours' similarities are not finite).
 
         ``mode="policy"`` reads no ``p_M`` (NaN in the features): the key alone takes the
         pass up to the key layer only, about half of SmolLM2's."""
@@ -120,7 +132,9 @@ class SelfRoutingGate(BaseGate):
             vote = self.policy.vote(features.key) if self._shared_key \
                 else self.policy.vote_question(query)
         except PolicyStoreError as exc:
-            return features, None, str(exc)
+            return features, None, ("lookup_error", str(exc))
+        except PolicyKeyError as exc:
+            return features, None, ("vote_error", str(exc))
         return features, vote, None
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
@@ -133,13 +147,13 @@ class SelfRoutingGate(BaseGate):
         if self.policy is not None:
             evidence["k"] = self.policy.k
             if error is not None:
-                evidence["lookup_error"] = error
+                evidence[error[0]] = error[1]
             elif vote is not None:
                 p_data = vote.p_retrieve
                 evidence.update(_vote_evidence(vote))
         if self.mode == "model":
             return features.p_model, evidence
-        if p_data is None:  # failed lookup or empty datastore: undecided (retrieve)
+        if p_data is None:  # failed lookup, broken key, empty datastore: undecided
             return math.nan, evidence
         if self.mode == "policy":
             return p_data, evidence
@@ -161,6 +175,8 @@ class SelfRoutingGate(BaseGate):
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "lookup_error" in evidence:
             return f"the datastore lookup failed: {evidence['lookup_error']}"
+        if "vote_error" in evidence:
+            return f"no kNN vote: {evidence['vote_error']}"
         if evidence.get("found") == 0:
             return "the kNN datastore is empty (build it with rag-gates srrag build-policy)"
         return (f"p_M is {evidence.get('p_model')!r}: the model put no probability on either "

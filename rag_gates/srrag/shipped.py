@@ -120,11 +120,11 @@ def _entries(where: Path, lines: Iterable[str]) -> Iterable[PolicyEntry]:
 def load_default_policy(lm: Any, *, k: int | None = None,
                         labels: str | Path | None = None) -> SourcePolicy:
     """A labels file (``labels``) keyed by ``lm``'s hidden states in an in-memory datastore;
-    with no ``labels``, ``$RAG_GATES_SRRAG_POLICY`` (a built datastore: directory or Qdrant
-    URL) if set, else the shipped file. ``k``: the file's own (see
-    :class:`ShippedLabelsHeader`) unless given. The policy carries the file's calibrated
-    tau (``policy.tau``; None with another ``k``), which a :class:`SelfRoutingGate` over it
-    uses unless given one.
+    with no ``labels``, ``$RAG_GATES_SRRAG_POLICY`` (a built datastore: a directory, opened
+    read-only so any number of processes share it, or a Qdrant URL) if set, else the
+    shipped file. ``k``: the file's own (see :class:`ShippedLabelsHeader`) unless given. The
+    policy carries the file's calibrated tau (``policy.tau``; None with another ``k``), which
+    a :class:`SelfRoutingGate` over it uses unless given one.
 
     Raises:
         PolicyMismatchError: the labels were made with another model than ``lm`` (its own

@@ -26,7 +26,7 @@ from pydantic import JsonValue
 
 from rag_gates.gate import BaseGate
 from rag_gates.srrag.labels import RETRIEVAL
-from rag_gates.srrag.policy import PolicyStoreError, SourcePolicy
+from rag_gates.srrag.policy import PolicyKeyError, PolicyStoreError, SourcePolicy, check_k
 
 __all__ = ["SKR_K", "SKRGate"]
 
@@ -47,6 +47,7 @@ class SKRGate(BaseGate):
     """
 
     name = "skr"
+    threshold_range = (0.0, 1.0)  # a probability
 
     def __init__(self, policy: SourcePolicy, threshold: float = 0.5, *, k: int = SKR_K,
                  prior: tuple[int, int] | None = None) -> None:
@@ -54,7 +55,7 @@ class SKRGate(BaseGate):
         if not isinstance(policy, SourcePolicy):
             raise TypeError(f"policy must be a SourcePolicy, got {type(policy).__name__}")
         self.policy = policy
-        self.k = k
+        self.k = check_k(k)
         if prior is None:
             entries = policy.entries(limit=1_000_000)
             retrieval = sum(1 for e in entries if e.source == RETRIEVAL)
@@ -69,6 +70,8 @@ class SKRGate(BaseGate):
             vote = self.policy.vote_question(query, self.k)
         except PolicyStoreError as exc:
             return math.nan, {**evidence, "lookup_error": str(exc)}
+        except PolicyKeyError as exc:
+            return math.nan, {**evidence, "vote_error": str(exc)}
         evidence.update({"found": vote.found, "votes_retrieval": vote.retrieval,
                          "votes_parametric": vote.parametric,
                          "neighbours": [n.model_dump(mode="json") for n in vote.neighbours]})
@@ -82,5 +85,7 @@ class SKRGate(BaseGate):
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "lookup_error" in evidence:
             return f"the datastore lookup failed: {evidence['lookup_error']}"
+        if "vote_error" in evidence:
+            return f"no kNN vote: {evidence['vote_error']}"
         return "the SKR datastore is empty (build it with rag-gates srrag build-policy " \
             "--keys minilm)"

@@ -100,3 +100,25 @@ def test_bad_config_is_an_artifact_error_naming_the_file(saved: Path, text: str)
 def test_a_sound_probe_still_loads(saved: Path, tiny: Any) -> None:
     probe = ConfidenceProbe.load(saved, lm=tiny)
     assert all(0.0 <= c <= 1.0 for c in probe.confidence(tiny, ["Who wrote Hamlet?"]))
+
+
+@pytest.mark.parametrize("name", ["feature_mean", "feature_std", "mlp.0.weight"])
+def test_float64_tensors_are_read_as_float32(saved: Path, tiny: Any, name: str) -> None:
+    """Issue 32, item 9a: a probe whose feature_mean was float64 loaded, then the first
+    decision raised a raw dtype RuntimeError. Float tensors of any precision are read as
+    float32 at load, and decide as the float32 probe does."""
+    from rag_gates.cbdr import CBDRGate
+
+    before = CBDRGate(tiny, ConfidenceProbe.load(saved, lm=tiny)).decide("Who wrote Hamlet?")
+    rewrite(saved, lambda t: t.__setitem__(name, t[name].to(torch.float64)))
+    probe = ConfidenceProbe.load(saved, lm=tiny)
+    assert probe.mean.dtype == probe.std.dtype == torch.float32
+    d = CBDRGate(tiny, probe).decide("Who wrote Hamlet?")
+    assert d.score == pytest.approx(before.score, abs=1e-6)
+
+
+def test_integer_feature_statistics_are_refused(saved: Path) -> None:
+    rewrite(saved, lambda t: t.__setitem__("feature_std", torch.ones_like(
+        t["feature_std"], dtype=torch.int64)))
+    with pytest.raises(ArtifactError, match=r"feature_std has dtype torch.int64.*floating"):
+        ConfidenceProbe.load(saved)

@@ -1,6 +1,7 @@
 """The package's index server (``rag_gates.corpus.serve``, the public infini-gram API protocol
 over a local index) with faults that can be queued per request to test the client: slow
-replies, 5xx, malformed JSON, error replies, dropped connections, bodies trickled byte by byte.
+replies, 5xx, malformed JSON, error replies, dropped connections, bodies trickled byte by byte,
+``huge`` bodies (a 200 reply of that many bytes), ``deep`` ones (nested that many levels).
 It also records every payload, the requests in flight and the client ports.
 """
 
@@ -16,7 +17,8 @@ from typing import Any
 
 from rag_gates.corpus.serve import IndexServer
 
-Fault = tuple[str, float]  # (kind, argument): ok, sleep, status, malformed, drop, trickle, error
+Fault = tuple[str, float]  # (kind, argument): ok, sleep, status, malformed, drop, trickle, error,
+#                            huge, deep
 
 
 class ProtocolServer(IndexServer):
@@ -71,6 +73,12 @@ class ProtocolServer(IndexServer):
             return
         elif kind == "malformed":
             handler.send_raw(200, b'{"count": 12, "appr')
+            return
+        elif kind == "huge":
+            handler.send_raw(200, b'{"count": 1, "pad": "' + b"x" * int(arg) + b'"}')
+            return
+        elif kind == "deep":
+            handler.send_raw(200, b"[" * int(arg) + b"]" * int(arg))
             return
         elif kind == "error":
             handler.send_raw(200, b'{"error": "internal server error"}')

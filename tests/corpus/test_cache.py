@@ -197,6 +197,48 @@ def test_a_file_with_another_schema_is_refused_naming_it(wiki: Any, tmp_path: Pa
         assert [r[1] for r in conn.execute("PRAGMA table_info(answers)")] == ["key", "value"]
 
 
+
+def _foreign_answers(path: Path) -> None:
+    with sqlite3.connect(path) as conn:  # same table name, other columns
+        conn.execute("CREATE TABLE answers (key TEXT PRIMARY KEY, value TEXT)")
+        conn.execute("INSERT INTO answers VALUES ('a', 'b')")
+
+
+def _foreign_tables(path: Path) -> None:
+    with sqlite3.connect(path) as conn:  # another program's tables, no 'answers'
+        conn.execute("CREATE TABLE notes (id INTEGER PRIMARY KEY, body TEXT)")
+        conn.execute("INSERT INTO notes (body) VALUES ('keep me')")
+
+
+def _not_sqlite(path: Path) -> None:
+    path.write_bytes(b"plain text, not a database\n" * 40)
+
+
+@pytest.mark.parametrize("make", [_foreign_answers, _foreign_tables, _not_sqlite])
+def test_a_refused_file_is_left_byte_for_byte_as_it_was(wiki: Any, tmp_path: Path,
+                                                         make: Any) -> None:
+    """Issue 32, item 9c: the refusal came after ``PRAGMA journal_mode=WAL``, which rewrote
+    header bytes 18-19 of the other program's file (and a file without an 'answers' table
+    got one). The schema is read first; nothing is written to a file that is refused."""
+    from rag_gates.corpus import CorpusCacheError
+
+    path = tmp_path / "other.sqlite"
+    make(path)
+    before = path.read_bytes()
+    with pytest.raises(CorpusCacheError, match=r"other\.sqlite"):
+        CachedCorpusStats(wiki, path)
+    assert path.read_bytes() == before
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["other.sqlite"]  # no -wal, -shm
+
+
+def test_an_empty_file_becomes_a_cache(wiki: Any, tmp_path: Path) -> None:
+    path = tmp_path / "new.sqlite"
+    path.touch()  # e.g. made by mktemp
+    cache = CachedCorpusStats(LocalInfiniGram(wiki.path), path)
+    assert cache.count("film").value == wiki.count("film").value
+    assert cache.count("film").cached
+
+
 def _corrupt_rows(path: Path) -> None:
     with sqlite3.connect(path) as conn:
         conn.execute("UPDATE answers SET payload = '{\"value\": \"many\"'")

@@ -214,6 +214,24 @@ def test_malformed_json_is_a_protocol_error(server: ProtocolServer) -> None:
         assert hosted.count("film").value > 0  # a one-off bad reply is retried
 
 
+def test_a_reply_over_the_size_limit_is_refused_unread(server: ProtocolServer) -> None:
+    server.queue(("huge", 64 * 1024))
+    with client(server, max_retries=3, max_response_bytes=4096) as hosted:
+        with pytest.raises(HostedProtocolError, match=r"4096.*max_response_bytes"):
+            hosted.count("film")
+        assert hosted.requests_sent == 1  # not retried: the next reply would be as large
+        assert hosted.count("film").value > 0  # replies under the limit still work
+
+
+def test_a_deeply_nested_reply_is_a_protocol_error_not_a_recursion_error(
+        server: ProtocolServer) -> None:
+    server.queue(("deep", 100_000))
+    with client(server, max_retries=3) as hosted:
+        with pytest.raises(HostedProtocolError, match="nested deeper than"):
+            hosted.count("film")
+        assert hosted.requests_sent == 1
+
+
 def test_error_replies_are_not_retried(server: ProtocolServer) -> None:
     server.default_fault = ("error", 0)
     with client(server, max_retries=3) as hosted:

@@ -185,6 +185,56 @@ def test_a_request_naming_a_file_path_opens_nothing(server: IndexServer, tmp_pat
     assert str(other) not in maps and not any(str(other) in f for f in fds)
 
 
+def test_deep_json_and_lone_surrogates_get_a_400_reply_and_no_traceback(
+        server: IndexServer, capfd: pytest.CaptureFixture[str],
+        caplog: pytest.LogCaptureFixture) -> None:
+    """Each of these closed the connection with no reply and printed a traceback."""
+    deep_object = b'{"index": ' * 5000 + b"1" + b"}" * 5000
+    bad: list[tuple[bytes, str]] = [
+        (b"[" * 60000, "nested deeper than"), (b"{" * 10000, ""),
+        (deep_object, "nested deeper than"),
+        (b'{"query_ids": ' + b"[" * 20000 + b"1" + b"]" * 20000 + b"}", "nested deeper than"),
+        (json.dumps({"index": server.index_name, "query_type": "count",
+                     "query": "film \ud800 noir"}).encode(), "lone surrogate"),
+        (json.dumps({"index": server.index_name, "query_type": "count",
+                     "query": "Tom AND \udfff"}).encode(), "lone surrogate"),
+    ]
+    for body, message in bad:
+        status, data = post(server, body)
+        assert status == 400 and message in data["error"], (body[:40], status, data)
+    assert query(server, query="film")[0] == 200  # still serving, on a fresh connection
+    assert "Traceback" not in capfd.readouterr().err and "Traceback" not in caplog.text
+
+
+def test_many_clients_opening_a_connection_per_request_are_all_answered(
+        server: IndexServer) -> None:
+    """32 threads, a new connection per request: with a listen backlog of 5, 9-17 of these
+    400 requests were reset before the server accepted them."""
+    body = json.dumps({"index": server.index_name, "query_type": "count",
+                       "query": "film"}).encode()
+    statuses: list[int | str] = []
+    lock = threading.Lock()
+
+    def worker(n: int) -> None:
+        for _ in range(n):
+            try:
+                status = post(server, body)[0]
+            except (OSError, http.client.HTTPException) as exc:  # a reset connection
+                status = type(exc).__name__
+            with lock:
+                statuses.append(status)
+
+    threads = [threading.Thread(target=worker, args=(400 // 32 + (i < 400 % 32),))
+               for i in range(32)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(120)
+    assert len(statuses) == 400 and set(statuses) == {200}, \
+        sorted({str(s) for s in statuses})
+    assert server.httpd.request_queue_size >= 128
+
+
 class SlowDiskServer(IndexServer):
     """Lookups that take a second (an index on a slow network disk)."""
 

@@ -83,7 +83,7 @@ def test_gate_mode_asks_the_gate_with_each_subquery(bm25: Any, tiny_long: Any) -
         expected = gate.decide(s.subquery)
         assert s.decision.gate == "first-token-prob"
         assert s.decision.score == pytest.approx(expected.score)
-    strict = FirstTokenProbGate(tiny_long, threshold=1.01)  # never retrieves
+    strict = FirstTokenProbGate(tiny_long, threshold=1.0)  # never retrieves (1 - max p < 1)
     assert DeepRAG(ScriptedLM(jaws_world), bm25, gate=strict).run(QUESTION).trace.retrievals == 0
     with pytest.raises(ValueError, match="gate"):
         DeepRAG(ScriptedLM(jaws_world), bm25, mode="gate")

@@ -63,7 +63,7 @@ def test_each_mode_answers(bm25: Any, tiny_long: Any) -> None:
     ctx = MethodContext(lm=lm, retriever=bm25, dataset="hotpotqa", k=2, max_new_tokens=16)
     expected = {"deeprag": [False, True], "deeprag-always": [True, True],
                 "deeprag-never": [False, False], "deeprag-likelihood@-1000000": [True, True],
-                "deeprag-gate@first-token-prob:1.01": [False, False]}
+                "deeprag-gate@first-token-prob:1": [False, False]}
     for name, decisions in expected.items():
         method = make_method(name, ctx)
         assert isinstance(method, DeepRAG) and method.name == name
@@ -72,7 +72,7 @@ def test_each_mode_answers(bm25: Any, tiny_long: Any) -> None:
         result = method.answer(QUESTION)
         assert [d.retrieve for d in result.decisions] == decisions, name
         assert result.trace.retrievals == sum(decisions)
-    gated = make_method("deeprag-gate@first-token-prob:1.01", ctx)
+    gated = make_method("deeprag-gate@first-token-prob:1", ctx)
     assert gated.gate.name == "first-token-prob"
     other = make_method("deeprag", ctx.model_copy(update={"dataset": "2wiki"}))
     assert isinstance(other, DeepRAG) and other.config.max_steps == 10

@@ -152,3 +152,34 @@ def test_train_from_synthesis_rows_in_one_command_per_stage(tmp_path: Path, bm25
         "--out", str(tmp_path / "y")])
     assert nothing.exit_code == 1 and "holds no trajectory" in nothing.output
     assert not (tmp_path / "y").exists()
+
+
+@pytest.mark.parametrize(("lines", "where", "what"), [
+    (["not json"], ":1", "not JSON"),
+    (['{"input_ids": [1], "labels": [1]}', '{"input_ids": [1], "labels": '], ":2", "not JSON"),
+    (['["a list"]'], ":1", "not a JSON object"),
+])
+def test_a_records_file_that_is_not_json_lines_is_named_before_the_model_loads(
+        tmp_path: Path, lines: list[str], where: str, what: str) -> None:
+    """Issue 32, item 9d: invalid JSON said "Expecting value: line 1 column 1" without the
+    file, after the model had loaded. The file and line are named, before any model loads."""
+    from typer.testing import CliRunner
+
+    from rag_gates.commands.deeprag import deeprag_app
+    from rag_gates.deeprag.train import train_sft
+
+    data = tmp_path / "records.jsonl"
+    data.write_text("\n".join(lines) + "\n", encoding="utf-8")
+    result = CliRunner().invoke(deeprag_app, [
+        "train", "--stage", "sft", "--data", str(data), "--model",
+        str(tmp_path / "no-such-model"), "--out", str(tmp_path / "out")])
+    assert result.exit_code == 1
+    output = " ".join(result.output.split())  # the console wraps long lines
+    assert f"{data}{where}" in output and what in output
+    assert "no-such-model" not in output  # the data was refused first
+    with pytest.raises(ValueError, match=f"{data}{where}"):
+        train_sft(fresh(), data, tmp_path / "out")
+    undecodable = tmp_path / "latin1.jsonl"
+    undecodable.write_bytes(b'{"input_ids": [1], "labels": [1], "x": "\xe9"}\n')
+    with pytest.raises(ValueError, match=f"{undecodable}:1 .*UTF-8"):
+        train_sft(fresh(), undecodable, tmp_path / "out")

@@ -73,6 +73,77 @@ def test_the_option_hook_accepts_good_options() -> None:
     assert callable(methods["cbdr"].validate_option)  # type: ignore[attr-defined]
 
 
+@pytest.mark.parametrize("expression", [
+    "cbdr:2", "cbdr:-0.5", "first-token-prob:7", "first-token-prob:-3", "answer-logprob:1e9",
+    "answer-logprob:-1", "srrag:1.5", "quco:2", "quco&cbdr:2", "cascade(quco,cbdr:2,0.2,0.8)"])
+def test_a_gate_threshold_outside_the_gates_range_is_refused_before_anything_is_built(
+        expression: str, no_model_loads: list[str]) -> None:
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    # The lm is never reached: the range is checked (for every term) before any gate is built.
+    ctx = MethodContext(lm=object())
+    with pytest.raises(ValueError, match=r"the threshold is on .* score scale, a number "
+                                         r"(in \[0, 1\]|in \[0, 100\])") as info:
+        make_gate(expression, ctx)
+    assert "beta" not in str(info.value)  # never clamped to, or explained as, a beta
+    for method in ("selective", "deeprag-gate"):  # the bench refuses them up front too
+        with pytest.raises(ValueError, match="score scale"):
+            check_method_name(f"{method}@{expression}", available_methods())
+    assert no_model_loads == []
+
+
+def test_the_bench_option_and_the_gate_threshold_share_one_range_check() -> None:
+    # cbdr@BETA and cbdr:THRESHOLD (= 1 - beta) are checked by the same function, so a value
+    # one refuses the other refuses too, with the same words for the range.
+    from rag_gates.eval.gates import check_gate_threshold
+
+    with pytest.raises(ValueError, match=r"a number in \[0, 1\]"):
+        check_method_name("cbdr@2", available_methods())
+    with pytest.raises(ValueError, match=r"a number in \[0, 1\]"):
+        check_gate_threshold("cbdr", 2.0)
+    assert check_gate_threshold("cbdr", 0.4) == 0.4
+
+
+def test_a_weights_file_that_names_itself_is_refused(tmp_path: Path,
+                                                     no_model_loads: list[str]) -> None:
+    from rag_gates.errors import WeightsFileError
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    ctx = MethodContext(lm=object())
+    one, two = tmp_path / "one.json", tmp_path / "two.json"
+    one.write_text(json.dumps({"gates": [f"weighted({one})"], "weights": [1.0], "bias": 0.0,
+                               "center": [0.0], "scale": [1.0], "threshold": 0.5}))
+    two.write_text(json.dumps({"gates": [f"weighted({tmp_path / 'three.json'})"],
+                               "weights": [1.0], "bias": 0.0}))
+    (tmp_path / "three.json").write_text(json.dumps({"gates": [f"(quco|weighted({two}))"],
+                                                     "weights": [1.0], "bias": 0.0}))
+    for file in (one, two):
+        with pytest.raises(WeightsFileError, match="names itself") as info:
+            make_gate(f"weighted({file})", ctx)
+        assert str(file) in str(info.value)
+        with pytest.raises(WeightsFileError, match="names itself"):
+            check_method_name(f"selective@weighted({file})", available_methods())
+    assert no_model_loads == []
+
+
+def test_a_5000_term_expression_is_refused_at_once(no_model_loads: list[str]) -> None:
+    import time
+
+    from rag_gates.eval.gates import make_gate
+    from rag_gates.eval.methods import MethodContext
+
+    start = time.monotonic()
+    with pytest.raises(ValueError, match="limit of"):
+        make_gate("|".join(["first-token-prob"] * 5000), MethodContext(lm=object()))
+    with pytest.raises(ValueError, match="limit of 64 gates"):
+        make_gate("|".join(["first-token-prob"] * 65), MethodContext(lm=object()))
+    with pytest.raises(ValueError, match="limit of"):
+        check_method_name("selective@" + "|".join(["quco"] * 5000), available_methods())
+    assert time.monotonic() - start < 10  # it took minutes
+
+
 def test_bench_refuses_a_bad_option_before_loading_or_writing(
         tmp_path: Path, no_model_loads: list[str]) -> None:
     run = tmp_path / "run"
@@ -192,6 +263,20 @@ def test_eval_gate_refuses_a_labels_path_that_does_not_exist(
     assert not (tmp_path / "no").exists() and no_model_loads == []
 
 
+@pytest.mark.parametrize(("gate", "message"), [
+    ("cbdr:2", "score scale"), ("(" * 40 + "quco" + ")" * 40, "nested deeper"),
+    ("quco&", "expected a gate name")])
+def test_eval_gate_refuses_a_bad_gate_expression_before_loading_a_model(
+        tmp_path: Path, no_model_loads: list[str], gate: str, message: str) -> None:
+    # Before: the model loaded and the questions were labelled (minutes) before the gate
+    # was built and refused.
+    config = GateEvalConfig(gate=gate, dataset="popqa", n=4, data_path=str(SLICES),
+                            labels_dir=str(tmp_path / "labels"), create_labels=True)
+    with pytest.raises(ValueError, match=message):
+        evaluate_gate(config, tmp_path / "gate")
+    assert no_model_loads == [] and not (tmp_path / "labels").exists()
+
+
 def test_eval_gate_creates_the_labels_directory_when_asked(tmp_path: Path, tiny: Any,
                                                            monkeypatch: pytest.MonkeyPatch
                                                            ) -> None:
@@ -236,19 +321,114 @@ def test_the_label_cache_is_keyed_by_the_data_not_its_name(tmp_path: Path, tiny:
     assert label_run_dir(same, load_dataset("popqa", c, n=3).fingerprint) == dirs[0]
 
 
-def test_a_label_cache_from_before_the_fingerprint_key_is_adopted_only_when_it_matches(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    from rag_gates.eval.gate_eval import _adopt_unkeyed_labels
-
+def test_a_label_cache_of_an_earlier_layout_is_adopted_only_when_it_matches(
+        tmp_path: Path, tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A cache named by the questions' fingerprint alone (or by nothing), recording its data
+    path, is renamed to the current key when its records carry the current gold answers and
+    its data file has the same corpus; one whose answers differ is left alone."""
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
-    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, data_path=str(SLICES))
-    fingerprint = load_dataset("popqa", SLICES, n=3).fingerprint
-    new = label_run_dir(config, fingerprint)
-    old = new.with_name(new.name.replace(f"-{fingerprint}", ""))
-    old.mkdir(parents=True)
-    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": "other"}))
-    _adopt_unkeyed_labels(new, fingerprint)
-    assert old.is_dir() and not new.exists()  # other questions: left alone
-    (old / "config.json").write_text(json.dumps({"config": {}, "data_fingerprint": fingerprint}))
-    _adopt_unkeyed_labels(new, fingerprint)
-    assert new.is_dir() and not old.exists()
+    data = _popqa_copy(tmp_path / "data")
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=2,
+                            data_path=str(data.parent))
+    evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=retriever)
+    load = load_dataset("popqa", data.parent, n=3)
+    new = label_run_dir(config, load.fingerprint)
+    lines = (new / "results.jsonl").read_text().splitlines()
+    key = new.name.split("-n3-")[0].removeprefix("popqa")  # -FINGERPRINT-cCORPUS
+    for old_key in (f"-{load.question_fingerprint}", ""):
+        old = new.with_name(new.name.replace(key, old_key))
+        new.rename(old)  # as an earlier version wrote it: path recorded, questions' hash
+        recorded = json.loads((old / "config.json").read_text())
+        recorded["config"]["data_path"] = str(data.parent)
+        recorded["data_fingerprint"] = load.question_fingerprint
+        (old / "config.json").write_text(json.dumps(recorded))
+        evaluate_gate(config, tmp_path / "gate", lm=tiny, retriever=retriever)
+        assert not old.exists() and (new / "results.jsonl").read_text().splitlines() == lines
+        assert json.loads((new / "config.json").read_text())["data_fingerprint"] \
+            == load.fingerprint
+    # Records scored on other answers: not adopted; the labels are made again.
+    old = new.with_name(new.name.replace(key, f"-{load.question_fingerprint}"))
+    new.rename(old)
+    recorded = json.loads((old / "config.json").read_text())
+    recorded["config"]["data_path"] = str(data.parent)
+    recorded["data_fingerprint"] = load.question_fingerprint
+    (old / "config.json").write_text(json.dumps(recorded))
+    rows = [json.loads(line) for line in lines]
+    rows[0]["answers"] = ["an older answer"]
+    (old / "results.jsonl").write_text("".join(json.dumps(r) + "\n" for r in rows))
+    evaluate_gate(config, tmp_path / "gate-2", lm=tiny, retriever=retriever)
+    assert old.is_dir() and len((new / "results.jsonl").read_text().splitlines()) == 6
+
+
+# ------------------------------------------------- the label cache follows the gold answers
+def _popqa_copy(folder: Path, n: int = 3) -> Path:
+    folder.mkdir(parents=True, exist_ok=True)
+    rows = (SLICES / "popqa_dev_sample.jsonl").read_text(encoding="utf-8").splitlines()[:n]
+    (folder / "popqa_dev.jsonl").write_text("\n".join(rows) + "\n", encoding="utf-8")
+    return folder / "popqa_dev.jsonl"
+
+
+def _label_records(config: GateEvalConfig) -> list[dict[str, Any]]:
+    directory = label_run_dir(config, load_dataset("popqa", config.data_path, n=config.n)
+                              .fingerprint)
+    return [json.loads(line) for line in
+            (directory / "results.jsonl").read_text(encoding="utf-8").splitlines()]
+
+
+def test_gold_answers_edited_in_place_are_labelled_again(tmp_path: Path, tiny: Any,
+                                                         monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    """Issue 32, item 1: the cache key covers the answers, so an edited file is relabelled
+    and its figures follow the new answers (before: the old labels were reused)."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    data = _popqa_copy(tmp_path / "data")
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=3,
+                            data_path=str(tmp_path / "data"))
+    evaluate_gate(config, tmp_path / "gate-1", lm=tiny, retriever=retriever)
+    replies = {r["id"]: r["prediction"] for r in _label_records(config)
+               if r["method"] == "no-rag"}
+    # Each question's gold answer becomes its own closed-book reply (contained in it), so
+    # the closed-book accuracy must become 1.0 with fresh labels.
+    edited = []
+    for line, example in zip(data.read_text(encoding="utf-8").splitlines(),
+                             load_dataset("popqa", data, n=3).examples, strict=True):
+        row = json.loads(line)
+        row["possible_answers"] = [replies[example.id]]
+        edited.append(json.dumps(row))
+    data.write_text("\n".join(edited) + "\n", encoding="utf-8")
+    report = evaluate_gate(config, tmp_path / "gate-2", lm=tiny, retriever=retriever)
+    assert report.closed_book_accuracy == 1.0
+    for record in _label_records(config):
+        assert record["answers"] == [replies[record["id"]]]
+
+
+def test_the_same_questions_at_another_path_share_their_labels(tmp_path: Path, tiny: Any,
+                                                               monkeypatch: pytest.MonkeyPatch
+                                                               ) -> None:
+    """Issue 32, item 1: a byte copy of the data file elsewhere reuses the cached labels
+    (before: ConfigMismatchError on data_path)."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    _popqa_copy(tmp_path / "a")
+    (tmp_path / "b").mkdir()
+    (tmp_path / "b" / "popqa_dev.jsonl").write_bytes(
+        (tmp_path / "a" / "popqa_dev.jsonl").read_bytes())
+    retriever = BM25Retriever.from_passages(corpus_passages("popqa", SLICES))
+    reports, caches = [], []
+    for folder in ("a", "b"):
+        config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3,
+                                max_new_tokens=3, data_path=str(tmp_path / folder))
+        reports.append(evaluate_gate(config, tmp_path / f"gate-{folder}", lm=tiny,
+                                     retriever=retriever))
+        caches.append(label_run_dir(config, load_dataset("popqa", tmp_path / folder, n=3)
+                                    .fingerprint))
+    assert caches[0] == caches[1]
+    assert len((caches[0] / "results.jsonl").read_text().splitlines()) == 6  # not answered twice
+    assert reports[0].closed_book_accuracy == reports[1].closed_book_accuracy
+    # Another file whose first questions are the same but whose corpus differs does not.
+    other = _popqa_copy(tmp_path / "c", n=5)
+    config = GateEvalConfig(gate="first-token-prob", dataset="popqa", n=3, max_new_tokens=3,
+                            data_path=str(other.parent))
+    assert label_run_dir(config, load_dataset("popqa", other.parent, n=3).fingerprint) \
+        != caches[0]

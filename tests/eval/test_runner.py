@@ -107,6 +107,21 @@ def test_bm25_open_retrieval_finds_gold_paragraphs(bm25: BM25Retriever, tmp_path
         bm25.retrieve("   ")
 
 
+def test_a_cache_built_twice_at_once_keeps_the_first_copy(tmp_path: Path) -> None:
+    """Two processes building one dataset's BM25 cache: the second keeps the first's copy
+    (which readers may already be using) instead of deleting it under them."""
+    from rag_gates.types import Passage
+
+    first = BM25Retriever.from_passages([Passage(id="a", text="Paris is in France.")])
+    second = BM25Retriever.from_passages([Passage(id="b", text="Rome is in Italy.")])
+    first.save(tmp_path / "bm25")
+    second.save(tmp_path / "bm25", replace=False)
+    assert [p.id for p in BM25Retriever.load(tmp_path / "bm25").passages] == ["a"]
+    assert [p.name for p in tmp_path.iterdir()] == ["bm25"]  # the second build is gone
+    second.save(tmp_path / "bm25")  # a deliberate save replaces
+    assert [p.id for p in BM25Retriever.load(tmp_path / "bm25").passages] == ["b"]
+
+
 # ---------------------------------------------------------------- methods
 def test_first_sentence() -> None:
     assert first_sentence("It is Paris. It is big.") == "It is Paris."
@@ -283,7 +298,7 @@ def test_selective_method_follows_its_gate_and_records_the_decision(
 
     ctx = MethodContext(lm=tiny, retriever=bm25, dataset="hotpotqa", max_new_tokens=6)
     questions = [e.question for e in load_dataset("hotpotqa", SLICES, n=4).examples]
-    for option in ("first-token-prob:0", "first-token-prob:2",
+    for option in ("first-token-prob:0", "first-token-prob:1",
                    "answer-logprob&first-token-prob",
                    "cascade(first-token-prob,answer-logprob,0,1)"):
         method = make_method(f"selective@{option}", ctx)
@@ -295,8 +310,9 @@ def test_selective_method_follows_its_gate_and_records_the_decision(
             assert decision.retrieve is expected.retrieve and decision.gate == expected.gate
             assert result.trace.retrievals == int(expected.retrieve)
             assert len(result.passages) == (3 if expected.retrieve else 0)
-    # A probability never reaches 2: that gate never retrieves; at 0 it always does.
-    assert make_method("selective@first-token-prob:2", ctx).answer(questions[0]) \
+    # 1 - max p never reaches 1 (max p > 0): that gate never retrieves; at 0 it always does.
+    # (A threshold above 1 is off the gate's score scale: refused.)
+    assert make_method("selective@first-token-prob:1", ctx).answer(questions[0]) \
         .trace.retrievals == 0
     assert make_method("selective@first-token-prob:0", ctx).answer(questions[0]) \
         .trace.retrievals == 1
@@ -317,7 +333,7 @@ def test_selective_names_are_checked_before_any_model_loads() -> None:
 
 def test_two_selective_methods_in_one_run_are_both_answered(
         tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
-    names = ["selective@first-token-prob:0", "selective@first-token-prob:2"]
+    names = ["selective@first-token-prob:0", "selective@first-token-prob:1"]
     summary = run_bench(_config(methods=names, n=2), tmp_path / "run", lm=tiny, retriever=bm25)
     assert set(summary) == set(names)
     assert summary[names[0]]["retrievals_per_question"] == 1.0
@@ -334,3 +350,27 @@ def test_eval_gate_scores_a_composite_gate(tiny: Any, bm25: BM25Retriever,
     rows = [json.loads(line) for line in (tmp_path / "out" / "decisions.jsonl").open()]
     assert all(r["gate"] == "cascade(first-token-prob,answer-logprob,0,0.5)" for r in rows)
     assert all(isinstance(r["evidence"]["expensive_called"], bool) for r in rows)
+
+
+def test_a_run_of_edited_gold_answers_is_refused_and_an_older_run_is_checked_by_answers(
+        tiny: Any, bm25: BM25Retriever, tmp_path: Path) -> None:
+    """Issue 32, item 1: the data fingerprint covers the gold answers, so resuming a run
+    after the answers were edited in place is refused (before: resumed, mixing records
+    scored on the old answers with new ones). A run directory of an earlier version (the
+    questions' fingerprint) resumes when its records carry the current answers."""
+    folder = tmp_path / "data"
+    folder.mkdir()
+    rows = (SLICES / "hotpotqa_dev_sample.jsonl").read_text(encoding="utf-8").splitlines()[:2]
+    data = folder / "hotpot.jsonl"
+    data.write_text("\n".join(rows) + "\n", encoding="utf-8")
+    config = _config(n=2, data_path=str(data))
+    run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)
+    stored = json.loads((tmp_path / "run" / "config.json").read_text())
+    stored["data_fingerprint"] = load_dataset("hotpotqa", data, n=2).question_fingerprint
+    (tmp_path / "run" / "config.json").write_text(json.dumps(stored))
+    run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)  # older layout: resumes
+    edited = json.loads(rows[0])
+    edited["answer"] = "a different answer"
+    data.write_text("\n".join([json.dumps(edited), rows[1]]) + "\n", encoding="utf-8")
+    with pytest.raises(ConfigMismatchError, match="gold answers"):
+        run_bench(config, tmp_path / "run", lm=tiny, retriever=bm25)

@@ -122,6 +122,29 @@ def test_plan_rejects_bad_ladders(pool):
         plan_facts(pool, n_facts=10, ladder=(0, 4), seed=0, relations=["nickname"])
 
 
+
+@pytest.mark.parametrize("splits", [(0.5, 0.5, 0.5), (0.2, 0.2, 0.2), (0.5, -0.1, 0.6),
+                                    (0.0, 0.0, 0.0)])
+def test_splits_that_do_not_sum_to_one_are_refused(pool, splits, tmp_path):
+    """Issue 32, item 9e: 0.5,0.5,0.5 was normalised to thirds without a word."""
+    with pytest.raises(ValueError, match=r"sum to 1 \(within 1e-06\)"):
+        plan_facts(pool, n_facts=12, ladder=LADDER, seed=0, split_fractions=splits)
+    from typer.testing import CliRunner
+
+    from rag_gates.cli import app
+
+    result = CliRunner().invoke(app, ["testbed", "build", "--out", str(tmp_path / "tb"),
+                                      "--splits", ",".join(map(str, splits)), "--plan-only"])
+    assert result.exit_code != 0 and "sum to 1" in result.output
+    assert not (tmp_path / "tb").exists()
+
+
+def test_splits_that_sum_to_one_up_to_rounding_are_accepted(pool):
+    facts = plan_facts(pool, n_facts=30, ladder=LADDER, seed=0,
+                       split_fractions=(0.1, 0.2, 0.7))  # 1.0000000000000002 in floats
+    assert {f.split for f in facts} == set(SPLITS)
+
+
 # ---------------------------------------------------------------- builds on a tiny model
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")

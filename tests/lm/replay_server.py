@@ -7,8 +7,11 @@ in the body, so a test that drifts from the recording fails loudly.
 
 Tests can queue faults (``server.faults.append(("status", 429))``: a status with
 ``Retry-After: 0``, ``sleep`` seconds, ``malformed`` JSON, ``drop`` the connection, ``body``
-replaced) and set ``server.transform`` to edit replayed JSON (a server whose echo carries no
-prompt log-probabilities, say). It records every request's headers for the API-key tests.
+replaced, ``echo_auth``: a status whose body and headers repeat the request's
+``Authorization`` header, as some servers do; ``big``: a 200 body of that many bytes with a
+``Content-Length``, ``big_chunked`` the same in chunks without one) and set
+``server.transform`` to edit replayed JSON (a server whose echo carries no prompt
+log-probabilities, say). It records every request's headers for the API-key tests.
 
 Re-record with ``RAG_GATES_RECORD_UPSTREAM=http://127.0.0.1:PORT/v1 pytest
 tests/lm/test_openai_compat.py`` while a llama.cpp server runs the embedded GGUF (see
@@ -134,6 +137,19 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
                 if kind == "refuse":
                     self._send(400, "application/json", arg)
                     return
+                if kind == "echo_auth":
+                    auth = self.headers.get("Authorization", "")
+                    self._send(arg, "application/json",
+                               json.dumps({"error": {"message": "bad request",
+                                                     "headers": {"authorization": auth}}}
+                                          ).encode(), {"X-Echo-Authorization": auth})
+                    return
+                if kind == "big":
+                    self._send(200, "application/json", b'{"pad": "' + b"x" * arg + b'"}')
+                    return
+                if kind == "big_chunked":
+                    self._send_chunked(b'{"pad": "' + b"x" * arg + b'"}')
+                    return
                 status, ctype, payload = server.answer(method, self.path, body)
                 if kind == "malformed":
                     payload = payload[: len(payload) // 2]
@@ -153,6 +169,19 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
             try:
                 self.wfile.write(payload)
             except (BrokenPipeError, ConnectionResetError):  # the client gave up (timeouts)
+                self.close_connection = True
+
+        def _send_chunked(self, payload: bytes, size: int = 4096) -> None:
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Transfer-Encoding", "chunked")
+            self.end_headers()
+            try:
+                for i in range(0, len(payload), size):
+                    piece = payload[i:i + size]
+                    self.wfile.write(f"{len(piece):x}\r\n".encode() + piece + b"\r\n")
+                self.wfile.write(b"0\r\n\r\n")
+            except (BrokenPipeError, ConnectionResetError):  # the client stopped reading
                 self.close_connection = True
 
         def do_GET(self) -> None:

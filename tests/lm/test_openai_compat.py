@@ -262,3 +262,227 @@ def test_bad_arguments_fail_before_any_request(server: ReplayServer) -> None:
     with pytest.raises(ValueError, match="http"):
         OpenAICompatibleLM("127.0.0.1:8000/v1", probe=False)
     assert lm.requests_sent == sent
+
+
+# ------------------------------------------------------- log-probabilities that are not ones
+def _set_logprobs(value: float, *, top: bool = False) -> Any:
+    """A transform making the server report ``value`` for every generated token's
+    log-probability (or its top alternatives'), chat and completions shapes alike."""
+
+    def transform(path: str, payload: Any, reply: Any) -> Any:
+        for choice in reply.get("choices") or []:
+            lp = choice.get("logprobs")
+            if not isinstance(lp, dict) or (payload or {}).get("echo"):
+                continue
+            if "content" in lp:  # chat
+                for item in lp["content"] or []:
+                    if top and item.get("top_logprobs"):
+                        item["top_logprobs"][0]["logprob"] = value
+                    elif not top:
+                        item["logprob"] = value
+            elif top:
+                lp["top_logprobs"] = [{k: value for k in d} if d else d
+                                      for d in lp["top_logprobs"]]
+            else:
+                lp["token_logprobs"] = [value for _ in lp["token_logprobs"]]
+        return reply
+
+    return transform
+
+
+@pytest.mark.parametrize("value", [5.0, 1e-3, float("nan"), float("inf"), float("-inf")])
+@pytest.mark.parametrize("top", [False, True])
+def test_log_probabilities_outside_minus_inf_to_zero_are_refused(
+        server: ReplayServer, chat_lm: OpenAICompatibleLM, raw_lm: OpenAICompatibleLM,
+        value: float, top: bool) -> None:
+    """Issue 32, item 3: a server reporting log p = +5.0 (or NaN, inf) was accepted. Chat
+    prompts rendered here, raw prompts, and the chat endpoint."""
+    from rag_gates.errors import ServerLogprobError
+
+    server.transform = _set_logprobs(value, top=top)
+    chat_endpoint = OpenAICompatibleLM(server.url, probe=False, model="smollm2", **FAST)
+    calls = [lambda: chat_lm.generate("What is the capital of France?", max_new_tokens=6,
+                                      logprobs=3),
+             lambda: raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0),
+             lambda: chat_endpoint.generate("What is the capital of France?",
+                                            max_new_tokens=5, logprobs=2)]
+    try:
+        for call in calls:
+            with pytest.raises(ServerLogprobError,
+                               match=r"finite and <= 0 \(tolerance 1e-06\)"):
+                call()
+    finally:
+        chat_endpoint.close()
+    assert issubclass(ServerLogprobError, ServerReplyError)
+
+
+def test_a_rounding_overshoot_within_the_tolerance_is_read_as_zero(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM) -> None:
+    server.transform = _set_logprobs(5e-7)
+    g = raw_lm.generate(PROBE_RAW, max_new_tokens=8, logprobs=0)
+    assert g.logprobs and all(t.logprob == 0.0 for t in g.logprobs)
+
+
+def _completion(text: str, logprob: float) -> bytes:
+    """A completions reply of one token with the given log-probability."""
+    import json
+
+    return json.dumps({"object": "text_completion", "choices": [{
+        "index": 0, "text": text, "finish_reason": "stop", "logprobs": {
+            "tokens": [text], "token_logprobs": [logprob], "top_logprobs": [{text: logprob}],
+            "text_offset": [0]}}], "usage": {"prompt_tokens": 9, "completion_tokens": 1}
+    }).encode()
+
+
+def test_answer_logprob_gate_fails_closed_on_a_positive_log_probability(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM) -> None:
+    """Issue 32, item 3: +5.0 for the answer's token made the mean -5, a confident answer:
+    no retrieval at threshold 1.0. Now the gate cannot decide, so it retrieves and says why."""
+    from rag_gates.confidence import AnswerLogprobGate
+
+    gate = AnswerLogprobGate(raw_lm, threshold=1.0, max_new_tokens=6)
+    server.faults.append(("body", _completion(" Paris", -0.25)))  # a real one first
+    assert not gate.decide("What is the capital of France?").retrieve
+    server.faults.append(("body", _completion(" Paris", 5.0)))
+    d = gate.decide("What is the capital of France?")
+    assert d.retrieve and "could not decide" in d.reason
+    assert "5.0 is above 0.0" in str(d.evidence["undecided"])
+    assert "ServerLogprobError" in str(d.evidence["error"])
+
+
+def test_a_server_with_invalid_log_probabilities_is_probed_as_offering_none(
+        server: ReplayServer) -> None:
+    """At construction the probe reads generated tokens' log-probabilities: positive ones
+    turn the logprobs capability off, with the reason in its notes."""
+    from rag_gates.confidence import AnswerLogprobGate
+
+    server.transform = _set_logprobs(5.0)
+    lm = OpenAICompatibleLM(server.url, chat=False, **FAST)
+    try:
+        assert not lm.supports_logprobs and not lm.capabilities.score
+        assert "5.0 is above 0.0" in lm.capabilities.notes["logprobs"]
+        with pytest.raises(TypeError, match="log-probabilities"):
+            AnswerLogprobGate(lm)
+    finally:
+        lm.close()
+
+
+# --- Secrets (issue 32, item 4) and bounded replies (item 6) ---------------------------------
+
+SECRET = "sk-test-SECRET-0123456789"
+CREDENTIAL_URLS = [f"http://user:{SECRET}@127.0.0.1:9/v1", f"http://{SECRET}@127.0.0.1:9/v1",
+                   f"http://127.0.0.1:9/v1?api_key={SECRET}", f"user:{SECRET}@127.0.0.1:9/v1"]
+
+
+def leaks(text: str) -> bool:
+    """Whether ``text`` shows the secret or a piece of it (pydantic shortens long values to
+    ``sk-te...23456789``; terminals wrap lines)."""
+    flat = "".join(text.split()).replace("│", "")
+    return any(SECRET[i:i + 8] in flat for i in range(len(SECRET) - 7))
+
+
+@pytest.mark.parametrize("url", CREDENTIAL_URLS)
+def test_a_url_with_credentials_is_refused_without_repeating_them(
+        url: str, caplog: pytest.LogCaptureFixture) -> None:
+    from rag_gates.corpus import HostedInfiniGram
+    from rag_gates.eval.gate_eval import GateEvalConfig
+    from rag_gates.eval.runner import BenchConfig
+    from rag_gates.lm.openai_compat import OpenAIConfig
+
+    shown = []
+    with caplog.at_level(logging.DEBUG):
+        for build in (lambda: OpenAICompatibleLM(url, probe=False),
+                      lambda: OpenAICompatibleLM.from_spec(f"openai:{url}#m", probe=False),
+                      lambda: OpenAIConfig(base_url=url),
+                      lambda: HostedInfiniGram("idx", url=url),
+                      lambda: BenchConfig(dataset="hotpotqa", methods=["no-rag"],
+                                          model=f"openai:{url}"),
+                      lambda: GateEvalConfig(gate="quco", dataset="popqa",
+                                             model=f"openai:{url}")):
+            with pytest.raises(ValueError) as info:
+                made = build()
+                shown.append(repr(made))  # what leaked before the fix
+            shown.append(str(info.value))
+    shown.append(caplog.text)
+    assert not leaks("\n".join(shown))
+    assert all("credentials" in s or "query string" in s or "http" in s for s in shown[:-1])
+
+
+def test_the_cli_refuses_a_credential_url_without_printing_it(tmp_path: Any) -> None:
+    from typer.testing import CliRunner
+
+    from rag_gates.cli import app
+
+    for command in (["bench", "--dataset", "hotpotqa", "--n", "1"],
+                    ["eval-gate", "--gate", "first-token-prob", "--dataset", "popqa"]):
+        result = CliRunner().invoke(app, [*command, "--out", str(tmp_path / "run"),
+                                          "--model", f"openai:{CREDENTIAL_URLS[0]}"])
+        assert result.exit_code != 0
+        assert "credentials" in result.output and not leaks(result.output), result.output
+        assert not (tmp_path / "run").exists()
+
+
+def test_a_key_the_server_echoes_never_reaches_errors_or_logs(
+        server: ReplayServer, monkeypatch: pytest.MonkeyPatch,
+        caplog: pytest.LogCaptureFixture) -> None:
+    from rag_gates.errors import ServerRequestError
+    from rag_gates.lm.recorded import RecordedLM
+    from rag_gates.types import TraceRecorder
+
+    monkeypatch.setenv("RAG_GATES_TEST_KEY", SECRET)
+    lm = _plain(server, api_key_env="RAG_GATES_TEST_KEY", max_retries=1)
+    shown = [repr(lm), lm.model_id]
+    rec = TraceRecorder()
+    with caplog.at_level(logging.DEBUG):  # the root logger: httpx's and httpcore's too
+        RecordedLM(lm, rec).generate(PROBE_RAW, max_new_tokens=8)
+        server.faults.extend([("echo_auth", 500)] * 2)
+        with pytest.raises(ServerUnavailableError) as unavailable:
+            RecordedLM(lm, rec).generate(PROBE_RAW, max_new_tokens=8)
+        server.faults.append(("echo_auth", 400))
+        with pytest.raises(ServerRequestError) as refused:
+            lm.generate(PROBE_RAW, max_new_tokens=8)
+        server.faults.append(("body", f'{{"choices": [], "echo": "Bearer {SECRET}"}}'.encode()))
+        with pytest.raises(ServerReplyError) as malformed:
+            lm.generate(PROBE_RAW, max_new_tokens=8)
+    assert server.headers_seen[-1].get("Authorization") == f"Bearer {SECRET}"
+    for info in (unavailable, refused, malformed):
+        shown += [str(info.value), repr(info.value)]
+    assert "HTTP 500" in str(unavailable.value) and "HTTP 400" in str(refused.value)
+    assert "retrying" in caplog.text  # the debug line was written, scrubbed
+    shown += [caplog.text, rec.trace().model_dump_json()]
+    assert not leaks("\n".join(shown))
+
+
+def test_a_placeholder_key_is_not_scrubbed_from_the_models_text(
+        server: ReplayServer, monkeypatch: pytest.MonkeyPatch) -> None:
+    # vLLM's usual placeholder: scrubbing it would change answers that contain the word.
+    monkeypatch.setenv("RAG_GATES_TEST_KEY", "EMPTY")
+    server.transform = lambda path, payload, reply: {
+        **reply, "choices": [{**reply["choices"][0], "text": " Paris. EMPTY"}]}
+    lm = _plain(server, api_key_env="RAG_GATES_TEST_KEY")
+    assert lm.generate(PROBE_RAW, max_new_tokens=8).text == " Paris. EMPTY"
+
+
+@pytest.mark.parametrize("fault", ["big", "big_chunked"])
+def test_a_reply_over_the_size_limit_is_refused_unread(server: ReplayServer, fault: str) -> None:
+    lm = _plain(server, max_response_bytes=4096)
+    sent = lm.requests_sent
+    server.faults.append((fault, 64 * 1024))
+    with pytest.raises(ServerReplyError, match=r"4096.*max_response_bytes"):
+        lm.generate(PROBE_RAW, max_new_tokens=8)
+    assert lm.requests_sent - sent == 1  # not retried: the next reply would be as large
+    assert lm.generate(PROBE_RAW, max_new_tokens=8).text  # replies under the limit still work
+
+
+def test_a_deeply_nested_reply_is_a_reply_error_not_a_recursion_error(
+        server: ReplayServer) -> None:
+    server.faults.append(("body", b"[" * 100_000 + b"]" * 100_000))
+    with pytest.raises(ServerReplyError, match="nested deeper than"):
+        _plain(server).generate(PROBE_RAW, max_new_tokens=8)
+
+
+def test_a_streamed_reply_over_the_size_limit_is_refused(server: ReplayServer) -> None:
+    lm = _plain(server, max_response_bytes=4096)
+    server.faults.append(("big_chunked", 64 * 1024))  # one endless line, no newline
+    with pytest.raises(ServerReplyError, match="max_response_bytes"):
+        list(lm.stream(PROBE_RAW, max_new_tokens=8))

@@ -170,3 +170,23 @@ def test_hosted_backend_agrees_then_times_out_by_policy(wiki_index: Path, stats:
     error = str(slow.evidence["error"])
     assert slow.retrieve is True
     assert "timed out" in error or error.startswith("HostedTimeoutError"), error
+
+
+def test_verifier_refuses_a_lone_surrogate_naming_its_position(
+        stats: Any, extractor: GazetteerExtractor) -> None:
+    """Issue 32, item 9b: the surrogate made the corpus lookup fail, which the on_error
+    policy turned into "nothing flagged". Text is checked where it enters, like a query."""
+    import asyncio
+
+    verifier = ClaimVerifier(stats, extractor, on_error="skip")
+    bad = "Scott Derrickson was married to Tim\ud800 Burton."  # position 35
+    with pytest.raises(ValueError, match=r"^text .*position 35 \(U\+D800"):
+        verifier.verify(bad)
+    with pytest.raises(ValueError, match=r"^text .*position 35"):
+        asyncio.run(verifier.averify(bad))
+    with pytest.raises(ValueError, match=r"^sentence 1 .*position 35"):
+        verifier.verify_sentences(["Ed Wood was directed by Tim Burton.", bad])
+    with pytest.raises(ValueError, match=r"^claim 0 tail .*position 3"):
+        verifier.check_claims([Claim(head="Scott Derrickson", relation="was married to",
+                                     tail="Tim\ud800")])
+    assert verifier.errors == 0  # refused before any lookup

@@ -107,7 +107,7 @@ def test_pipeline_retrieves_or_verbalizes(tiny: Any, policy: Any, bm25: Any,
     assert ret.trace.retrievals == 1 and ret.passages == passages
     assert ret.answer == tiny.generate(qa_prompt(q, passages), max_new_tokens=4).text
     verbalizer = Verbalizer(tiny, max_new_tokens=5)
-    skip = SRRAGPipeline(tiny, bm25, SelfRoutingGate(tiny, policy, tau=1.5), k=2,
+    skip = SRRAGPipeline(tiny, bm25, SelfRoutingGate(tiny, policy, tau=1.0), k=2,
                          max_new_tokens=4, verbalizer=verbalizer).answer(q)
     assert skip.trace.retrievals == 0 and skip.decisions[0].retrieve is False
     (doc,) = skip.passages
@@ -126,3 +126,25 @@ async def test_genread_always_verbalizes(tiny: Any) -> None:
         result.passages[0].metadata["hit_token_cap"]
     with pytest.raises(TypeError, match="Retriever"):
         SRRAGPipeline(tiny, None, SelfRoutingGate(tiny, mode="model", layer=2))
+
+
+@pytest.mark.parametrize("tau", [0.5, 0.9])
+@pytest.mark.parametrize("mode", ["policy", "product"])
+def test_a_non_finite_hidden_state_fails_closed(mode: str, tau: float) -> None:
+    """Issue 32, item 2: one NaN in a layer-0 weight made every key NaN, and the kNN-only
+    gate voted 2/5 from NaN similarities: no retrieval at tau 0.5 and 0.9."""
+    import torch
+
+    lm = tiny_lm(seed=0)  # its own copy: the weights are damaged below
+    policy = SourcePolicy.open(HiddenStateKeys(lm, layer=2), path=":memory:", k=5)
+    policy.add_questions([e.model_copy(update={"source": s}) for e, s in zip(
+        ENTRIES, ["parametric", "parametric", "retrieval", "parametric", "retrieval"],
+        strict=True)])
+    with torch.no_grad():
+        lm.model.model.layers[0].self_attn.q_proj.weight[0, 0] = float("nan")
+    d = SelfRoutingGate(lm, policy, tau=tau, mode=mode).decide(Q)  # type: ignore[arg-type]
+    assert d.retrieve and "could not decide" in d.reason
+    if mode == "policy":
+        assert "not finite" in str(d.evidence["undecided"])
+        assert "vote_error" in d.evidence
+    policy.close()

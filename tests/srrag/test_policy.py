@@ -116,3 +116,111 @@ def test_in_process_search_agrees_with_qdrant(tiny: Any) -> None:
     cached.refresh()
     assert "1" not in {n.id for n in cached.vote_question("Who wrote Hamlet?").neighbours}
     cached.close()
+
+
+def test_non_finite_keys_and_bad_k_are_refused(tiny: Any) -> None:
+    """Issue 32, item 2: an all-NaN key voted with five neighbours of NaN similarity and
+    p = 0.4; k=-2 returned len - 2 neighbours. Both are refused with what to do."""
+    from rag_gates.srrag.policy import PolicyKeyError
+
+    policy = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=":memory:", k=5)
+    policy.add_questions(ENTRIES)
+    nan_key = [float("nan")] * 64
+    for cached in (True, False):  # the in-process search and Qdrant's own
+        policy.cache = cached
+        with pytest.raises(PolicyKeyError, match=r"key .*not finite \(64 NaN/inf"):
+            policy.vote(nan_key)
+        half = [1.0] * 63 + [float("inf")]
+        with pytest.raises(PolicyKeyError, match="not finite"):
+            policy.vote(half)
+    for k in (-2, 0, 1.5, True, "3"):
+        with pytest.raises(ValueError, match=r"k must be an int >= 1"):
+            policy.vote_question("Who wrote Hamlet?", k=k)  # type: ignore[arg-type]
+    assert policy.vote_question("Who wrote Hamlet?", k=2).found == 2
+    # A non-finite key never enters the datastore (it would poison every later vote).
+    with pytest.raises(PolicyKeyError, match=r"key 0 .*not finite"):
+        policy.add([PolicyEntry(id="9", question="Poisoned?", source="parametric")],
+                   [nan_key])
+    assert len(policy) == 4
+    policy.close()
+
+
+# ------------------------------------------------------------ one folder, several clients
+def _built(tiny: Any, where: Path) -> list[Any]:
+    """A closed datastore at ``where``, and the votes its writer gave."""
+    writer = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=where, k=3)
+    writer.add_questions(ENTRIES)
+    votes = [writer.vote_question(q) for q in QUESTIONS]
+    writer.close()
+    return votes
+
+
+QUESTIONS = ["Who wrote Hamlet?", "Is Paris in France?", "Do scientists use recall?"]
+
+
+def test_read_only_copies_share_the_folder_and_release_it(tiny: Any, tmp_path: Path) -> None:
+    from rag_gates._qdrant import READERS_LOCK
+
+    where = tmp_path / "policy"
+    votes = _built(tiny, where)
+    # Two read-only copies at once (qdrant-client alone refuses the second client), each
+    # checked against the stored identity: the layer comes from the metadata.
+    first = SourcePolicy.open_existing(tiny, path=where, k=3)
+    second = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=where, k=3,
+                               read_only=True)
+    for policy in (first, second):
+        assert policy.read_only and policy.key_function.layer == 2 and len(policy) == 4
+        for q, vote in zip(QUESTIONS, votes, strict=True):
+            got = policy.vote_question(q)
+            assert [(n.id, n.source) for n in got.neighbours] == \
+                [(n.id, n.source) for n in vote.neighbours]
+            assert [n.similarity for n in got.neighbours] == \
+                pytest.approx([n.similarity for n in vote.neighbours], abs=1e-5)
+    # The folder was released at once: its one writer opens it while both copies serve.
+    writer = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=where, k=3)
+    writer.delete([("popqa", "1")])
+    assert len(writer) == 3 and len(first) == 4  # a copy does not see later writes
+    writer.close()
+    assert sorted(p.name for p in where.iterdir() if p.name.startswith(".")) == \
+        [".lock", READERS_LOCK]
+    with pytest.raises(PolicyMismatchError, match="layer: datastore 2, now 3"):
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=3), path=where, read_only=True)
+    first.close()
+    second.close()
+
+
+def test_a_read_only_copy_refuses_writes(tiny: Any, tmp_path: Path) -> None:
+    from rag_gates.srrag.policy import PolicyReadOnlyError
+
+    _built(tiny, tmp_path / "policy")
+    policy = SourcePolicy.open_existing(tiny, path=tmp_path / "policy")
+    for write in (lambda: policy.add_questions(ENTRIES[:1]),
+                  lambda: policy.add(ENTRIES[:1], [[0.0] * 64]),
+                  lambda: policy.delete(["1"])):
+        with pytest.raises(PolicyReadOnlyError, match=r"opened read-only .* read_only=False"):
+            write()
+    assert len(policy) == 4
+
+
+def test_a_second_writer_gets_a_typed_error_naming_both_ways_out(tiny: Any,
+                                                                  tmp_path: Path) -> None:
+    from rag_gates.errors import FileInUseError, StoreLockedError
+
+    where = tmp_path / "policy"
+    _built(tiny, where)
+    writer = SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=where)
+    with pytest.raises(StoreLockedError, match=r"is open in another process.*read-only "
+                       r"\(SourcePolicy.open_existing.*url=http://HOST:6333") as caught:
+        SourcePolicy.open(HiddenStateKeys(tiny, layer=2), path=where)
+    assert isinstance(caught.value, FileInUseError)
+    # A reader waits for the writer, then says why it gave up.
+    with pytest.raises(StoreLockedError, match=r"a writer.*close the writer's client"):
+        SourcePolicy.open_existing(tiny, path=where, lock_wait_s=0.2)
+    writer.close()
+    assert len(SourcePolicy.open_existing(tiny, path=where, lock_wait_s=0.2)) == 4
+
+
+def test_a_missing_datastore_is_not_created_by_a_reader(tiny: Any, tmp_path: Path) -> None:
+    with pytest.raises(FileNotFoundError, match="build-policy"):
+        SourcePolicy.open_existing(tiny, path=tmp_path / "none")
+    assert not (tmp_path / "none").exists()

@@ -94,7 +94,9 @@ def test_the_environment_points_at_a_built_datastore(tiny: Any, tmp_path: Path,
     built.close()
     monkeypatch.setenv(POLICY_ENV, str(tmp_path / "built"))
     policy = load_default_policy(tiny, k=2)
-    assert len(policy) == 2
+    assert len(policy) == 2 and policy.read_only
+    # A read-only copy: the folder is free for its writer (and any other process) at once.
+    SourcePolicy.open(HiddenStateKeys(tiny), path=tmp_path / "built", create=False).close()
     policy.close()
 
 

@@ -24,7 +24,7 @@ from rag_gates.eval.methods import BUILTIN_METHODS
 from rag_gates.eval.names import (
     BUILTIN_GATE_NAMES,
     BUILTIN_METHOD_NAMES,
-    check_gate_expression,
+    check_gate_names,
     check_methods,
     gate_names,
     method_names,
@@ -123,7 +123,7 @@ def test_the_listed_builtin_names_are_the_registered_ones() -> None:
                                         "cascade(quco,first-token-prob,0.2,0.8)",
                                         "(quco|answer-logprob:-1.2)&srrag"])
 def test_a_valid_expression_passes(expression: str) -> None:
-    check_gate_expression(expression)
+    check_gate_names(expression)
 
 
 @pytest.mark.parametrize(("names", "message"), [

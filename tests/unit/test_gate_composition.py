@@ -247,3 +247,70 @@ def test_composites_over_a_models_confidence_gates():
             assert sub is not None and sub["score"] == pytest.approx(ref.score)
         assert d.retrieve is {"AllOf": all, "AnyOf": any}.get(
             type(gate).__name__, lambda xs: list(xs)[-1])(r.retrieve for r in alone[:len(subs)])
+
+
+# --- Bounds of the grammar and of weights files (issue 32, item 8) ---------------------------
+
+
+def test_nesting_deeper_than_the_limit_is_a_clear_error_not_a_recursion_error():
+    from rag_gates.gate import MAX_EXPRESSION_DEPTH
+
+    ok = "(" * MAX_EXPRESSION_DEPTH + "quco" + ")" * MAX_EXPRESSION_DEPTH
+    assert isinstance(parse_gate_expression(ok, _resolver([])), Words)
+    for text in ("(" * 400 + "quco" + ")" * 400,
+                 "cascade(" * 40 + "quco" + ",quco,0,1)" * 40,
+                 "(" * 4000):
+        with pytest.raises(ValueError, match=f"nested deeper than {MAX_EXPRESSION_DEPTH}"):
+            parse_gate_expression(text, _resolver([]))
+
+
+def test_an_expression_with_too_many_terms_is_refused_before_any_gate_is_built():
+    from rag_gates.gate import MAX_EXPRESSION_TERMS
+
+    made: list[tuple[str, float | None]] = []
+    parse_gate_expression("|".join(["quco"] * MAX_EXPRESSION_TERMS), _resolver(made))
+    assert len(made) == MAX_EXPRESSION_TERMS
+    made.clear()
+    with pytest.raises(ValueError, match=f"limit of {MAX_EXPRESSION_TERMS} gates"):
+        parse_gate_expression("|".join(["quco"] * (MAX_EXPRESSION_TERMS + 1)), _resolver(made))
+    with pytest.raises(ValueError, match="limit of"):  # the issue's 5,000-term OR
+        parse_gate_expression("|".join(["q"] * 5000), _resolver(made))
+    assert made == []  # refused before a gate (perhaps a model) was built
+    with pytest.raises(ValueError, match="characters"):
+        parse_gate_expression("q" * 100_000, _resolver(made))
+
+
+def test_malformed_weights_files_are_typed_errors_naming_the_file(tmp_path):
+    from rag_gates.errors import ArtifactError, WeightsFileError
+
+    cases = {
+        "list.json": ("[1, 2, 3]", "a JSON object"),
+        "deep.json": ("[" * 100_000 + "]" * 100_000, "nested deeper"),
+        "notjson.json": ("{gates: quco}", "not JSON"),
+        "nogates.json": (json.dumps({"weights": [1.0]}), "gates"),
+        "gatesnotlist.json": (json.dumps({"gates": "quco", "weights": [1.0]}), "gates"),
+        "short.json": (json.dumps({"gates": ["quco", "cbdr"], "weights": [1.0], "bias": 0}),
+                       "weights"),
+        "thresholds.json": (json.dumps({"gates": ["quco", "cbdr"], "weights": [1.0, 2.0],
+                                        "bias": 0, "gate_thresholds": [0.5]}),
+                            "gate_thresholds"),
+        "threshold7.json": (json.dumps({"gates": ["quco", "cbdr"], "weights": [1.0, 2.0],
+                                        "bias": 0, "threshold": 7}), r"\[0, 1\]"),
+        "bias.json": (json.dumps({"gates": ["quco"], "weights": [1.0], "bias": "high"}),
+                      "bias"),
+    }
+    for name, (text, message) in cases.items():
+        file = tmp_path / name
+        file.write_text(text)
+        with pytest.raises(WeightsFileError, match=message) as info:
+            parse_gate_expression(f"weighted({file})", _resolver([]))
+        assert str(file) in str(info.value) and isinstance(info.value, ArtifactError), name
+    big = tmp_path / "big.json"
+    big.write_text(" " * (2 * 1024 * 1024) + "{}")
+    with pytest.raises(WeightsFileError, match="larger than"):
+        parse_gate_expression(f"weighted({big})", _resolver([]))
+
+
+def test_weighted_refuses_a_threshold_outside_its_probability_range():
+    with pytest.raises(ValueError, match=r"\[0, 1\]"):
+        Weighted([Words(3, "quco")], [1.0], threshold=7)

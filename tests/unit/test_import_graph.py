@@ -116,6 +116,15 @@ def test_floors_never_reach_the_benchmark() -> None:
     assert violations(graph, starts) == []
 
 
+def test_calibration_never_reaches_the_benchmark() -> None:
+    """rag_gates.calibration (certified thresholds, spec files, load_gate) is core: a user
+    serving a spec does not load the evaluation harness."""
+    graph = import_graph(ROOT)
+    starts = _under(graph, ("calibration",))
+    assert "rag_gates.calibration.load" in starts and "rag_gates.calibration.fit" in starts
+    assert violations(graph, starts) == []
+
+
 def test_the_check_finds_an_indirect_and_a_lazy_import(tmp_path: Path) -> None:
     """The checker itself: a method that reaches the benchmark through a helper module, by a
     relative import inside a function, is caught with the whole chain."""
@@ -137,6 +146,7 @@ FRAMEWORKS = ("llama_index", "langchain_core", "langchain")
 LIGHT_IMPORTS = [
     "rag_gates", "rag_gates.gate", "rag_gates.confidence", "rag_gates.quco", "rag_gates.cbdr",
     "rag_gates.lm", "rag_gates.retrieval", "rag_gates.corpus", "rag_gates.cli",
+    "rag_gates.calibration",
     "langchain_rag_gates", "llama_index.llms.rag_gates", "llama_index.retrievers.rag_gates",
     "llama_index.query_engine.rag_gates", "llama_index.tools.rag_gates",
     "llama_index.postprocessor.rag_gates",

@@ -51,3 +51,35 @@ def test_a_second_writer_is_refused_until_the_first_closes(tmp_path: Path) -> No
     finally:
         first.close()
     append_locked(path).close()
+
+
+def test_a_waiting_writer_gets_the_file_when_the_first_closes(tmp_path: Path) -> None:
+    import threading
+
+    path = tmp_path / "labels.jsonl"
+    first = append_locked(path)
+    with pytest.raises(FileInUseError, match=r"another process \(waited 0 s\)"):
+        append_locked(path, wait_s=0.3)
+    waits: list[str] = []
+    threading.Timer(0.5, first.close).start()
+    second = append_locked(path, wait_s=30, on_wait=lambda: waits.append("waiting"))
+    second.write("row\n")
+    second.close()
+    assert waits == ["waiting"] and path.read_text() == "row\n"  # told once, then written
+
+
+def test_concurrent_atomic_writes_of_one_file_all_succeed(tmp_path: Path) -> None:
+    from concurrent.futures import ThreadPoolExecutor
+
+    from rag_gates._io import write_text_atomic
+
+    path = tmp_path / "config.json"
+
+    def write(i: int) -> None:
+        for _ in range(200):
+            write_text_atomic(path, json.dumps({"writer": i}))
+
+    with ThreadPoolExecutor(4) as pool:
+        list(pool.map(write, range(4)))  # a shared temporary name renames another's away
+    assert json.loads(path.read_text())["writer"] in range(4)
+    assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary left

@@ -60,6 +60,7 @@ class SelfRoutingRetriever(GatedRetriever):
         from rag_gates.srrag import HiddenStateKeys, SelfRoutingGate, SourcePolicy
 
         lm = load_lm("default")
+        # read-only (the default): a private copy, so every worker process opens the folder
         policy = SourcePolicy.open_existing(lm, path="~/.cache/rag-gates/srrag/policy")
         retriever = SelfRoutingRetriever(retriever=store.as_retriever(),
                                          gate=SelfRoutingGate(lm, policy, tau=0.1), k=3)

@@ -195,8 +195,8 @@ def test_a_white_box_gate_on_the_tiny_model(tiny: Any) -> None:
     evidence = doc.metadata[KEY]["evidence"]
     assert 0.0 < evidence["first_token_max_prob"] <= 1.0
     assert doc.metadata[KEY]["score"] == pytest.approx(1.0 - evidence["first_token_max_prob"])
-    # 1 - max p is below 1, so a threshold above 1 never retrieves.
-    sure = GatedRetriever(retriever=inner, gate=FirstTokenProbGate(tiny, threshold=1.01))
+    # 1 - max p is below 1 (max p > 0), so the top of the scale, 1, never retrieves.
+    sure = GatedRetriever(retriever=inner, gate=FirstTokenProbGate(tiny, threshold=1.0))
     assert sure.invoke(ASK) == []
 
 

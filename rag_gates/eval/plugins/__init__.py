@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import math
 
+from rag_gates.gate import check_in_range
+
 __all__ = ["number_option", "unit_interval_option"]
 
 
@@ -30,19 +32,8 @@ def number_option(option: str | None, method: str, what: str, default: float, *,
         value = float(option)
     except ValueError:
         value = math.nan
-    if not (math.isfinite(value) and low <= value <= high):
-        raise ValueError(f"{method}@{option}: the option is {what}, {_range_words(low, high)}")
-    return value
-
-
-def _range_words(low: float, high: float) -> str:
-    if math.isfinite(low) and math.isfinite(high):
-        return f"a number in [{low:g}, {high:g}]"
-    if math.isfinite(low):
-        return f"a number >= {low:g}"
-    if math.isfinite(high):
-        return f"a number <= {high:g}"
-    return "a finite number"
+    # The same check as a gate's NAME:THRESHOLD (rag_gates.gate.check_in_range).
+    return check_in_range(value, f"{method}@{option}: the option is {what}", low, high)
 
 
 def unit_interval_option(option: str | None, method: str, what: str, default: float) -> float:

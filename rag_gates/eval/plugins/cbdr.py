@@ -69,7 +69,11 @@ cbdr_ce_method.validate_option = partial(parse_beta, method="cbdr-ce")  # type: 
 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:
-    """The probe gate at score ``threshold`` (``1 - beta``); None: the probe's calibrated
-    beta."""
-    beta = None if threshold is None else min(1.0, max(0.0, 1.0 - threshold))
+    """The probe gate at score ``threshold`` (``1 - beta``, in [0, 1], checked by make_gate
+    against :attr:`cbdr_gate.threshold_range`); None: the probe's calibrated beta."""
+    # max(): one step above 1 is the "never retrieve" threshold eval-gate may calibrate.
+    beta = None if threshold is None else max(0.0, 1.0 - threshold)
     return CBDRGate(ctx.lm, load_default_probe(ctx.lm), beta)
+
+
+cbdr_gate.threshold_range = CBDRGate.threshold_range  # type: ignore[attr-defined]

@@ -93,3 +93,6 @@ def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
     if threshold is None:
         return QuCoGate(_stats(ctx), tau_entity=BENCH_TAU_ENTITY)
     return QuCoGate.from_threshold(_stats(ctx), threshold)
+
+
+quco_gate.threshold_range = QuCoGate.threshold_range  # type: ignore[attr-defined]

@@ -20,6 +20,8 @@ Datastores (built with ``rag-gates srrag build-policy``): the SR-RAG one at
 ``$RAG_GATES_SRRAG_POLICY`` (a local directory or an ``http(s)://`` Qdrant URL; default
 ``$RAG_GATES_HOME/srrag/policy``), the SKR one at ``$RAG_GATES_SRRAG_SKR_POLICY`` (default
 ``.../srrag/skr-policy``); collection ``srrag-policy`` (``$RAG_GATES_SRRAG_COLLECTION``).
+Both are opened read-only (a private in-memory copy of a local directory), so any number of
+bench and eval-gate processes use them at once.
 :data:`BENCH_TAU` is the paper's tau for Llama-2, not calibrated for the embedded model:
 calibrate it with ``rag-gates eval-gate --gate srrag``.
 """
@@ -56,9 +58,9 @@ KNN_ONLY_TAU = 0.5
 SKR_POLICY_ENV = "RAG_GATES_SRRAG_SKR_POLICY"
 COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
 
-# One client per datastore location in a process: a local Qdrant directory admits one
-# client, and a run may build several methods over the same datastore.
-_CLIENTS: dict[str, Any] = {}
+# One client per datastore location and collection in a process: a run may build several
+# methods over the same datastore, which share one read-only copy of a local directory.
+_CLIENTS: dict[tuple[str, str], Any] = {}
 # The methods of one run share a verbalizer: the bench answers a question with every method
 # before the next question, so genread and each srrag@TAU share one greedy verbalization
 # (identical by construction; its time still counts for each, see Trace.reused_ms). Only the
@@ -90,28 +92,26 @@ def _parse_knn_only_tau(option: str | None) -> float:
     return unit_interval_option(option, "srrag-knn-only", "tau", KNN_ONLY_TAU)
 
 
-def _client(env: str, keys: Literal["hidden", "embedding"]) -> tuple[Any, str]:
+def _client(env: str, keys: Literal["hidden", "embedding"]) -> tuple[Any, str, str]:
     where = os.environ.get(env) or str(default_policy_path(keys))
-    if where not in _CLIENTS:
+    collection = os.environ.get(COLLECTION_ENV, DEFAULT_COLLECTION)
+    if (where, collection) not in _CLIENTS:
         url = where if where.startswith(("http://", "https://")) else None
-        _CLIENTS[where] = SourcePolicy.connect(None if url else where, url)
-    return _CLIENTS[where], where
+        _CLIENTS[where, collection] = SourcePolicy.connect(None if url else where, url,
+                                                           read_only=True, collection=collection)
+    return _CLIENTS[where, collection], where, collection
 
 
 def _policy(lm: Any) -> SourcePolicy:
-    client, where = _client(POLICY_ENV, "hidden")
-    policy = SourcePolicy.open_existing(
-        lm, client=client, collection=os.environ.get(COLLECTION_ENV, DEFAULT_COLLECTION))
-    policy.location = where
-    return policy
+    client, where, collection = _client(POLICY_ENV, "hidden")
+    # path= only names the datastore in messages: the client is the read-only copy.
+    return SourcePolicy.open_existing(lm, client=client, path=where, collection=collection)
 
 
 def _skr_policy() -> SourcePolicy:
-    client, where = _client(SKR_POLICY_ENV, "embedding")
-    policy = SourcePolicy.open(EmbeddingKeys(), client=client, create=False,
-                               collection=os.environ.get(COLLECTION_ENV, DEFAULT_COLLECTION))
-    policy.location = where
-    return policy
+    client, where, collection = _client(SKR_POLICY_ENV, "embedding")
+    return SourcePolicy.open(EmbeddingKeys(), client=client, path=where, collection=collection,
+                             read_only=True)
 
 
 def _gate(ctx: MethodContext, tau: float | None, mode: RoutingMode) -> SelfRoutingGate:
@@ -193,3 +193,8 @@ def srrag_knn_only_gate(ctx: MethodContext, threshold: float | None = None
 def skr_gate(ctx: MethodContext, threshold: float | None = None) -> SKRGate:
     """The SKR judger over the MiniLM datastore (default threshold 0.5: its own rule)."""
     return SKRGate(_skr_policy(), 0.5 if threshold is None else threshold)
+
+
+for _factory in (srrag_gate, srrag_no_knn_gate, srrag_knn_only_gate):
+    _factory.threshold_range = SelfRoutingGate.threshold_range  # type: ignore[attr-defined]
+skr_gate.threshold_range = SKRGate.threshold_range  # type: ignore[attr-defined]

@@ -47,6 +47,7 @@ from rag_gates.eval.testbed.facts import (
     Fact,
     PopQAFact,
     _rng,
+    check_split_fractions,
     load_popqa_facts,
     load_wiki_paragraphs,
     plan_bridges,
@@ -125,6 +126,11 @@ class TestbedConfig(BaseModel):
         if len(set(ladder)) != len(ladder) or any(r < 0 for r in ladder):
             raise ValueError(f"ladder must be distinct non-negative counts, got {ladder}")
         return ladder
+
+    @field_validator("split_fractions")
+    @classmethod
+    def _shares(cls, fractions: list[float]) -> list[float]:
+        return check_split_fractions(fractions)
 
 
 def read_manifest(directory: str | Path) -> list[Fact]:

@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import random
 import re
 from collections import defaultdict
@@ -29,10 +30,12 @@ __all__ = [
     "DATA_DIR",
     "FRAMES",
     "SPLITS",
+    "SPLIT_SUM_TOLERANCE",
     "TEMPLATES",
     "Bridge",
     "Fact",
     "PopQAFact",
+    "check_split_fractions",
     "counterfactual_object",
     "load_popqa_facts",
     "load_wiki_paragraphs",
@@ -255,6 +258,30 @@ def counterfactual_object(fact: PopQAFact, pool: Sequence[PopQAFact], seed: int)
     return _rng(seed, "counterfactual", fact.row).choice(candidates)
 
 
+#: How far from 1 the split fractions may sum (float rounding: 0.1 + 0.2 + 0.7).
+SPLIT_SUM_TOLERANCE = 1e-6
+
+
+def check_split_fractions(fractions: Sequence[float]) -> list[float]:
+    """``fractions`` if they are one share per split (probe, calibration, evaluation), each
+    in [0, 1], summing to 1 within :data:`SPLIT_SUM_TOLERANCE`; else a ValueError. Shares that
+    do not add up are refused rather than rescaled, so the splits are the ones asked for.
+
+    Example:
+        >>> check_split_fractions([0.25, 0.15, 0.6])
+        [0.25, 0.15, 0.6]
+    """
+    values = list(fractions)
+    total = sum(values) if all(isinstance(x, int | float) for x in values) else math.nan
+    if len(values) != len(SPLITS) or not all(0.0 <= x <= 1.0 for x in values) \
+            or not abs(total - 1.0) <= SPLIT_SUM_TOLERANCE:
+        raise ValueError(
+            f"split_fractions must be {len(SPLITS)} shares in [0, 1] ({', '.join(SPLITS)}) "
+            f"that sum to 1 (within {SPLIT_SUM_TOLERANCE:g}), got {values} (sum {total:g}); "
+            "for example 0.25,0.15,0.6")
+    return values
+
+
 def plan_facts(pool: Sequence[PopQAFact], *, n_facts: int, ladder: Sequence[int], seed: int,
                split_fractions: Sequence[float] = (0.3, 0.2, 0.5),
                relations: Sequence[str] | None = None, popularity_bins: int = 3) -> list[Fact]:
@@ -271,10 +298,7 @@ def plan_facts(pool: Sequence[PopQAFact], *, n_facts: int, ladder: Sequence[int]
         raise ValueError(f"n_facts must be >= 1, got {n_facts}")
     if not ladder or any(r < 0 for r in ladder) or len(set(ladder)) != len(ladder):
         raise ValueError(f"ladder must be distinct non-negative counts, got {list(ladder)}")
-    if len(split_fractions) != len(SPLITS) or any(x < 0 for x in split_fractions) \
-            or sum(split_fractions) <= 0:
-        raise ValueError(f"split_fractions must be {len(SPLITS)} non-negative numbers "
-                         f"(probe, calibration, evaluation), got {list(split_fractions)}")
+    check_split_fractions(split_fractions)
     names = sorted(relations) if relations else sorted({f.prop for f in pool})
     unknown = [r for r in names if r not in TEMPLATES]
     if unknown:

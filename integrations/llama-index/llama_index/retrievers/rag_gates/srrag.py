@@ -53,6 +53,7 @@ class SelfRoutingRetriever(GatedRetriever):
         >>> from llama_index.core.query_engine import RetrieverQueryEngine
         >>> from llama_index.retrievers.rag_gates import SelfRoutingRetriever
         >>> from rag_gates.srrag import SelfRoutingGate, SourcePolicy
+        >>> # read-only (the default): a private copy, so every worker process opens the folder
         >>> policy = SourcePolicy.open_existing(lm, path="~/.cache/rag-gates/srrag/policy")
         >>> retriever = SelfRoutingRetriever(index.as_retriever(similarity_top_k=3),
         ...                                  gate=SelfRoutingGate(lm, policy, tau=0.1))

@@ -1,0 +1,398 @@
+"""Certify a gate threshold on labelled questions: :func:`calibrate`.
+
+The promise: with probability at least ``1 - delta`` over the draw of the calibration
+questions, skipping retrieval below the certified threshold costs at most ``max_loss``
+(epsilon) accuracy against always retrieving, on the population the questions came from.
+It assumes the calibration questions and future questions are exchangeable (drawn from the
+same distribution, same model, retriever and corpus):
+:data:`~rag_gates.calibration.spec.ASSUMPTION`.
+
+How: Learn-then-Test fixed-sequence testing (:mod:`rag_gates.calibration.certify`) over the
+thresholds from "retrieve always" upward, with one of two tests
+(:mod:`rag_gates.calibration.bounds`): ``"binomial"`` (exact tail on the count of skipped
+questions retrieval would have fixed; conservative) or ``"wsr"`` (a betting test on the
+signed loss, which also counts the skipped questions where retrieval would have misled).
+A gate that could not score a question (None / NaN) never skips it (fail closed).
+The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates,
+predicting "closed-book answer wrong") is fitted on one half of the questions and certified
+on the other, never both on the same rows.
+
+Example:
+    >>> from rag_gates.calibration import calibrate, read_records, ModelIdentity
+    >>> report = calibrate(read_records("records.jsonl"), max_loss=0.05, delta=0.1,
+    ...     model=ModelIdentity.of(lm), retriever="bm25 over docs/")  # doctest: +SKIP
+    >>> [(r.gate, r.threshold, r.observed_skip_rate) for r in report.rows]  # doctest: +SKIP
+    >>> report.best.save("gate.json")                                             # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+from numpy.typing import NDArray
+from pydantic import BaseModel, ConfigDict, Field
+
+from rag_gates.calibration.bounds import clopper_pearson
+from rag_gates.calibration.certify import Bound, certified_cut, cut_table
+from rag_gates.calibration.fit import fit_logistic, usable_score
+from rag_gates.calibration.records import CalibrationRecord
+from rag_gates.calibration.spec import (
+    ASSUMPTION,
+    GateSpec,
+    ModelIdentity,
+    RateInterval,
+    WeightedFit,
+    package_versions,
+    utc_now,
+)
+from rag_gates.errors import CalibrationError
+
+__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "fit_composite",
+           "skip_curve"]
+
+MIN_QUESTIONS = 30
+"""Fewer calibration questions than this are refused: no bound certifies anything useful."""
+
+
+class GateRow(BaseModel):
+    """One gate's certification.
+
+    ``skip_rate.observed`` is the share of certification questions that skip retrieval at
+    the certified threshold (:attr:`observed_skip_rate`), ``skip_rate.lower`` /
+    ``skip_rate.upper`` its Clopper-Pearson interval (confidence ``1 - delta``) for the
+    population; :attr:`certified_skip_rate` is the lower end: the saving you can count on.
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    gate: str
+    auroc: float | None = Field(None, description="AUROC for 'closed-book answer wrong' on "
+                                "the certification rows (None with one class there).")
+    threshold: float | None = Field(..., description="Skip when score < threshold; None = "
+                                    "no threshold certified: always retrieve.")
+    n: int = Field(..., description="Certification rows.")
+    delta: float = Field(..., description="The level this row was certified at: the report's "
+                         "delta divided by the family size when family_wise.")
+    n_fit: int = Field(0, description="Rows the composite was fitted on (not certified on).")
+    unscored: int = Field(0, description="Certification rows the gate could not score.")
+    skip_rate: RateInterval
+    observed_drop: float = Field(..., description="Accuracy drop against always retrieving "
+                                 "on the certification rows.")
+    note: str = ""
+
+    @property
+    def certified(self) -> bool:
+        return self.threshold is not None
+
+    @property
+    def observed_skip_rate(self) -> float:
+        return self.skip_rate.observed
+
+    @property
+    def certified_skip_rate(self) -> float:
+        return self.skip_rate.lower if self.certified else 0.0
+
+
+class CalibrationReport(BaseModel):
+    """Every gate's certification at one (epsilon, delta, bound); :attr:`best` and
+    :meth:`spec_for` give the spec to save."""
+
+    model_config = ConfigDict(frozen=True)
+
+    rows: list[GateRow]
+    epsilon: float
+    delta: float
+    bound: Bound
+    questions: int
+    model: ModelIdentity
+    retriever: str
+    seed: int
+    family: int = Field(1, description="Rows certified together: each at delta / family, so "
+                        "the guarantee holds for any one picked from them (Bonferroni).")
+    composite: WeightedFit | None = None
+    composite_name: str | None = None
+    options: dict[str, object] = Field(default_factory=dict)
+
+    def row(self, gate: str) -> GateRow:
+        for row in self.rows:
+            if row.gate == gate:
+                return row
+        raise KeyError(f"no gate {gate!r} in this report; gates: "
+                       f"{', '.join(r.gate for r in self.rows)}")
+
+    @property
+    def best(self) -> GateSpec:
+        """The spec with the highest certified skip rate (ties: observed skip rate, then
+        AUROC); when no gate certified a threshold, the best-AUROC gate's "always retrieve"
+        spec."""
+        def key(row: GateRow) -> tuple[float, float, float]:
+            return (row.certified_skip_rate, row.observed_skip_rate if row.certified else -1,
+                    row.auroc if row.auroc is not None else -1.0)
+
+        return self.spec_for(max(self.rows, key=key).gate)
+
+    def spec_for(self, gate: str) -> GateSpec:
+        """The spec of one gate of this report (its threshold, guarantee and provenance)."""
+        row = self.row(gate)
+        composite = self.composite if gate == self.composite_name else None
+        retrieval = RateInterval(observed=1.0 - row.skip_rate.observed,
+                                 lower=1.0 - row.skip_rate.upper,
+                                 upper=1.0 - row.skip_rate.lower)
+        if row.certified:
+            picked = (f" (each of {self.family} gates certified at delta/{self.family}, so "
+                      "the guarantee holds for the one picked)") if self.family > 1 else ""
+            note = (f"With probability >= {1 - self.delta:g} over the {row.n} certification "
+                    f"questions, skipping retrieval when the {gate} score is below "
+                    f"{row.threshold:.6g} loses at most {self.epsilon:g} accuracy against "
+                    f"always retrieving ({self.bound} bound){picked}.")
+        else:
+            note = f"no threshold certified: always retrieve. {row.note}".strip()
+        return GateSpec(
+            gate=gate, composite=composite, options=dict(self.options),
+            threshold=row.threshold, certified=row.certified,
+            epsilon=self.epsilon, delta=self.delta, family=self.family, bound=self.bound,
+            n=row.n,
+            unscored=row.unscored, auroc=row.auroc, skip_rate=row.skip_rate,
+            retrieval_rate=retrieval, observed_drop=row.observed_drop, model=self.model,
+            retriever=self.retriever, versions=package_versions(), created=utc_now(),
+            assumption=ASSUMPTION, note=note).sealed()
+
+
+@dataclass(frozen=True)
+class _Column:
+    """One gate's scores (NaN = could not score) and signed losses, certification rows in
+    the order the betting test reads them."""
+
+    scores: NDArray[np.float64]
+    loss: NDArray[np.float64]
+    closed: NDArray[np.float64]
+    n_fit: int = 0
+    fit: WeightedFit | None = None
+    note: str = ""
+
+
+def _check(records: Sequence[CalibrationRecord], max_loss: float, delta: float,
+           bound: str) -> None:
+    for what, value in (("max_loss (epsilon)", max_loss), ("delta", delta)):
+        if isinstance(value, bool) or not isinstance(value, int | float) \
+                or not 0.0 < float(value) < 1.0:
+            raise CalibrationError(f"{what} must lie strictly between 0 and 1, got {value!r}")
+    if bound not in ("wsr", "binomial"):
+        raise CalibrationError(f"bound must be 'wsr' or 'binomial', got {bound!r}")
+    if len(records) < MIN_QUESTIONS:
+        raise CalibrationError(
+            f"{len(records)} calibration questions; at least {MIN_QUESTIONS} are needed (a "
+            "few hundred to skip a useful share of retrievals): label more questions")
+    closed = {r.closed_book_correct for r in records}
+    if len(closed) < 2:
+        state = "right" if closed == {True} else "wrong"
+        raise CalibrationError(
+            f"all {len(records)} closed-book answers are {state}: the labels hold one class, "
+            "so no gate can be told apart from a constant; calibrate on questions where the "
+            "model is sometimes right and sometimes wrong without retrieval")
+    ids = [r.id for r in records]
+    if len(set(ids)) != len(ids):
+        dup = next(i for i in ids if ids.count(i) > 1)
+        raise CalibrationError(f"question id {dup!r} appears more than once; each question "
+                               "must be one record")
+
+
+def _score(value: float | None) -> float:
+    return float(value) if value is not None and usable_score(value) else math.nan
+
+
+def _gate_names(records: Sequence[CalibrationRecord], gates: Sequence[str] | None) -> list[str]:
+    if gates is not None:
+        names = list(dict.fromkeys(gates))
+        missing = [g for g in names if not any(g in r.scores for r in records)]
+        if missing:
+            raise CalibrationError(f"no record holds a score for {', '.join(missing)}; gates "
+                                   f"scored: {', '.join(_gate_names(records, None))}")
+        return names
+    names = list(dict.fromkeys(k for r in records for k in r.scores))
+    if not names:
+        raise CalibrationError("the records hold no gate scores; score a gate first")
+    return names
+
+
+def _columns(records: Sequence[CalibrationRecord], names: list[str], composite: bool,
+             seed: int) -> dict[str, _Column]:
+    """Each gate's certification column (all rows, in a seeded random order), plus the
+    composite's (fitted on one half, certified on the other)."""
+    rng = np.random.default_rng(seed)
+    order = rng.permutation(len(records))
+    ordered = [records[i] for i in order]
+    loss = np.array([r.signed_loss_if_skipped for r in ordered], dtype=np.float64)
+    closed = np.array([float(r.closed_book_correct) for r in ordered])
+    table = {g: np.array([_score(r.scores.get(g)) for r in ordered]) for g in names}
+    out = {g: _Column(table[g], loss, closed) for g in names}
+    usable = [g for g in names if np.isfinite(table[g]).any()]
+    if composite and len(usable) >= 2:
+        name = f"weighted({','.join(usable)})"
+        half = len(ordered) // 2
+        fit_rows, cert_rows = np.arange(half), np.arange(half, len(ordered))
+        fit = fit_composite(usable, np.stack([table[g][fit_rows] for g in usable]),
+                            closed[fit_rows])
+        if fit is None:
+            out[name] = _Column(np.full(len(cert_rows), math.nan), loss[cert_rows],
+                                closed[cert_rows], n_fit=half,
+                                note="the composite could not be fitted: in its fitting half "
+                                     "the closed-book answers are all right or all wrong")
+        else:
+            x_cert = np.stack([table[g][cert_rows] for g in usable])
+            out[name] = _Column(_weighted_scores(fit, x_cert), loss[cert_rows],
+                                closed[cert_rows], n_fit=half, fit=fit)
+    return out
+
+
+def fit_composite(names: list[str], x_fit: NDArray[np.float64],
+                  closed_fit: NDArray[np.float64]) -> WeightedFit | None:
+    """The composite's logistic fit on its fitting rows (``x_fit``: one row of scores per
+    gate, NaN = unscored, left out): label "closed-book answer wrong", the questions a gate
+    should send to retrieval. None when those rows hold one class."""
+    keep = np.isfinite(x_fit).all(axis=0)
+    wrong = (closed_fit[keep] == 0).astype(int)
+    if keep.sum() < 2 or len(set(wrong.tolist())) < 2:
+        return None
+    fit = fit_logistic(x_fit[:, keep].tolist(), wrong.tolist())
+    return WeightedFit(gates=list(names), weights=fit.weights, bias=fit.bias,
+                       center=fit.center, scale=fit.scale, label="closed-book wrong",
+                       fit_rows=int(x_fit.shape[1]))
+
+
+def _weighted_scores(fit: WeightedFit, x: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The composite's probability per row (NaN where a sub-gate could not score): what
+    :class:`~rag_gates.gate.Weighted` computes from the same numbers."""
+    z = fit.bias + ((x.T - np.asarray(fit.center)) / np.asarray(fit.scale)) @ np.asarray(
+        fit.weights)
+    with np.errstate(over="ignore", invalid="ignore"):
+        p = np.where(z > -700, 1.0 / (1.0 + np.exp(-np.clip(z, -700.0, 700.0))), 0.0)
+    out: NDArray[np.float64] = np.where(np.isfinite(x).all(axis=0), p, math.nan)
+    return out
+
+
+def _auroc(scores: NDArray[np.float64], wrong: NDArray[np.float64]) -> float | None:
+    """Mann-Whitney AUROC (ties count half); an unscored row ranks above every score."""
+    s = np.where(np.isnan(scores), np.inf, scores)
+    pos, neg = s[wrong > 0], s[wrong <= 0]
+    if pos.size == 0 or neg.size == 0:
+        return None
+    greater = (pos[:, None] > neg[None, :]).sum()
+    ties = (pos[:, None] == neg[None, :]).sum()
+    return float((greater + 0.5 * ties) / (pos.size * neg.size))
+
+
+def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bound
+             ) -> GateRow:
+    n = column.scores.size
+    unscored = int(np.isnan(column.scores).sum())
+    pos, ok, ranked = cut_table(column.scores[None, :])
+    cut = int(certified_cut(pos, column.loss[None, :], ok, epsilon=epsilon, delta=delta,
+                            bound=bound)[0])
+    auroc = _auroc(column.scores, 1.0 - column.closed)
+    note = column.note
+    if unscored == n and not note:
+        note = f"{name} could not score any certification question"
+    threshold: float | None
+    if cut == 0:
+        threshold = None
+        if not note:
+            note = (f"not even the first threshold above 'retrieve always' passed the "
+                    f"{bound} test at epsilon {epsilon:g}, delta {delta:g} on {n} questions")
+    else:
+        scored = int(n - unscored)
+        top = float(ranked[0, cut - 1])
+        threshold = float(ranked[0, cut]) if cut < scored else math.nextafter(top, math.inf)
+    skipped = pos[0] < cut
+    lo, hi = clopper_pearson(cut, n, 1.0 - delta)
+    return GateRow(gate=name, auroc=auroc, threshold=threshold, n=n, delta=delta,
+                   n_fit=column.n_fit,
+                   unscored=unscored,
+                   skip_rate=RateInterval(observed=cut / n, lower=lo, upper=hi),
+                   observed_drop=float(column.loss[skipped].sum() / n), note=note)
+
+
+def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
+              delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+              model: ModelIdentity, retriever: str, gates: Sequence[str] | None = None,
+              composite: bool = True, seed: int = 0, family_wise: bool = True,
+              options: dict[str, object] | None = None) -> CalibrationReport:
+    """Certify a threshold for every gate scored in ``records`` (and a fitted composite).
+
+    Args:
+        records: one :class:`CalibrationRecord` per labelled question (at least
+            :data:`MIN_QUESTIONS`; the closed-book labels must hold both classes).
+        max_loss: epsilon, the accuracy drop against always retrieving the threshold may
+            cost, in (0, 1).
+        delta: the probability that the guarantee fails, in (0, 1).
+        bound: ``"wsr"`` (betting test on the signed loss; tighter) or ``"binomial"``
+            (exact tail on the harm count; conservative).
+        model: the identity of the model that answered (:meth:`ModelIdentity.of`).
+        retriever: one line describing the retriever and corpus behind the labels.
+        gates: the gates to certify (default: every gate scored in the records).
+        composite: also fit and certify a Weighted composite of the gates (two or more).
+        seed: the random order the betting test reads the questions in, and the composite's
+            fit/certify split.
+        family_wise: certify each of the G rows (gates and composite) at ``delta / G``, so
+            that the one :attr:`CalibrationReport.best` picks keeps the guarantee at
+            ``delta`` (Bonferroni). With False each row holds at ``delta`` on its own, and
+            picking the best of several breaks it (measured: benchmarks/calibration_mc.py,
+            row "best"). With one gate the two are the same.
+        options: the gates' factory options, recorded in every spec (e.g. the dataset of
+            the QA prompt).
+
+    The guarantee, per gate: with probability >= 1 - delta over the draw of the
+    calibration questions, the accuracy drop against always retrieving is <= max_loss on
+    the population they came from. It assumes calibration and future questions are
+    exchangeable (same distribution, model, retriever and corpus). With ``family_wise``
+    (the default) it also holds for the gate :attr:`CalibrationReport.best` picks.
+
+    Raises:
+        CalibrationError: fewer than 30 questions, one closed-book class, epsilon or delta
+            outside (0, 1), an unknown bound, duplicate ids, or gates nobody scored.
+    """
+    _check(records, max_loss, delta, bound)
+    names = _gate_names(records, gates)
+    columns = _columns(records, names, composite, seed)
+    family = len(columns) if family_wise else 1
+    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound)
+            for name, col in columns.items()]
+    fitted = next(((n, c.fit) for n, c in columns.items() if c.n_fit), (None, None))
+    return CalibrationReport(rows=rows, epsilon=float(max_loss), delta=float(delta),
+                             bound=bound, questions=len(records), model=model,
+                             retriever=retriever, seed=seed, family=family,
+                             composite=fitted[1],
+                             composite_name=fitted[0], options=dict(options or {}))
+
+
+def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequence[float], *,
+               delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+               seed: int = 0) -> list[tuple[float, float]]:
+    """``(epsilon, skip rate at the certified threshold on the certification rows)`` for
+    each epsilon: the price of the guarantee, for a plot. ``gate`` is a gate scored in the
+    records, or the composite's name (``weighted(A,B,...)``, fitted as :func:`calibrate`
+    does with the same ``seed``).
+
+    Example:
+        >>> skip_curve(records, "answer-logprob", [0.01, 0.02, 0.05])   # doctest: +SKIP
+        [(0.01, 0.0), (0.02, 0.11), (0.05, 0.31)]
+    """
+    if not epsilons:
+        return []
+    _check(records, float(epsilons[0]), delta, bound)
+    composite = gate.startswith("weighted(")
+    names = _gate_names(records, None) if composite else _gate_names(records, [gate])
+    columns = _columns(records, names, composite, seed)
+    if gate not in columns:
+        raise CalibrationError(f"no gate {gate!r} to certify; available: "
+                               f"{', '.join(columns)}")
+    out = []
+    for eps in epsilons:
+        _check(records, float(eps), delta, bound)
+        row = _certify(columns[gate], gate, float(eps), delta, bound)
+        out.append((float(eps), row.observed_skip_rate))
+    return out

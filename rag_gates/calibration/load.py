@@ -1,0 +1,258 @@
+"""Serve a certified gate: :func:`load_gate` builds the gate a spec names and wraps it so
+every decision uses the certified threshold and names the spec and its guarantee.
+
+Gates are built by name from a small core registry (no benchmark import):
+``first-token-prob`` and ``answer-logprob`` (need ``lm``), ``quco`` (needs ``corpus=``, a
+:class:`~rag_gates.corpus.CorpusStats`), ``cbdr`` (needs ``lm`` and a probe: ``probe=`` or
+the one shipped for the embedded model), any name added with :func:`register_gate`, and
+expressions of them (:data:`rag_gates.gate.GATE_GRAMMAR`).
+
+Example:
+    >>> from rag_gates.calibration import load_gate
+    >>> gate = load_gate("gate.json", lm=lm)                        # doctest: +SKIP
+    >>> d = gate.decide("Who wrote Hamlet?")                        # doctest: +SKIP
+    >>> d.retrieve, d.evidence["spec"]["epsilon"]                   # doctest: +SKIP
+    (False, 0.05)
+"""
+
+from __future__ import annotations
+
+import math
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
+
+from rag_gates._text import check_text
+from rag_gates.calibration.spec import GateSpec, ModelIdentity
+from rag_gates.errors import CalibrationError, SpecModelMismatchError
+from rag_gates.gate import UNDECIDED_SCORE, Gate, Weighted, parse_gate_expression
+from rag_gates.types import GateDecision
+
+__all__ = ["CertifiedGate", "GateContext", "available_core_gates", "load_gate",
+           "register_gate"]
+
+
+@dataclass(frozen=True)
+class GateContext:
+    """What a gate factory may need: the model, the corpus statistics, a CBDR probe, and
+    the spec's options."""
+
+    lm: Any = None
+    corpus: Any = None
+    probe: Any = None
+    options: dict[str, Any] = field(default_factory=dict)
+
+    def need_lm(self, gate: str) -> Any:
+        if self.lm is None:
+            raise CalibrationError(f"gate {gate!r} needs the model: pass lm= to load_gate")
+        return self.lm
+
+    def need_corpus(self, gate: str) -> Any:
+        if self.corpus is None:
+            raise CalibrationError(f"gate {gate!r} needs corpus statistics: pass corpus= "
+                                   "(a LocalInfiniGram / HostedInfiniGram) to load_gate")
+        return self.corpus
+
+
+GateFactory = Callable[[GateContext, float | None], Gate]
+
+
+def _first_token(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.confidence import FirstTokenProbGate
+
+    return FirstTokenProbGate(ctx.need_lm("first-token-prob"),
+                              threshold=0.5 if threshold is None else threshold,
+                              dataset=ctx.options.get("dataset"))
+
+
+def _answer_logprob(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.confidence import AnswerLogprobGate
+
+    return AnswerLogprobGate(ctx.need_lm("answer-logprob"),
+                             threshold=1.0 if threshold is None else threshold,
+                             dataset=ctx.options.get("dataset"),
+                             max_new_tokens=int(ctx.options.get("max_new_tokens", 32)))
+
+
+def _quco(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.quco import QuCoGate
+
+    stats = ctx.need_corpus("quco")
+    if threshold is None:
+        return QuCoGate(stats)
+    # The rarity score lies in (0, 1]; the wrapper compares the certified threshold itself.
+    return QuCoGate.from_threshold(stats, min(1.0, max(threshold, 1e-12)))
+
+
+def _cbdr(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.cbdr.gate import CBDRGate
+
+    lm = ctx.need_lm("cbdr")
+    probe = ctx.probe
+    if probe is None:
+        from rag_gates.cbdr.shipped import load_default_probe
+
+        probe = load_default_probe(lm)
+    beta = 0.5 if threshold is None else min(1.0, max(0.0, 1.0 - threshold))
+    return CBDRGate(lm, probe, beta)
+
+
+_REGISTRY: dict[str, GateFactory] = {
+    "first-token-prob": _first_token,
+    "answer-logprob": _answer_logprob,
+    "quco": _quco,
+    "cbdr": _cbdr,
+}
+
+
+def register_gate(name: str, factory: GateFactory) -> None:
+    """Make ``name`` buildable by :func:`load_gate` (``factory(ctx, threshold) -> Gate``)."""
+    if not name or any(c in name for c in "()&|,: "):
+        raise ValueError(f"a gate name has no spaces or ()&|,: characters, got {name!r}")
+    _REGISTRY[name] = factory
+
+
+def available_core_gates() -> list[str]:
+    """The names :func:`load_gate` can build."""
+    return sorted(_REGISTRY)
+
+
+def _build(name: str, ctx: GateContext, threshold: float | None) -> Gate:
+    if name not in _REGISTRY:
+        raise CalibrationError(f"the spec names gate {name!r}, which load_gate cannot build; "
+                               f"known: {', '.join(available_core_gates())} (add one with "
+                               "rag_gates.calibration.register_gate)")
+    return _REGISTRY[name](ctx, threshold)
+
+
+def _undecided(d: GateDecision) -> bool:
+    return "undecided" in d.evidence or not math.isfinite(d.score) or d.score >= UNDECIDED_SCORE
+
+
+class CertifiedGate:
+    """A gate at its certified threshold: retrieves when the inner gate's score is at or
+    above the spec's threshold (or it could not decide), and every decision carries
+    ``evidence["spec"]`` (the spec's name or path, epsilon, delta, bound, n, threshold).
+    A spec without a certified threshold always retrieves without consulting the gate.
+
+    The inner gate's decision is copied, never changed: its evidence (e.g. the closed-book
+    answer of ``answer-logprob``) stays, with the ``spec`` entry added.
+    """
+
+    def __init__(self, inner: Gate | None, spec: GateSpec, *, source: str | None = None
+                 ) -> None:
+        self.inner = inner
+        self.spec = spec
+        self.source = source or spec.gate
+        self._summary = spec.summary(self.source)
+        self.threshold = spec.threshold if spec.threshold is not None else -sys.float_info.max
+        self._name = spec.gate if spec.certified else f"always-retrieve({spec.gate})"
+        self._guarantee = (f"certified: accuracy drop <= {spec.epsilon:g} with probability "
+                           f">= {1 - spec.delta:g} ({spec.bound}, n={spec.n})")
+
+    @property
+    def name(self) -> str:
+        return self._name
+
+    def _always(self, latency_ms: float = 0.0) -> GateDecision:
+        return GateDecision(
+            gate=self._name, retrieve=True, score=0.0, threshold=self.threshold,
+            reason=f"{self.spec.gate}: no threshold certified ({self.source}): always retrieve",
+            evidence={"spec": dict(self._summary)}, latency_ms=latency_ms)
+
+    def _wrap(self, d: GateDecision) -> GateDecision:
+        evidence: dict[str, JsonValue] = {**d.evidence, "spec": dict(self._summary)}
+        if _undecided(d):
+            return d.model_copy(update={"retrieve": True, "threshold": self.threshold,
+                                        "evidence": evidence})
+        retrieve = d.score >= self.threshold
+        relation, verb = (">=", "retrieve") if retrieve else ("<", "answer without retrieval")
+        reason = (f"{d.gate} score {d.score:.4g} {relation} certified threshold "
+                  f"{self.threshold:.4g} ({self._guarantee}): {verb}")
+        return d.model_copy(update={"retrieve": retrieve, "threshold": self.threshold,
+                                    "reason": reason, "evidence": evidence})
+
+    def decide(self, query: str, **signals: Any) -> GateDecision:
+        if self.inner is None:
+            check_text(query, "query")
+            return self._always()
+        return self._wrap(self.inner.decide(query, **signals))
+
+    async def adecide(self, query: str, **signals: Any) -> GateDecision:
+        if self.inner is None:
+            check_text(query, "query")
+            return self._always()
+        return self._wrap(await self.inner.adecide(query, **signals))
+
+    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+        if self.inner is None:
+            for q in queries:
+                check_text(q, "query")
+            return [self._always() for _ in queries]
+        return [self._wrap(d) for d in self.inner.decide_batch(queries, **signals)]
+
+    def __repr__(self) -> str:
+        return f"CertifiedGate({self._name!r}, threshold={self.spec.threshold!r}, " \
+               f"source={self.source!r})"
+
+
+def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: Any = None,
+              probe: Any = None, allow_other_model: bool = False) -> CertifiedGate:
+    """Build the certified gate a spec file (or :class:`GateSpec`) describes.
+
+    Args:
+        path_or_spec: a ``gate.json`` written by ``rag-gates calibrate`` /
+            :meth:`GateSpec.save`, or the spec itself.
+        lm: the model that will answer; its identity must match the spec's (the guarantee
+            was measured on that model's answers).
+        corpus: corpus statistics for ``quco``.
+        probe: a CBDR :class:`~rag_gates.cbdr.ConfidenceProbe` (default: the shipped one).
+        allow_other_model: serve a spec calibrated for another model (or without ``lm`` to
+            check against): its guarantee then does not apply.
+
+    Raises:
+        CalibrationError: the file is missing, truncated, edited by hand (checksum) or names
+            a gate that cannot be built (or lacks what it needs).
+        SpecModelMismatchError: ``lm`` is not the model the spec was calibrated for.
+    """
+    if isinstance(path_or_spec, GateSpec):
+        spec = GateSpec.from_json_dict(path_or_spec.model_dump(mode="json"))
+        source = spec.gate
+    else:
+        spec = GateSpec.load(path_or_spec)
+        source = str(path_or_spec)
+    if not allow_other_model:
+        if lm is None:
+            raise CalibrationError(
+                f"{source} was calibrated for model {spec.model.name!r}: pass lm= (the model "
+                "that will answer) so load_gate can check it, or allow_other_model=True to "
+                "serve it without the check (the guarantee then does not apply)")
+        here = ModelIdentity.of(lm)
+        if not spec.model.matches(here):
+            raise SpecModelMismatchError(
+                f"{source} was calibrated for model {spec.model.name!r} (fingerprint "
+                f"{spec.model.fingerprint[:12]}), but lm is {here.name!r} (fingerprint "
+                f"{here.fingerprint[:12]}): its guarantee does not transfer. Recalibrate "
+                "with rag-gates calibrate for this model, or pass allow_other_model=True")
+    if not spec.certified:
+        return CertifiedGate(None, spec, source=source)
+    ctx = GateContext(lm=lm, corpus=corpus, probe=probe, options=dict(spec.options))
+    inner: Gate
+    if spec.composite is not None:
+        fit = spec.composite
+        subs = [_build(g, ctx, None) for g in fit.gates]
+        inner = Weighted(subs, fit.weights, fit.bias, center=fit.center, scale=fit.scale,
+                         threshold=float(spec.threshold or 0.0), name=spec.gate)
+    else:
+        def resolve(name: str, threshold: float | None) -> Gate:
+            return _build(name, ctx, threshold)
+
+        whole = spec.gate if (":" in spec.gate or any(c in spec.gate for c in "()&|,")) \
+            else None
+        inner = parse_gate_expression(whole, resolve) if whole is not None \
+            else _build(spec.gate, ctx, spec.threshold)
+    return CertifiedGate(inner, spec, source=source)

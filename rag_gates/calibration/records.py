@@ -1,0 +1,75 @@
+"""Per-question calibration records: what a certified threshold is computed from.
+
+One record per labelled question: each gate's score on it (higher = more need to retrieve,
+``None`` when the gate could not score it) and whether the closed-book answer and the
+answer with retrieval were right. ``rag-gates calibrate`` writes them as JSONL; the
+certification in :mod:`rag_gates.calibration` reads nothing else.
+
+Example:
+    >>> from rag_gates.calibration.records import CalibrationRecord
+    >>> r = CalibrationRecord(id="q1", question="Who wrote Hamlet?", closed_book_correct=True,
+    ...                       retrieved_correct=True, scores={"answer-logprob": 0.12})
+    >>> r.harm_if_skipped, r.help_if_skipped
+    (False, False)
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable
+from pathlib import Path
+
+from pydantic import BaseModel, ConfigDict, Field
+
+__all__ = ["CalibrationRecord", "read_records", "write_records"]
+
+
+class CalibrationRecord(BaseModel):
+    """One labelled question with every gate's score on it."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    id: str = Field(..., min_length=1, description="Stable question id.")
+    question: str = Field(..., description="The question as asked.")
+    closed_book_correct: bool = Field(..., description="The answer without retrieval is right.")
+    retrieved_correct: bool = Field(..., description="The answer with retrieval is right.")
+    scores: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="Gate name or expression -> score (higher = retrieve); None = could not score.")
+    closed_book_answer: str | None = Field(None, description="The closed-book reply, if kept.")
+
+    @property
+    def harm_if_skipped(self) -> bool:
+        """Skipping retrieval here loses a right answer."""
+        return self.retrieved_correct and not self.closed_book_correct
+
+    @property
+    def help_if_skipped(self) -> bool:
+        """Skipping retrieval here gains a right answer (retrieval would have misled)."""
+        return self.closed_book_correct and not self.retrieved_correct
+
+    @property
+    def signed_loss_if_skipped(self) -> int:
+        """Accuracy change of skipping against retrieving, in {-1, 0, 1} (1 = a loss)."""
+        return int(self.retrieved_correct) - int(self.closed_book_correct)
+
+
+def write_records(records: Iterable[CalibrationRecord], path: str | Path) -> None:
+    """Write records as JSONL (one object per line)."""
+    with Path(path).open("w", encoding="utf-8") as handle:
+        for record in records:
+            handle.write(record.model_dump_json() + "\n")
+
+
+def read_records(path: str | Path) -> list[CalibrationRecord]:
+    """Read records written by :func:`write_records`, naming the file and line on a bad line."""
+    records: list[CalibrationRecord] = []
+    with Path(path).open(encoding="utf-8") as handle:
+        for number, line in enumerate(handle, 1):
+            if not line.strip():
+                continue
+            try:
+                records.append(CalibrationRecord.model_validate(json.loads(line)))
+            except ValueError as error:
+                raise ValueError(f"{path}:{number}: not a calibration record: {error}") from None
+    return records

@@ -1,0 +1,267 @@
+"""The gate spec file: a certified threshold with everything its guarantee depends on.
+
+A :class:`GateSpec` is written as JSON (``spec.save("gate.json")``) with a SHA-256 checksum
+over every other field, so a file that was truncated or edited by hand is refused when read
+(:class:`~rag_gates.errors.CalibrationError`) instead of serving a threshold nobody
+certified. It records the model it was calibrated for (:class:`ModelIdentity`: a name and a
+fingerprint of the weights or of the endpoint); :func:`rag_gates.calibration.load_gate`
+refuses it for another model.
+
+Example:
+    >>> spec = GateSpec.load("gate.json")                              # doctest: +SKIP
+    >>> spec.threshold, spec.epsilon, spec.delta, spec.assumption      # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import datetime as _dt
+import hashlib
+import json
+import math
+import platform
+from pathlib import Path
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from rag_gates._io import write_text_atomic
+from rag_gates.errors import CalibrationError
+
+__all__ = ["ASSUMPTION", "SPEC_FORMAT", "GateSpec", "ModelIdentity", "RateInterval",
+           "WeightedFit", "package_versions"]
+
+SPEC_FORMAT = "rag-gates/gate-spec/1"
+
+ASSUMPTION = (
+    "The guarantee assumes that the calibration questions and the questions the gate will "
+    "serve are exchangeable (drawn from the same distribution), answered by the same model "
+    "with the same retriever and corpus; it bounds the accuracy drop against always "
+    "retrieving, averaged over that distribution, not on any single question.")
+"""The sentence every spec carries: what the guarantee assumes."""
+
+
+class ModelIdentity(BaseModel):
+    """Which model a spec was calibrated for: a readable name and a fingerprint (of the
+    weights for a local model, of the endpoint and model name for a served one).
+
+    Example:
+        >>> ModelIdentity(name="openai:http://h/v1#m", fingerprint="0f3a").matches(
+        ...     ModelIdentity(name="renamed", fingerprint="0f3a"))
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    name: str = Field(..., description="The model's id (path, hub id, or endpoint#model).")
+    fingerprint: str = Field(..., min_length=1,
+                             description="SHA-256 (hex) identifying the weights or endpoint.")
+    kind: Literal["weights", "endpoint", "name"] = Field(
+        "name", description="What the fingerprint covers.")
+
+    def matches(self, other: ModelIdentity) -> bool:
+        """Same fingerprint (the name may differ: a model moved to another directory is
+        the same model)."""
+        return self.fingerprint == other.fingerprint
+
+    @classmethod
+    def of(cls, lm: Any) -> ModelIdentity:
+        """The identity of a loaded model: for a model with torch weights
+        (``HFWhiteBoxLM``) a SHA-256 over every tensor's name, shape, dtype and up to 4,096
+        evenly spaced values (milliseconds, and any fine-tuning step changes it); for a served
+        model (``OpenAICompatibleLM``) the endpoint and model name; otherwise the model id.
+        """
+        name = str(getattr(lm, "model_id", None) or type(lm).__name__)
+        model = getattr(lm, "model", None)
+        if model is not None and hasattr(model, "state_dict"):
+            return cls(name=name, fingerprint=_weights_fingerprint(model), kind="weights")
+        base_url = getattr(lm, "base_url", None)
+        if base_url is not None:
+            served = getattr(lm, "model_name", None)
+            if served is None and hasattr(lm, "_resolve_model") and hasattr(lm, "_call"):
+                # The server names its model (GET /models) on the first request; ask now so
+                # the identity does not depend on whether a request was made yet.
+                served = lm._call(lm._resolve_model())
+            key = f"{base_url}#{served or '?'}"
+            return cls(name=name, fingerprint=_sha(key), kind="endpoint")
+        return cls(name=name, fingerprint=_sha(name), kind="name")
+
+
+def _sha(text: str) -> str:
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
+def _weights_fingerprint(model: Any, samples: int = 4096) -> str:
+    import torch
+
+    digest = hashlib.sha256()
+    with torch.no_grad():
+        for key, tensor in sorted(model.state_dict().items()):
+            flat = tensor.detach().reshape(-1)
+            digest.update(f"{key}|{tuple(tensor.shape)}|{tensor.dtype}|".encode())
+            if flat.numel() == 0:
+                continue
+            step = max(1, flat.numel() // samples)
+            picked = flat[::step][:samples].to(torch.float32).cpu().numpy()
+            digest.update(picked.tobytes())
+    return digest.hexdigest()
+
+
+class RateInterval(BaseModel):
+    """A proportion measured on the certification rows, with its Clopper-Pearson interval
+    (two-sided, confidence ``1 - delta``) for the population."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    observed: float = Field(..., ge=0.0, le=1.0)
+    lower: float = Field(..., ge=0.0, le=1.0)
+    upper: float = Field(..., ge=0.0, le=1.0)
+
+
+class WeightedFit(BaseModel):
+    """A fitted :class:`~rag_gates.gate.Weighted` composite (its sub-gates by name)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    gates: list[str] = Field(..., min_length=1)
+    weights: list[float]
+    bias: float
+    center: list[float]
+    scale: list[float]
+    label: str = Field("closed-book wrong",
+                       description="What the logistic regression predicted.")
+    fit_rows: int = Field(..., ge=0, description="Rows the weights were fitted on; the "
+                          "threshold was certified on the others.")
+
+
+def package_versions() -> dict[str, str]:
+    """rag-gates, numpy and Python versions, as recorded in a spec."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    out = {"python": platform.python_version()}
+    for dist in ("rag-gates", "numpy", "transformers", "torch"):
+        try:
+            out[dist] = version(dist)
+        except PackageNotFoundError:
+            continue
+    return out
+
+
+class GateSpec(BaseModel):
+    """A certified gate: what to build, at which threshold, and the guarantee.
+
+    ``threshold`` is None when no threshold was certified: the gate then always retrieves
+    (``certified`` is False and ``note`` says so). The guarantee: with probability at least
+    ``1 - delta`` over the draw of the ``n`` certification questions, the accuracy drop
+    against always retrieving is at most ``epsilon`` on the population they came from
+    (:data:`ASSUMPTION`).
+
+    Example:
+        >>> spec.save("gate.json"); GateSpec.load("gate.json") == spec   # doctest: +SKIP
+        True
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    format: Literal["rag-gates/gate-spec/1"] = "rag-gates/gate-spec/1"
+    gate: str = Field(..., min_length=1, description="Gate name or expression (a composite's "
+                      "name when ``composite`` is set).")
+    composite: WeightedFit | None = Field(None, description="A fitted Weighted composite.")
+    options: dict[str, Any] = Field(default_factory=dict,
+                                    description="Keyword options of the gate's factory "
+                                                "(e.g. the prompt's dataset).")
+    threshold: float | None = Field(..., description="Skip retrieval when score < threshold; "
+                                    "None = no threshold certified: always retrieve.")
+    certified: bool
+    epsilon: float = Field(..., gt=0.0, lt=1.0, description="The bound on the accuracy drop.")
+    delta: float = Field(..., gt=0.0, lt=1.0, description="The probability it may fail.")
+    family: int = Field(1, ge=1, description="Gates certified together, each at "
+                        "delta / family, so the guarantee holds for this one picked from them.")
+    bound: Literal["wsr", "binomial"]
+    n: int = Field(..., ge=1, description="Certification questions.")
+    unscored: int = Field(0, ge=0, description="Certification questions the gate could not "
+                          "score (counted as retrieved: fail closed).")
+    auroc: float | None = Field(None, description="AUROC of the score for 'closed-book "
+                                "answer wrong' on the certification rows.")
+    skip_rate: RateInterval = Field(..., description="Share of questions that skip retrieval.")
+    retrieval_rate: RateInterval
+    observed_drop: float = Field(..., description="Accuracy drop against always retrieving "
+                                 "on the certification rows (negative = a gain).")
+    model: ModelIdentity
+    retriever: str = Field(..., description="The retriever and corpus the labels used.")
+    versions: dict[str, str] = Field(default_factory=dict)
+    created: str = Field(..., description="UTC date and time (ISO 8601).")
+    assumption: str = ASSUMPTION
+    note: str = Field("", description="One human sentence: the guarantee, or why none.")
+    checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
+                          "field; written by save().")
+
+    def payload_checksum(self) -> str:
+        """The checksum this spec's content should carry."""
+        body = self.model_dump(mode="json", exclude={"checksum"})
+        text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
+        return _sha(text)
+
+    def sealed(self) -> GateSpec:
+        """This spec with its checksum filled in."""
+        return self.model_copy(update={"checksum": self.payload_checksum()})
+
+    def save(self, path: str | Path) -> Path:
+        """Write the spec as JSON (atomically), checksum included; returns the path."""
+        out = Path(path)
+        out.parent.mkdir(parents=True, exist_ok=True)
+        sealed = self.sealed()
+        write_text_atomic(out, json.dumps(sealed.model_dump(mode="json"), indent=2,
+                                          allow_nan=False) + "\n")
+        return out
+
+    @classmethod
+    def load(cls, path: str | Path) -> GateSpec:
+        """Read a spec written by :meth:`save`; a file that is missing, truncated, not a spec,
+        or whose checksum does not match its content raises
+        :class:`~rag_gates.errors.CalibrationError`."""
+        file = Path(path)
+        if not file.is_file():
+            raise CalibrationError(f"{file}: no such gate spec; write one with "
+                                   "rag-gates calibrate --out {file}")
+        text = file.read_text(encoding="utf-8")
+        try:
+            data = json.loads(text)
+        except ValueError as error:
+            raise CalibrationError(
+                f"{file} is not valid JSON ({error}): the file is truncated or damaged; "
+                "recalibrate with rag-gates calibrate") from None
+        return cls.from_json_dict(data, source=str(file))
+
+    @classmethod
+    def from_json_dict(cls, data: Any, *, source: str = "<spec>") -> GateSpec:
+        """Validate a spec's JSON object and its checksum (see :meth:`load`)."""
+        if not isinstance(data, dict) or data.get("format") != SPEC_FORMAT:
+            raise CalibrationError(f"{source} is not a rag-gates gate spec (expected "
+                                   f"format {SPEC_FORMAT!r}); write one with rag-gates "
+                                   "calibrate")
+        try:
+            spec = cls.model_validate(data)
+        except ValidationError as error:
+            raise CalibrationError(f"{source} is not a complete gate spec: {error}") from None
+        if not spec.checksum:
+            raise CalibrationError(f"{source} carries no checksum: it was not written by "
+                                   "GateSpec.save; recalibrate")
+        if spec.checksum != spec.payload_checksum():
+            raise CalibrationError(
+                f"{source}: checksum mismatch: the file was edited by hand or damaged after "
+                "it was written, so its threshold is no longer the certified one; recalibrate "
+                "(rag-gates calibrate) instead of editing the threshold")
+        if spec.threshold is not None and not math.isfinite(spec.threshold):
+            raise CalibrationError(f"{source}: threshold {spec.threshold!r} is not finite")
+        return spec
+
+    def summary(self, name: str | None = None) -> dict[str, Any]:
+        """What every decision's ``evidence["spec"]`` names: the spec and its guarantee."""
+        return {"name": name or self.gate, "epsilon": self.epsilon, "delta": self.delta,
+                "bound": self.bound, "n": self.n, "threshold": self.threshold,
+                "certified": self.certified}
+
+
+def utc_now() -> str:
+    """The current UTC time, ISO 8601 to the second."""
+    return _dt.datetime.now(_dt.UTC).replace(microsecond=0).isoformat()
