@@ -36,17 +36,23 @@ from __future__ import annotations
 import argparse
 import contextlib
 import json
+import sys
 import tempfile
 from collections.abc import Awaitable, Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
+
+from llama_cpp_tool_server import add_client_arguments, check_ready, local_server
+
+# Before the frameworks and models load: what is missing is said in one line (exit 2).
+if __name__ == "__main__":
+    check_ready(sys.argv[1:], {"langchain_openai": 'pip install "langchain-rag-gates[examples]"'})
 
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
 from langchain_rag_gates import ClaimVerifierTool, GatedRetriever, GatedRetrieverTool
-from llama_cpp_tool_server import add_client_arguments, local_server
 from my_documents import my_documents, write_jsonl
 
 from rag_gates.corpus import LocalInfiniGram, build_index

@@ -8,7 +8,7 @@ wrapped in LangChain's ``ContextualCompressionRetriever`` with CBDR's
 much each one raises the model's probed confidence that it answers right,
 ``Inc = Conf(q + paragraph) - Conf(q)``, and the best three are kept. ``route_by_gate`` with a
 ``CBDRGate`` sends each question through that retrieval chain only when ``Conf(q)`` is at most
-``BETA``; otherwise the model answers directly.
+the probe's calibrated ``beta``; otherwise the model answers directly.
 
     .venv/bin/python examples/langchain_cbdr.py
 
@@ -22,10 +22,11 @@ Needs ``langchain-classic`` (``ContextualCompressionRetriever`` lives there in L
 1.x), ``langchain-huggingface`` and ``langchain-qdrant``: ``pip install
 "langchain-rag-gates[examples]"``. The probe is the one shipped for the embedded SmolLM2
 (``load_default_probe``; set ``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates
-cbdr train-probe``). ``BETA`` belongs to a probe: 0.57 for the shipped one, calibrated with
-``rag-gates eval-gate --gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best
-accuracy; ``beta = 1 - threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same
-way for your probe.
+cbdr train-probe``). The gate's ``beta`` belongs to the probe and travels with it (``probe.json``'s
+``calibration``, ``probe.beta``): 0.57 for the shipped one, calibrated with ``rag-gates
+eval-gate --gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best accuracy; ``beta = 1
+- threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same way for your probe, or
+pass ``beta=`` to the gate.
 """
 
 from __future__ import annotations
@@ -48,7 +49,6 @@ QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 # The embedded all-MiniLM-L6-v2, extracted once; or your model: "sentence-transformers/...", a path
 EMBED_MODEL = str(default_embedder_path())
@@ -85,10 +85,11 @@ rag_chain = with_docs | RunnablePassthrough.assign(
     answer={"context": lambda x: format_docs(x["docs"]), "question": lambda x: x["question"]}
     | rag_prompt | llm)
 direct_chain = RunnablePassthrough.assign(docs=lambda x: [], answer=direct_prompt | llm)
-chain = route_by_gate(CBDRGate(lm, probe, beta=BETA), retrieve=rag_chain, direct=direct_chain)
+gate = CBDRGate(lm, probe)  # skips retrieval when Conf(q) > probe.beta (calibrated, above)
+chain = route_by_gate(gate, retrieve=rag_chain, direct=direct_chain)
 
 print(f"probe: {probe.config.model_id}, layer {probe.layer}, prompts "
-      f"{probe.prompts.style!r}; beta {BETA}")
+      f"{probe.prompts.style!r}; beta {gate.beta:g}")
 for question in QUESTIONS:
     out: dict[str, Any] = chain.invoke({"question": question})
     decision = out["rag_gates"]

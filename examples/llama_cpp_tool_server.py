@@ -236,6 +236,53 @@ def add_client_arguments(parser: argparse.ArgumentParser, free_help: str) -> Non
     parser.add_argument("--free", action="store_true", help=free_help)
 
 
+SERVER_PACKAGES = {"llama_cpp.server": 'pip install "llama-cpp-python[server]"',
+                   "uvicorn": 'pip install "llama-cpp-python[server]"'}
+
+
+def _missing(packages: dict[str, str]) -> str | None:
+    """The install line of the first module that is not installed (None: all are)."""
+    import importlib.util
+
+    for module, install in packages.items():
+        try:
+            found = importlib.util.find_spec(module) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            return f"{module} is not installed: {install}"
+    return None
+
+
+def check_ready(argv: list[str], packages: dict[str, str]) -> None:
+    """Before any model or index loads: the example's packages (module -> install line) and a
+    server, either the one ``--base-url`` names (it must answer) or llama.cpp's server
+    installed, to start here. Otherwise print one line saying what to install or start, and
+    exit 2 (no traceback, no minutes of set-up first)."""
+    parser = argparse.ArgumentParser(add_help=False)
+    parser.add_argument("--base-url")
+    base_url = parser.parse_known_args(argv)[0].base_url
+    problem = _missing(packages)
+    if problem is None and base_url is None:
+        problem = _missing(SERVER_PACKAGES)
+        if problem is not None:
+            problem = (f"this example starts llama.cpp's server with the embedded SmolLM2, and "
+                       f"{problem} (or pass --base-url URL of a running OpenAI-compatible "
+                       "server)")
+    if problem is None and base_url is not None:
+        import httpx
+
+        try:
+            httpx.get(f"{base_url.rstrip('/')}/models", timeout=5.0)
+        except httpx.TransportError as error:
+            problem = (f"no server answers at {base_url} ({type(error).__name__}): start one, "
+                       "e.g. python examples/llama_cpp_tool_server.py --port 8080, and pass "
+                       "--base-url http://127.0.0.1:8080/v1")
+    if problem is not None:
+        print(f"error: {problem}", file=sys.stderr)
+        raise SystemExit(2)
+
+
 @contextlib.contextmanager
 def local_server(port: int | None = None, *, startup_s: float = 180.0,
                  extra_args: tuple[str, ...] = ()) -> Iterator[str]:

@@ -36,15 +36,21 @@ import asyncio
 import contextlib
 import json
 import os
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
 
-from llama_cpp_tool_server import add_client_arguments, local_server
+from llama_cpp_tool_server import add_client_arguments, check_ready, local_server
+
+# Before the frameworks and models load: what is missing is said in one line (exit 2).
+if __name__ == "__main__":
+    check_ready(sys.argv[1:], {"llama_index.llms.openai_like":
+                              'pip install "llama-index-rag-gates[examples]"'})
+
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
-from llama_index.llms.openai_like import OpenAILike
 from llama_index.retrievers.rag_gates import GatedRetriever
 from llama_index.tools.rag_gates import claim_verifier_tool, gated_retriever_tool
 from llama_index.vector_stores.qdrant import QdrantVectorStore
@@ -108,6 +114,8 @@ def main(argv: list[str] | None = None) -> None:
                                                 gate=QuCoGate(stats, tau_entity=TAU_ENTITY))),
         ]
         base_url = args.base_url or stack.enter_context(local_server())
+        from llama_index.llms.openai_like import OpenAILike
+
         llm = OpenAILike(model=args.model, api_base=base_url,
                          api_key=os.environ.get("OPENAI_API_KEY", "not-needed"),
                          is_chat_model=True, is_function_calling_model=True,

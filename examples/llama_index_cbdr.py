@@ -25,9 +25,11 @@ that model (``rag-gates cbdr train-probe``).
 
 The probe is the one shipped for the embedded SmolLM2 (``load_default_probe``; set
 ``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates cbdr train-probe``).
-``BETA`` belongs to a probe: 0.57 for the shipped one, calibrated with ``rag-gates eval-gate
---gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best accuracy; ``beta = 1 -
-threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same way for your probe.
+The gate's ``beta`` belongs to the probe and travels with it (``probe.json``'s
+``calibration``, ``probe.beta``): 0.57 for the shipped one, calibrated with ``rag-gates
+eval-gate --gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best accuracy; ``beta = 1
+- threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same way for your probe, or
+pass ``beta=`` to the gate.
 """
 
 from __future__ import annotations
@@ -49,7 +51,6 @@ QUESTIONS = [
     "Were Scott Derrickson and Ed Wood of the same nationality?",  # two obscure people
     "What is the capital of France?",  # what a model knows, if it knows anything
 ]
-BETA = 0.57  # skip retrieval when Conf(q) > BETA; calibrated for the shipped probe (above)
 CANDIDATES = 8  # paragraphs retrieved for the reranker
 MAX_NEW_TOKENS = 48
 # The embedded all-MiniLM-L6-v2, extracted once; or your model: "sentence-transformers/...", a path
@@ -68,14 +69,14 @@ index = VectorStoreIndex.from_documents(
 lm = load_default_lm()
 llm = RagGatesLLM(lm=lm, max_new_tokens=MAX_NEW_TOKENS)
 probe = load_default_probe(lm)  # refused if it was trained on another model
-gate = CBDRGate(lm, probe, beta=BETA)
+gate = CBDRGate(lm, probe)  # skips retrieval when Conf(q) > probe.beta (calibrated, above)
 retriever = GatedRetriever(index.as_retriever(similarity_top_k=CANDIDATES), gate=gate)
 reranker = ConfidenceGainReranker.from_probe(lm, probe, top_n=3, keep_retrieval_score=True)
 engine = RetrieverQueryEngine.from_args(retriever=retriever, llm=llm,
                                         node_postprocessors=[reranker])
 
 print(f"probe: {probe.config.model_id}, layer {probe.layer}, prompts "
-      f"{probe.prompts.style!r}; beta {BETA}")
+      f"{probe.prompts.style!r}; beta {gate.beta:g}")
 for question in QUESTIONS:
     response = engine.query(question)
     decision = retriever.last_decision

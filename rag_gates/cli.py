@@ -7,6 +7,7 @@ import math
 import os
 import platform
 import time
+from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,10 +18,19 @@ from rich.table import Table
 from rich.text import Text
 
 from rag_gates._console import error_line
+from rag_gates.commands._help import TidyGroup
+from rag_gates.eval.names import (
+    check_dataset,
+    check_gate_names,
+    check_methods,
+    check_retriever,
+    names_help,
+)
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Generation, Passage
 
 app = typer.Typer(
+    cls=TidyGroup,  # help without stray line breaks or '<bool>' after flags
     rich_markup_mode="rich",  # help texts escape brackets as \[
     help="rag-gates: decide when to retrieve and which retrieved text to trust.",
     no_args_is_help=True,
@@ -52,6 +62,9 @@ app.command("calibrate")(calibrate_command)
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
 POPQA_DEMO_DATA = _EXAMPLE_DATA / "popqa_dev_sample.jsonl"
+#: torch threads, for every command that loads a model.
+ThreadsOption = Annotated[int | None, typer.Option(
+    min=1, help="torch threads (default: torch's choice).")]
 _PACKAGES = ("rag-gates", "torch", "transformers", "sentence-transformers", "llama-index-core",
              "langchain-core", "llama-index-rag-gates", "langchain-rag-gates")
 
@@ -75,6 +88,7 @@ def _version(package: str) -> str:
 @app.command()
 def info(
     load: Annotated[bool, typer.Option(help="Load the default models and time the loads.")] = True,
+    threads: ThreadsOption = None,
 ) -> None:
     """Versions, threads, where the default models are, and how long they take to load."""
     from rag_gates.lm import defaults
@@ -96,13 +110,15 @@ def info(
     try:
         import torch
 
+        if threads is not None:  # as the model load would set them (process-wide)
+            torch.set_num_threads(threads)
         table.add_row("torch threads", str(torch.get_num_threads()))
     except ImportError:
         table.add_row("torch threads", Text('torch not installed: pip install "rag-gates[hf]"'))
     if load:
         _quiet_transformers()
         start = time.perf_counter()
-        lm = defaults.load_default_lm()
+        lm = defaults.load_default_lm(num_threads=threads)
         shape = f"{lm.num_layers} layers, hidden {lm.hidden_size}, context {lm.max_context}"
         table.add_row("default LM load", f"{time.perf_counter() - start:.2f} s ({shape})")
         start = time.perf_counter()
@@ -156,6 +172,7 @@ def demo(
     n: Annotated[int, typer.Option(min=1, help="How many questions to answer.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=512)] = 32,
     data: Annotated[Path, typer.Option(help="HotpotQA JSONL file.")] = DEMO_DATA,
+    threads: ThreadsOption = None,
 ) -> None:
     """Answer HotpotQA questions with the embedded model, with and without the gold passages,
     showing per-token confidence."""
@@ -166,7 +183,7 @@ def demo(
     _quiet_transformers()
     with console.status("loading the embedded SmolLM2 (the first run converts it, ~20 s)"):
         start = time.perf_counter()
-        lm = load_default_lm()
+        lm = load_default_lm(num_threads=threads)
     console.print(f"[bold]model[/] {lm.model_id}: loaded in {time.perf_counter() - start:.1f} s, "
                   f"{lm.num_layers} layers, {torch_threads()} threads")
     console.print("token colours: [green]p >= 0.7[/] [yellow]p >= 0.3[/] [red]p < 0.3[/]\n")
@@ -195,18 +212,23 @@ def demo(
     _demo_srrag(lm, POPQA_DEMO_DATA)
 
 
+def shipped_srrag_gate(lm: Any) -> Any:
+    """The demo's SR-RAG gate: the shipped policy (not ``$RAG_GATES_SRRAG_POLICY``) at the
+    tau calibrated with it, as ``SelfRoutingGate(lm, load_default_policy(lm))`` builds it."""
+    from rag_gates.srrag import SelfRoutingGate
+    from rag_gates.srrag.shipped import DEFAULT_POLICY_LABELS, load_default_policy
+
+    return SelfRoutingGate(lm, load_default_policy(lm, labels=DEFAULT_POLICY_LABELS))
+
+
 def _demo_srrag(lm: Any, data: Path) -> None:
     """SR-RAG on PopQA questions, the most and the least popular subjects first: the shipped
     policy (the model's own source labels on training rows, keyed by its hidden states) and
     the routing word's probability decide; questions are routed until one has gone each way,
     and those two are shown with their neighbours and answers."""
     from rag_gates.retrieval.bm25 import BM25Retriever
-    from rag_gates.srrag import DEFAULT_TAU, SelfRoutingGate, SRRAGPipeline
-    from rag_gates.srrag.shipped import (
-        DEFAULT_POLICY_LABELS,
-        load_default_policy,
-        read_policy_labels,
-    )
+    from rag_gates.srrag import SRRAGPipeline
+    from rag_gates.srrag.shipped import read_policy_labels
 
     if not data.is_file():
         console.print(f"[yellow]SR-RAG skipped: {data} is missing[/]")
@@ -219,9 +241,9 @@ def _demo_srrag(lm: Any, data: Path) -> None:
             ][: len(ranked)]
     header, _ = read_policy_labels()
     with console.status(f"keying the shipped policy's {header.questions} labelled questions"):
-        policy = load_default_policy(lm, labels=DEFAULT_POLICY_LABELS)  # not $RAG_GATES_...
-    tau = DEFAULT_TAU if header.tau is None else header.tau
-    gate = SelfRoutingGate(lm, policy, tau=tau)
+        gate = shipped_srrag_gate(lm)
+    policy, tau = gate.policy, gate.tau
+    assert policy is not None
     chosen = (f"the paper's {tau:g}, not calibrated for this model" if header.tau is None else
               f"{tau:.3g}, calibrated leave-one-out on the labelled questions: routes agree "
               f"with {100 * header.calibration.get('agreement', math.nan):.0f}% of their "
@@ -336,10 +358,9 @@ def _demo_cbdr(lm: Any, rows: list[dict[str, Any]]) -> None:
     """CBDR's probe gate on each question, and its confidence-gain ranking of the first
     question's ten paragraphs (the two gold ones marked)."""
     from rag_gates.cbdr import CBDRGate, ConfidenceGainReranker, load_default_probe
-    from rag_gates.eval.plugins.cbdr import BENCH_BETA
 
     probe = load_default_probe(lm)
-    gate = CBDRGate(lm, probe, beta=BENCH_BETA)
+    gate = CBDRGate(lm, probe)  # the beta calibrated with the probe (probe.json)
     console.print(f"\n[bold]CBDR[/]: probe on hidden state {probe.layer} of {lm.model_id} "
                   f"(dev AUROC {probe.config.metrics.get('dev_auroc', float('nan')):.3f}), "
                   f"skip retrieval when confidence > beta {gate.beta:g}")
@@ -406,9 +427,9 @@ def _demo_tokrag(lm: Any, rows: list[dict[str, Any]], max_new_tokens: int) -> No
 
 @app.command()
 def bench(
-    dataset: Annotated[str, typer.Option(help="hotpotqa, 2wiki, popqa or pubmedqa.")],
+    dataset: Annotated[str, typer.Option(help=names_help("dataset"))],
     out: Annotated[Path, typer.Option(help="Run directory (created; resumed if it exists).")],
-    methods: Annotated[str, typer.Option(help="Comma-separated method names.")] = "no-rag,single",
+    methods: Annotated[str, typer.Option(help=names_help("method"))] = "no-rag,single",
     n: Annotated[int, typer.Option(min=1, help="Number of questions.")] = 200,
     offset: Annotated[int, typer.Option(min=0, help="Questions skipped first.")] = 0,
     model: Annotated[str, typer.Option(
@@ -419,8 +440,7 @@ def bench(
     k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 48,
     data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
-    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
-                                                           "choice).")] = None,
+    threads: ThreadsOption = None,
     prefix_cache_mb: Annotated[float, typer.Option(
         min=0, help="In-process models: MB of recent prompts' keys and values kept, so a "
                     "prompt that extends one prefills only its new tokens (DeepRAG, FLARE); "
@@ -446,7 +466,6 @@ def bench(
     from rag_gates.eval.methods import split_method_list
     from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
 
-    _quiet_transformers()
     try:
         config = BenchConfig(dataset=dataset, methods=split_method_list(methods),
                              n=n, offset=offset, model=model, retriever=retriever, k=k,
@@ -457,8 +476,13 @@ def bench(
                              request_timeout=request_timeout)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    _check_names(lambda: check_dataset(dataset), lambda: check_retriever(retriever),
+                 lambda: check_methods(config.methods))
+    _quiet_transformers()  # after the checks: importing transformers takes a second or two
+    # Transient: an error (or the summary) is printed where the bar was, not under it.
     with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(done: int, total: int, running: dict[str, dict[str, float]]) -> None:
@@ -478,8 +502,8 @@ def bench(
 
 @app.command("eval-gate")
 def eval_gate(
-    gate: Annotated[str, typer.Option(help="Gate name, e.g. first-token-prob.")],
-    dataset: Annotated[str, typer.Option(help="hotpotqa, 2wiki, popqa or pubmedqa.")],
+    gate: Annotated[str, typer.Option(help=names_help("gate"))],
+    dataset: Annotated[str, typer.Option(help=names_help("dataset"))],
     out: Annotated[Path, typer.Option(help="Output directory.")],
     n: Annotated[int, typer.Option(min=2)] = 200,
     offset: Annotated[int, typer.Option(min=0)] = 0,
@@ -498,8 +522,7 @@ def eval_gate(
     )] = None,
     create_labels: Annotated[bool, typer.Option(
         "--create-labels", help="Create the --labels directory if it does not exist.")] = False,
-    threads: Annotated[int | None, typer.Option(min=1, help="torch threads (default: torch's "
-                                                           "choice).")] = None,
+    threads: ThreadsOption = None,
 ) -> None:
     """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
     retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json."""
@@ -507,7 +530,6 @@ def eval_gate(
 
     from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
 
-    _quiet_transformers()
     try:
         config = GateEvalConfig(gate=gate, dataset=dataset, n=n, offset=offset, model=model,
                                 retriever=retriever, k=k, max_new_tokens=max_new_tokens,
@@ -517,8 +539,12 @@ def eval_gate(
                                 create_labels=create_labels, threads=threads)
     except ValueError as exc:
         raise typer.BadParameter(str(exc)) from exc
+    _check_names(lambda: check_gate_names(gate), lambda: check_dataset(dataset),
+                 lambda: check_retriever(retriever))
+    _quiet_transformers()
     with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
+                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
+                  transient=True) as bar:
         task = bar.add_task("starting", total=None)
 
         def progress(stage: str, done: int, total: int) -> None:
@@ -589,6 +615,17 @@ def report(
         console.print(error_line(exc))
         raise typer.Exit(2) from exc
     console.print(f"wrote {path}")
+
+
+def _check_names(*checks: Callable[[], None]) -> None:
+    """Run the name checks before anything loads: an unknown name ends the command with the
+    valid ones (exit 2), in seconds rather than after the model has answered."""
+    try:
+        for check in checks:
+            check()
+    except (ValueError, OSError) as exc:  # OSError: weighted(FILE) without its file
+        console.print(error_line(exc), highlight=False, soft_wrap=True)
+        raise typer.Exit(2) from exc
 
 
 def torch_threads() -> int:

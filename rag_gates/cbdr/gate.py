@@ -8,7 +8,7 @@ from that forward pass, and on a skip the answer continues from the same KV cach
 costs one tiny MLP and no second prefill.
 
 Example:
-    >>> gate = CBDRGate(lm, ConfidenceProbe.load("probe/", lm=lm), beta=0.9)
+    >>> gate = CBDRGate(lm, ConfidenceProbe.load("probe/", lm=lm))  # the probe's calibrated beta
     >>> probed = gate.prefill("Who wrote Hamlet?", max_new_tokens=32)
     >>> probed.decision.retrieve, probed.confidence
     (False, 0.97)
@@ -62,15 +62,17 @@ class CBDRGate(BaseGate):
     Args:
         lm: the white-box model the probe was trained on (a text-only model is refused).
         probe: a trained :class:`ConfidenceProbe` (refused if trained on another model).
-        beta: skip retrieval when ``Conf(q) > beta``; calibrate it per probe with
-            ``rag-gates eval-gate --gate cbdr`` (the paper's 0.98 was for its own probe).
+        beta: skip retrieval when ``Conf(q) > beta``; None (the default): the beta calibrated
+            with the probe (:attr:`ConfidenceProbe.beta`, 0.5 for a probe without one).
+            Calibrate it per probe with ``rag-gates eval-gate --gate cbdr`` (the paper's 0.98
+            was for its own probe).
         batch_size: questions per forward pass in :meth:`decide_batch`.
     """
 
     name = "cbdr"
     threshold_range = (0.0, 1.0)  # 1 - the probe's confidence
 
-    def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float = 0.5, *,
+    def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float | None = None, *,
                  batch_size: int = 8) -> None:
         self.lm = require_white_box(
             lm, "CBDRGate", instead="QuCoGate (text only) to decide, and CrossEncoderReranker "
@@ -79,6 +81,8 @@ class CBDRGate(BaseGate):
             raise TypeError(f"probe must be a ConfidenceProbe, got {type(probe).__name__}; "
                             "load one with ConfidenceProbe.load(directory, lm=lm)")
         probe.check_compatible(self.lm)
+        if beta is None:  # the probe's own calibration travels with it
+            beta = probe.beta
         if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta <= 1:
             raise ValueError(f"beta is a confidence in [0, 1], got {beta!r}")
         super().__init__(threshold=1.0 - float(beta))

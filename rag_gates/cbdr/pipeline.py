@@ -38,7 +38,7 @@ class CBDRPipeline:
         lm: the white-box model the probe was trained on.
         retriever: any rag_gates Retriever (adapters wrap LlamaIndex and LangChain ones).
         probe: the trained :class:`ConfidenceProbe`.
-        beta: skip retrieval when ``Conf(q) > beta``.
+        beta: skip retrieval when ``Conf(q) > beta`` (None: the probe's calibrated beta).
         candidates: passages retrieved for reranking.
         k: passages given to the model after reranking.
         reranker: default :class:`ConfidenceGainReranker` on the same model and probe.
@@ -46,7 +46,7 @@ class CBDRPipeline:
     """
 
     def __init__(self, lm: Any, retriever: Retriever, probe: ConfidenceProbe, *,
-                 beta: float = 0.5, candidates: int = 10, k: int = 3,
+                 beta: float | None = None, candidates: int = 10, k: int = 3,
                  reranker: PassageReranker | None = None, max_new_tokens: int = 128,
                  name: str = "cbdr") -> None:
         if not isinstance(retriever, Retriever):

@@ -39,7 +39,11 @@ import torch  # noqa: E402
 from safetensors.torch import load_file, save_file  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
-__all__ = ["ConfidenceProbe", "ProbeConfig", "ProbeTraining", "default_layer", "train_probe"]
+__all__ = ["DEFAULT_BETA", "ConfidenceProbe", "ProbeCalibration", "ProbeConfig", "ProbeTraining",
+           "default_layer", "train_probe"]
+
+#: The beta of a probe that carries no calibration (the gate retrieves when Conf(q) <= beta).
+DEFAULT_BETA = 0.5
 
 FORMAT_VERSION = 1
 CONFIG_FILE = "probe.json"
@@ -49,6 +53,24 @@ WEIGHTS_FILE = "probe.safetensors"
 def default_layer(lm: Any) -> int:
     """The card's middle layer: ``hidden_states[len // 2]`` with embeddings at index 0."""
     return (int(lm.num_layers) + 1) // 2
+
+
+class ProbeCalibration(BaseModel):
+    """The beta calibrated for a probe, kept with it so every gate built on the probe uses the
+    same one (unless given another).
+
+    Example:
+        >>> ProbeCalibration(beta=0.57, made_with="rag-gates eval-gate --gate cbdr ...").beta
+        0.57
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    beta: float = Field(..., ge=0.0, le=1.0, description=(
+        "Skip retrieval when Conf(q) > beta: the gates' default for this probe."))
+    made_with: str = Field("", description="The command (and rows) it was calibrated with.")
+    expected: dict[str, float] = Field(default_factory=dict, description=(
+        "What the calibration rows showed at this beta (accuracy, retrieval_rate)."))
 
 
 class ProbeConfig(BaseModel):
@@ -69,6 +91,8 @@ class ProbeConfig(BaseModel):
         64, ge=1, description="Token budget of the greedy answers the labels came from.")
     trained_on: dict[str, JsonValue] = Field(default_factory=dict)
     metrics: dict[str, JsonValue] = Field(default_factory=dict)
+    calibration: ProbeCalibration | None = Field(
+        None, description="The calibrated beta (None: not calibrated, DEFAULT_BETA).")
 
 
 def _mlp(d: int, hidden_dims: Sequence[int], dropout: float) -> torch.nn.Sequential:
@@ -104,6 +128,13 @@ class ConfidenceProbe:
     @property
     def prompts(self) -> ProbePrompts:
         return self.config.prompts
+
+    @property
+    def beta(self) -> float:
+        """The beta calibrated for this probe (its ``probe.json``), else :data:`DEFAULT_BETA`:
+        what a gate on this probe uses unless given one."""
+        calibration = self.config.calibration
+        return DEFAULT_BETA if calibration is None else calibration.beta
 
     def check_compatible(self, lm: Any) -> None:
         """Raise :class:`ProbeMismatchError` unless ``lm`` is the model the probe was trained on

@@ -138,6 +138,7 @@ def export_command(
     demonstration: Annotated[bool, typer.Option(
         help="Keep the one-shot example in the training prompts (default: the paper's "
              "instruction alone, which is what the trained model is then run with).")] = False,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
 ) -> None:
     """Turn synthesized trajectories into TRL SFTTrainer / DPOTrainer records."""
     from rag_gates.deeprag.export import export_dpo, export_sft
@@ -152,7 +153,7 @@ def export_command(
             {"style": style, "demonstration": DEMONSTRATION if demonstration else None})
         found = read_rows(rows)
         with console.status(f"loading {model}"):
-            lm = load_lm(model)
+            lm = load_lm(model, num_threads=threads)
         for kind, path, export in (("SFT", sft, export_sft), ("DPO", dpo, export_dpo)):
             if path is not None:
                 stats = export(found, path, lm, fmt)

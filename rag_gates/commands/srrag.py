@@ -306,6 +306,7 @@ def export_command(
     rule: Annotated[str | None, typer.Option(
         help="Recompute the preferred source under 'sum' or 'top-n' (default: as labelled)."
     )] = None,
+    threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
 ) -> None:
     """Turn source labels into SR-RAG's two-stage training data for TRL's SFTTrainer and
     DPOTrainer."""
@@ -317,7 +318,7 @@ def export_command(
             raise ValueError("nothing to write: give --stage1 FILE and/or --dpo FILE")
         headers, rows = _read_label_files(labels, rule)
         with console.status(f"loading {model}"):
-            lm = load_lm(model)
+            lm = load_lm(model, num_threads=threads)
         _check_labeller(headers, lm, "SR-RAG trains a model on its own labels")
         for kind, path, export in (("stage 1", stage1, export_stage1),
                                    ("DPO", dpo, export_stage2_dpo)):

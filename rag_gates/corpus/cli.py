@@ -102,7 +102,11 @@ def build(
     table.add_row("documents", f"{report.documents:,}")
     table.add_row("tokens", f"{report.tokens:,} ({report.text_tokens:,} text tokens)")
     table.add_row("size", _human_bytes(report.size_bytes))
-    table.add_row("time", f"{report.seconds:.1f} s ({report.tokens_per_second:,.0f} tokens/s)")
+    table.add_row("time", f"{report.index_seconds:.1f} s indexing "
+                          f"({report.tokens_per_second:,.0f} tokens/s)")
+    table.add_row("tokenizer load", f"{report.setup_seconds:.1f} s" + (
+        " (converted the embedded model: its first use on this machine, later builds reuse "
+        "the copy)" if report.converted_model else ""))
     skipped = ", ".join(f"{k}: {v:,}" for k, v in report.skipped.items()) or "none"
     table.add_row("skipped", skipped)
     for example in report.skipped_examples[:5]:

@@ -74,6 +74,17 @@ class CorpusTokenizer:
             raise ValueError(f"{p} is not a valid tokenizer.json ({exc})") from exc
         return cls(tk, name or str(p))
 
+    @staticmethod
+    def converts_model(spec: Any = None) -> bool:
+        """Whether resolving ``spec`` converts the embedded model first (the default tokenizer
+        before the model's first use on this machine: tens of seconds, once)."""
+        if not (spec is None or (isinstance(spec, str) and spec == "default")):
+            return False
+        from rag_gates.lm import defaults
+
+        return not (defaults._is_complete(defaults.default_lm_dir())
+                    and (defaults.default_lm_dir() / "tokenizer.json").is_file())
+
     @classmethod
     def resolve(cls, spec: Any = None) -> CorpusTokenizer:
         """Turn any accepted tokenizer spec (see the module docstring) into a CorpusTokenizer."""

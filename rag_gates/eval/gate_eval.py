@@ -41,6 +41,7 @@ from rag_gates.eval.datasets import DatasetLoad, load_dataset
 from rag_gates.eval.gates import check_gate_expression, make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
+from rag_gates.eval.names import check_dataset, check_gate_names, check_retriever
 from rag_gates.eval.runner import (
     BenchConfig,
     ConfigMismatchError,
@@ -173,7 +174,11 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
     another process is writing are waited for, up to ``labels_wait_s`` seconds (default: as
     long as it takes; then :class:`~rag_gates.errors.FileInUseError`), and read, not redone.
     """
-    # The expression (syntax, limits, thresholds, weights files) before a model loads.
+    # Every name before anything loads (the names alone import no plugin), then the
+    # expression (syntax, limits, thresholds, weights files) before a model loads.
+    check_gate_names(config.gate)
+    check_dataset(config.dataset)
+    check_retriever(config.retriever)
     check_gate_expression(config.gate)
     if config.labels_dir and not config.create_labels and not Path(config.labels_dir).is_dir():
         raise FileNotFoundError(

@@ -273,6 +273,19 @@ def available_methods() -> dict[str, Callable[[MethodContext], Method]]:
     return methods
 
 
+def available_method(name: str) -> Callable[[MethodContext], Method]:
+    """One method's factory by its base name, importing only that plugin (a method's
+    plugin can take seconds to import: torch, a framework)."""
+    if name in BUILTIN_METHODS:
+        return BUILTIN_METHODS[name]
+    for ep in entry_points(group=ENTRY_POINT_GROUP, name=name):
+        factory: Callable[[MethodContext], Method] = ep.load()
+        return factory
+    from rag_gates.eval.names import method_names
+
+    raise ValueError(f"unknown method {name!r}; valid names: {', '.join(method_names())}")
+
+
 def split_method_name(name: str) -> tuple[str, str | None]:
     """``"cbdr@0.9"`` -> ``("cbdr", "0.9")``; a name without ``@`` has no option."""
     base, sep, option = name.partition("@")

@@ -42,11 +42,10 @@ from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
 from rag_gates.eval.methods import (
     Method,
     MethodContext,
-    available_methods,
-    check_method_name,
     make_method,
 )
 from rag_gates.eval.metrics import score_answer
+from rag_gates.eval.names import check_dataset, check_methods, check_retriever
 
 __all__ = [
     "BenchConfig",
@@ -397,9 +396,11 @@ def run_bench(
     :class:`~rag_gates.errors.FileInUseError`, or with ``lock_wait_s`` is waited for (up to
     that many seconds; ``on_lock_wait()`` is called when the wait starts) and then resumed.
     """
-    known = available_methods()
-    for name in config.methods:
-        check_method_name(name, known)
+    # Every name before any data, plugin or model loads: a typo fails at once, with the
+    # valid names.
+    check_dataset(config.dataset)
+    check_retriever(config.retriever)
+    check_methods(config.methods)
     data = data or load_dataset(config.dataset, config.data_path, n=config.n,
                                 offset=config.offset)
     if data.skipped:

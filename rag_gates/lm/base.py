@@ -29,6 +29,7 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_gates.lm.hf import StreamGroup
 
 __all__ = [
+    "MAX_TOP_LOGPROBS",
     "BaseTextLM",
     "Capabilities",
     "ContinuationScore",
@@ -131,6 +132,10 @@ def as_messages(prompt: Sequence[ChatMessage | Mapping[str, str]]) -> list[ChatM
     return out
 
 
+#: The most top alternatives per token a model is asked for (OpenAI's limit).
+MAX_TOP_LOGPROBS = 20
+
+
 def validate_generation_args(
     max_new_tokens: int, stop: Sequence[str] | None, temperature: float, logprobs: int | None
 ) -> tuple[str, ...]:
@@ -148,9 +153,11 @@ def validate_generation_args(
     if not isinstance(temperature, int | float) or temperature < 0:
         raise ValueError(f"temperature must be a number >= 0 (0 = greedy), got {temperature!r}")
     if logprobs is not None and (
-        isinstance(logprobs, bool) or not isinstance(logprobs, int) or not 0 <= logprobs <= 20
+        isinstance(logprobs, bool) or not isinstance(logprobs, int)
+        or not 0 <= logprobs <= MAX_TOP_LOGPROBS
     ):
-        raise ValueError(f"logprobs (number of top alternatives) must be 0..20, got {logprobs!r}")
+        raise ValueError(f"logprobs (number of top alternatives) must be 0..{MAX_TOP_LOGPROBS}, "
+                         f"got {logprobs!r}")
     return stops
 
 

@@ -18,7 +18,7 @@ with a NaN weight gives NaN keys, whose "nearest" neighbours are arbitrary) or a
 
 Example:
     >>> policy = SourcePolicy.open(HiddenStateKeys(lm), path="~/.cache/rag-gates/srrag/policy")
-    >>> gate = SelfRoutingGate(lm, policy, tau=0.1)
+    >>> gate = SelfRoutingGate(lm, policy)   # the policy's calibrated tau, else DEFAULT_TAU
     >>> d = gate.decide("Who wrote Hamlet?")
     >>> d.retrieve, d.evidence["p_model"], d.evidence["p_datastore"], d.evidence["votes"]
     (False, 0.41, 0.2, {'retrieval': 6, 'parametric': 24})
@@ -65,7 +65,9 @@ class SelfRoutingGate(BaseGate):
         lm: the white-box model that answers (its routing distribution is ``p_M``).
         policy: the kNN datastore (needed unless ``mode="model"``). When its keys are this
             model's hidden states, they come from the routing pass itself.
-        tau: the threshold.
+        tau: the threshold; None (the default): the one calibrated with the policy
+            (``policy.tau``, e.g. the shipped policy's, in ``"product"`` mode), else
+            :data:`DEFAULT_TAU`. :attr:`tau_source` says which.
         mode: ``"product"``, ``"model"`` or ``"policy"``.
         prompt, layer: the routing prompt and key layer when there is no policy to take them
             from (default: :class:`RoutingPrompt` and the middle layer).
@@ -73,12 +75,18 @@ class SelfRoutingGate(BaseGate):
 
     threshold_range = (0.0, 1.0)  # a probability (or a product of two)
 
-    def __init__(self, lm: Any, policy: SourcePolicy | None = None, tau: float = DEFAULT_TAU,
+    def __init__(self, lm: Any, policy: SourcePolicy | None = None, tau: float | None = None,
                  *, mode: RoutingMode = "product", prompt: RoutingPrompt | None = None,
                  layer: int | None = None) -> None:
-        super().__init__(threshold=tau)
         if mode not in _NAMES:
             raise ValueError(f"mode must be one of {sorted(_NAMES)}, got {mode!r}")
+        # The calibration is of p_M * p_D: the other modes' scores are other numbers.
+        calibrated = getattr(policy, "tau", None) if mode == "product" else None
+        self.tau_source = ("given" if tau is not None else
+                           "calibrated with the policy" if calibrated is not None else
+                           "DEFAULT_TAU (the paper's, not calibrated for this model)")
+        super().__init__(threshold=tau if tau is not None else
+                         calibrated if calibrated is not None else DEFAULT_TAU)
         if mode != "model" and policy is None:
             raise ValueError(f"mode {mode!r} needs the kNN policy datastore (a SourcePolicy; "
                              "build one with rag-gates srrag build-policy), or use mode='model'")

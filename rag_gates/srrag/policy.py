@@ -245,6 +245,11 @@ class SourcePolicy:
         self.k = check_k(k)
         self.location = location
         self.distance = distance
+        self.tau: float | None = None
+        """The threshold calibrated for ``p_M * p_D`` on this policy's labels (set by
+        :func:`~rag_gates.srrag.shipped.load_default_policy` from the labels' header): what
+        a :class:`~rag_gates.srrag.gate.SelfRoutingGate` over it uses unless given a tau.
+        None: not calibrated."""
         if cache is None:  # local mode admits one client, so a copy of it cannot go stale
             options = getattr(client, "init_options", None) or {}
             cache = options.get("url") is None and (

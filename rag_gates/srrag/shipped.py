@@ -122,8 +122,9 @@ def load_default_policy(lm: Any, *, k: int | None = None,
     """A labels file (``labels``) keyed by ``lm``'s hidden states in an in-memory datastore;
     with no ``labels``, ``$RAG_GATES_SRRAG_POLICY`` (a built datastore: a directory, opened
     read-only so any number of processes share it, or a Qdrant URL) if set, else the
-    shipped file. ``k``: the file's own (see
-    :class:`ShippedLabelsHeader`) unless given.
+    shipped file. ``k``: the file's own (see :class:`ShippedLabelsHeader`) unless given. The
+    policy carries the file's calibrated tau (``policy.tau``; None with another ``k``), which
+    a :class:`SelfRoutingGate` over it uses unless given one.
 
     Raises:
         PolicyMismatchError: the labels were made with another model than ``lm`` (its own
@@ -147,4 +148,6 @@ def load_default_policy(lm: Any, *, k: int | None = None,
     policy = SourcePolicy.open(HiddenStateKeys(lm), path=":memory:",
                                k=k or header.k or DEFAULT_K)
     policy.add_questions(entries)
+    # The tau was calibrated with the file's own k: another k votes differently.
+    policy.tau = header.tau if k is None or k == header.k else None
     return policy

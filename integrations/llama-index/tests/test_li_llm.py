@@ -37,24 +37,44 @@ def llm(tiny_li: HFWhiteBoxLM) -> RagGatesLLM:
 @pytest.mark.parametrize("k", [0, 3])
 def test_complete_logprobs_match_generate(llm: RagGatesLLM, tiny_li: HFWhiteBoxLM, k: int) -> None:
     r = llm.complete(PROMPT, top_logprobs=k)
-    g = tiny_li.generate(PROMPT, max_new_tokens=N, logprobs=k)
+    # The model is asked for one more: the generated token is left out of the alternatives.
+    g = tiny_li.generate(PROMPT, max_new_tokens=N, logprobs=k + 1 if k else 0)
     assert r.text == g.text
     assert r.logprobs is not None and g.logprobs is not None
     assert len(r.logprobs) == len(g.logprobs) == g.completion_tokens
     for row, token in zip(r.logprobs, g.logprobs, strict=True):
-        # Convention: the generated token first, then its k top alternatives.
+        # Convention: the generated token first, then the k most likely other tokens.
         assert len(row) == k + 1
         assert (row[0].token, row[0].logprob, row[0].bytes) == (
             token.token, token.logprob, token.bytes
         )
-        assert [(a.token, a.logprob) for a in row[1:]] == [
-            (a.token, a.logprob) for a in token.top_logprobs
-        ]
+        others = [(a.token, a.logprob) for a in token.top_logprobs]
+        if k:
+            others.remove((token.token, token.logprob))  # greedy: the generated one is in it
+        assert [(a.token, a.logprob) for a in row[1:]] == others[:k]
     assert r.additional_kwargs["logprobs_layout"] == LOGPROBS_LAYOUT
     assert r.additional_kwargs["completion_tokens"] == g.completion_tokens
     assert r.additional_kwargs["prompt_tokens"] == g.prompt_tokens
     assert r.additional_kwargs["finish_reason"] == g.finish_reason
     assert r.raw.text == g.text
+
+
+def test_the_generated_token_is_not_listed_again_among_its_alternatives(
+    llm: RagGatesLLM, tiny_li: HFWhiteBoxLM
+) -> None:
+    """Greedy decoding picks the most likely token, which the model's own top-k lists first:
+    a row repeating it would show the chosen token as its own alternative (issue 31)."""
+    r = llm.complete(PROMPT, top_logprobs=2)
+    assert r.logprobs is not None
+    for row in r.logprobs:
+        assert len(row) == 3
+        chosen = (row[0].token, row[0].logprob)
+        assert chosen not in [(a.token, a.logprob) for a in row[1:]], row
+        assert all(a.logprob <= row[0].logprob for a in row[1:])  # greedy: the best first
+    chat = llm.chat(li_messages(), top_logprobs=1)
+    assert chat.logprobs is not None
+    assert all((row[0].token, row[0].logprob) != (row[1].token, row[1].logprob)
+               for row in chat.logprobs)
 
 
 def test_sampled_token_is_first_even_when_not_most_likely(

@@ -15,7 +15,12 @@ from llama_index.core.base.llms.types import (
 from llama_index.core.bridge.pydantic import Field
 from llama_index.core.llms import CustomLLM, MockLLM
 from llama_index.core.llms.callbacks import llm_completion_callback
-from llama_index.llms.rag_gates import RagGatesLLM, as_text_lm, from_llama_index_logprobs
+from llama_index.llms.rag_gates import (
+    LOGPROBS_LAYOUT,
+    RagGatesLLM,
+    as_text_lm,
+    from_llama_index_logprobs,
+)
 
 from rag_gates.lm.base import BaseTextLM, TextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
@@ -205,6 +210,13 @@ def test_from_llama_index_logprobs_layouts() -> None:
     assert chosen_first is not None
     assert chosen_first[0].token == "a"
     assert [t.token for t in chosen_first[0].top_logprobs] == ["b"]
+    # RagGatesLLM's rows leave the generated token out of its alternatives: it is put back
+    # by its log-probability, so the top-k reads as the model's own.
+    alternatives = from_llama_index_logprobs(
+        [[LogProb(token="b", logprob=-0.5), LogProb(token="a", logprob=-1.0),
+          LogProb(token="c", logprob=-2.0)]], 2, layout=LOGPROBS_LAYOUT)
+    assert alternatives is not None and alternatives[0].token == "b"
+    assert [t.token for t in alternatives[0].top_logprobs] == ["b", "a"]
     top_only = from_llama_index_logprobs(rows, 5)
     assert top_only is not None
     assert [t.token for t in top_only[0].top_logprobs] == ["a", "b"]

@@ -2,7 +2,8 @@
 
 Methods:
 
-- ``cbdr`` / ``cbdr@BETA``: gate at ``beta`` (default :data:`BENCH_BETA`), then BM25 top-
+- ``cbdr`` / ``cbdr@BETA``: gate at ``beta`` (default: the probe's calibrated beta,
+  :attr:`~rag_gates.cbdr.probe.ConfidenceProbe.beta`), then BM25 top-
   :data:`CANDIDATES` reranked by confidence gain, top-k to the model;
 - ``cbdr-ce@BETA``: the same gate with a fine-tuned cross-encoder reranker from
   ``$RAG_GATES_CBDR_RERANKER`` (the output of ``rag-gates cbdr train-reranker``).
@@ -24,20 +25,18 @@ from rag_gates.cbdr.shipped import load_default_probe
 from rag_gates.eval.methods import MethodContext, need_retriever
 from rag_gates.eval.plugins import unit_interval_option
 
-__all__ = ["BENCH_BETA", "CANDIDATES", "RERANKER_ENV", "cbdr_ce_method", "cbdr_gate",
+__all__ = ["CANDIDATES", "RERANKER_ENV", "cbdr_ce_method", "cbdr_gate",
            "cbdr_method", "parse_beta"]
 
-#: Calibrated on PopQA rows 0-499 with ``rag-gates eval-gate --gate cbdr`` (best accuracy:
-#: score threshold 0.4305, so beta = 1 - 0.4305; PopQA is held apart from HotpotQA).
-BENCH_BETA = 0.57
 #: Passages retrieved for the reranker to choose the top-k from.
 CANDIDATES = 10
 RERANKER_ENV = "RAG_GATES_CBDR_RERANKER"
 
 
-def parse_beta(option: str | None, method: str = "cbdr") -> float:
-    """The beta of ``cbdr@BETA`` / ``cbdr-ce@BETA`` (default :data:`BENCH_BETA`)."""
-    return unit_interval_option(option, method, "beta", BENCH_BETA)
+def parse_beta(option: str | None, method: str = "cbdr") -> float | None:
+    """The beta of ``cbdr@BETA`` / ``cbdr-ce@BETA``; None without an option (the probe's
+    calibrated beta, read when the probe loads)."""
+    return None if option is None else unit_interval_option(option, method, "beta", 0.0)
 
 
 def _pipeline(ctx: MethodContext, base: str, reranker: Any = None) -> CBDRPipeline:
@@ -71,9 +70,9 @@ cbdr_ce_method.validate_option = partial(parse_beta, method="cbdr-ce")  # type: 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:
     """The probe gate at score ``threshold`` (``1 - beta``, in [0, 1], checked by make_gate
-    against :attr:`cbdr_gate.threshold_range`); None means :data:`BENCH_BETA`."""
+    against :attr:`cbdr_gate.threshold_range`); None: the probe's calibrated beta."""
     # max(): one step above 1 is the "never retrieve" threshold eval-gate may calibrate.
-    beta = BENCH_BETA if threshold is None else max(0.0, 1.0 - threshold)
+    beta = None if threshold is None else max(0.0, 1.0 - threshold)
     return CBDRGate(ctx.lm, load_default_probe(ctx.lm), beta)
 
 

@@ -2,7 +2,8 @@
 
 Methods:
 
-- ``srrag`` / ``srrag@TAU``: route by ``p_M * p_D >= tau`` (default :data:`BENCH_TAU`);
+- ``srrag`` / ``srrag@TAU``: route by ``p_M * p_D >= tau`` (default: the datastore's
+  calibrated tau when it carries one, else :data:`BENCH_TAU`);
   retrieve top-k and answer, or verbalize (GenRead, 150 tokens) and answer from that;
 - ``srrag-no-knn@TAU``: the same with ``p_M`` alone (no datastore);
 - ``srrag-knn-only@TAU``: the same with ``p_D`` alone (the datastore's vote);
@@ -76,12 +77,13 @@ def _close_clients() -> None:
     _CLIENTS.clear()
 
 
-def parse_tau(option: str | None, method: str = "srrag") -> float:
-    """The tau of ``srrag@TAU`` (default :data:`BENCH_TAU`), a number in [0, 1]."""
-    return unit_interval_option(option, method, "tau", BENCH_TAU)
+def parse_tau(option: str | None, method: str = "srrag") -> float | None:
+    """The tau of ``srrag@TAU``, a number in [0, 1]; None without an option (the gate's
+    default: the policy's calibrated tau, else :data:`BENCH_TAU`)."""
+    return None if option is None else unit_interval_option(option, method, "tau", BENCH_TAU)
 
 
-def _parse_no_knn_tau(option: str | None) -> float:
+def _parse_no_knn_tau(option: str | None) -> float | None:
     return parse_tau(option, "srrag-no-knn")
 
 
@@ -112,7 +114,7 @@ def _skr_policy() -> SourcePolicy:
                              read_only=True)
 
 
-def _gate(ctx: MethodContext, tau: float, mode: RoutingMode) -> SelfRoutingGate:
+def _gate(ctx: MethodContext, tau: float | None, mode: RoutingMode) -> SelfRoutingGate:
     policy = None if mode == "model" else _policy(ctx.lm)
     return SelfRoutingGate(ctx.lm, policy, tau, mode=mode)
 
@@ -172,8 +174,9 @@ srrag_knn_only_method.validate_option = _parse_knn_only_tau  # type: ignore[attr
 
 
 def srrag_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:
-    """``p_M * p_D`` at tau ``threshold`` (None: :data:`BENCH_TAU`)."""
-    return _gate(ctx, BENCH_TAU if threshold is None else threshold, "product")
+    """``p_M * p_D`` at tau ``threshold`` (None: the policy's calibrated tau, else
+    :data:`BENCH_TAU`)."""
+    return _gate(ctx, threshold, "product")
 
 
 def srrag_no_knn_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:

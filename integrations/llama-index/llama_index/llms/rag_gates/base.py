@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import threading
 from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
 from typing import TYPE_CHECKING, Any, Literal
@@ -29,6 +30,7 @@ from llama_index.core.llms.custom import CustomLLM
 from llama_index.core.llms.llm import default_completion_to_prompt
 
 from rag_gates.lm.base import (
+    MAX_TOP_LOGPROBS,
     FormattedPrompt,
     Prompt,
     WhiteBoxLM,
@@ -51,8 +53,8 @@ __all__ = [
 
 LOGPROBS_LAYOUT_KEY = "logprobs_layout"
 """``additional_kwargs`` key naming how ``logprobs`` rows are laid out."""
-LOGPROBS_LAYOUT = "chosen_then_top"
-"""Row ``[0]`` is the generated token; rows ``[1:]`` are the top alternatives, best first."""
+LOGPROBS_LAYOUT = "chosen_then_alternatives"
+"""Row ``[0]`` is the generated token; ``[1:]`` the most likely other tokens, best first."""
 
 # Module-wide (not per instance) so that LLM objects stay deep-copyable.
 _LOAD_LOCK = threading.Lock()
@@ -72,27 +74,48 @@ _ROLES: dict[str, _Role] = {
 }
 
 
-def to_llama_index_logprobs(tokens: Sequence[TokenLogprob]) -> list[list[LogProb]]:
+def to_llama_index_logprobs(tokens: Sequence[TokenLogprob],
+                            alternatives: int | None = None) -> list[list[LogProb]]:
     """Convert rag-gates per-token log-probabilities to LlamaIndex's ``list[list[LogProb]]``.
 
     Row ``i`` describes generated token ``i``: ``row[0]`` is the token that was generated,
-    with its log-probability; ``row[1:]`` are the ``k`` most likely tokens at that position,
-    most likely first (OpenAI's ``top_logprobs``, so under greedy decoding ``row[1]`` repeats
-    ``row[0]``). LlamaIndex's OpenAI integration puts only the alternatives in a row; the
-    leading chosen token is what makes the generated token's own log-probability available
-    also after sampling. Responses mark this layout with
-    ``additional_kwargs["logprobs_layout"] == "chosen_then_top"``.
+    with its log-probability; ``row[1:]`` are the most likely *other* tokens at that
+    position, most likely first (at most ``alternatives``; None: every one in the token's
+    ``top_logprobs`` but the generated one, which OpenAI's ``top_logprobs`` would list again
+    under greedy decoding). LlamaIndex's OpenAI integration puts only the top tokens in a
+    row; the leading chosen token is what makes the generated token's own log-probability
+    available also after sampling. Responses mark this layout with
+    ``additional_kwargs["logprobs_layout"] == "chosen_then_alternatives"``.
+
+    Example:
+        >>> from rag_gates.types import TokenLogprob, TopLogprob
+        >>> t = TokenLogprob(token=" Shakespeare", logprob=-0.1, top_logprobs=[
+        ...     TopLogprob(token=" Shakespeare", logprob=-0.1),
+        ...     TopLogprob(token=" William", logprob=-2.5)])
+        >>> [p.token for p in to_llama_index_logprobs([t])[0]]
+        [' Shakespeare', ' William']
     """
     return [
         [
             LogProb(token=t.token, logprob=t.logprob, bytes=list(t.bytes or [])),
             *(
                 LogProb(token=a.token, logprob=a.logprob, bytes=list(a.bytes or []))
-                for a in t.top_logprobs
+                for a in _others(t)[:alternatives]
             ),
         ]
         for t in tokens
     ]
+
+
+def _others(token: TokenLogprob) -> list[Any]:
+    """The token's top alternatives without the token itself: the first entry with its text,
+    bytes and log-probability (byte-level models render several partial tokens as the same
+    text, so text alone would drop distinct alternatives)."""
+    for i, a in enumerate(token.top_logprobs):
+        if (a.token, a.bytes) == (token.token, token.bytes) and math.isclose(
+                a.logprob, token.logprob, rel_tol=1e-6, abs_tol=1e-6):
+            return [*token.top_logprobs[:i], *token.top_logprobs[i + 1:]]
+    return list(token.top_logprobs)
 
 
 def to_rag_gates_messages(messages: Sequence[ChatMessage]) -> list[RGChatMessage]:
@@ -299,8 +322,15 @@ class RagGatesLLM(CustomLLM):
         top = kwargs.get("top_logprobs", self.top_logprobs) if logprobs else None
         validate_generation_args(out["max_new_tokens"], out.get("stop"), out["temperature"], top)
         if logprobs:
-            out["logprobs"] = top
+            # One more than asked: the generated token is among the model's top ones and is
+            # left out of the alternatives (to_llama_index_logprobs).
+            out["logprobs"] = min(top + 1, MAX_TOP_LOGPROBS) if top else top
         return out
+
+    def _alternatives(self, kwargs: Mapping[str, Any]) -> int | None:
+        """How many alternatives per token the caller asked for (``top_logprobs``)."""
+        top: int | None = kwargs.get("top_logprobs", self.top_logprobs)
+        return top
 
     def _completion_input(self, prompt: str, formatted: bool) -> tuple[Prompt, bool | None]:
         """The model's prompt and the chat-template choice (None = the model's default)."""
@@ -326,7 +356,7 @@ class RagGatesLLM(CustomLLM):
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         text, template = self._completion_input(prompt, formatted)
         generation = self.lm.generate(text, chat_template=template, **gen_kwargs)
-        return _completion_response(generation)
+        return _completion_response(generation, self._alternatives(kwargs))
 
     @llm_completion_callback()
     def stream_complete(
@@ -343,7 +373,7 @@ class RagGatesLLM(CustomLLM):
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         text, template = self._completion_input(prompt, formatted)
         generation = await self.lm.agenerate(text, chat_template=template, **gen_kwargs)
-        return _completion_response(generation)
+        return _completion_response(generation, self._alternatives(kwargs))
 
     @llm_completion_callback()
     async def astream_complete(
@@ -359,7 +389,7 @@ class RagGatesLLM(CustomLLM):
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         prompt, template = self._chat_input(messages)
         generation = self.lm.generate(prompt, chat_template=template, **gen_kwargs)
-        return _chat_response(generation)
+        return _chat_response(generation, self._alternatives(kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
@@ -372,7 +402,7 @@ class RagGatesLLM(CustomLLM):
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         prompt, template = self._chat_input(messages)
         generation = await self.lm.agenerate(prompt, chat_template=template, **gen_kwargs)
-        return _chat_response(generation)
+        return _chat_response(generation, self._alternatives(kwargs))
 
     @llm_chat_callback()
     async def astream_chat(
@@ -383,11 +413,11 @@ class RagGatesLLM(CustomLLM):
         return _achat_stream(self.lm.astream(prompt, chat_template=template, **gen_kwargs))
 
 
-def _completion_response(generation: Generation) -> CompletionResponse:
+def _completion_response(generation: Generation, alternatives: int | None) -> CompletionResponse:
     return CompletionResponse(
         text=generation.text,
         logprobs=(
-            to_llama_index_logprobs(generation.logprobs)
+            to_llama_index_logprobs(generation.logprobs, alternatives)
             if generation.logprobs is not None
             else None
         ),
@@ -396,11 +426,11 @@ def _completion_response(generation: Generation) -> CompletionResponse:
     )
 
 
-def _chat_response(generation: Generation) -> ChatResponse:
+def _chat_response(generation: Generation, alternatives: int | None) -> ChatResponse:
     return ChatResponse(
         message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
         logprobs=(
-            to_llama_index_logprobs(generation.logprobs)
+            to_llama_index_logprobs(generation.logprobs, alternatives)
             if generation.logprobs is not None
             else None
         ),

@@ -73,19 +73,24 @@ def from_llama_index_logprobs(
 ) -> list[TokenLogprob] | None:
     """Convert LlamaIndex ``list[list[LogProb]]`` to rag-gates per-token log-probabilities.
 
-    ``layout="chosen_then_top"`` (what :class:`RagGatesLLM` returns): ``row[0]`` is the
-    generated token and ``row[1:]`` its alternatives. Any other layout is LlamaIndex's
+    ``layout="chosen_then_alternatives"`` (what :class:`RagGatesLLM` returns): ``row[0]`` is
+    the generated token and ``row[1:]`` the most likely other tokens; the generated token is
+    put back among them by its log-probability, so ``top_logprobs`` is the model's top-k as
+    rag-gates (and OpenAI) list it. ``"chosen_then_top"`` (earlier versions): ``row[1:]`` is
+    that top-k already. Any other layout is LlamaIndex's
     usual one (OpenAI integration): a row holds only the most likely tokens, so ``row[0]``
     stands for the generated token, which is exact under greedy decoding (rag-gates'
     default, ``temperature=0``) and an approximation when the LLM samples. ``top`` caps the
     alternatives kept. Returns None when a row is empty (the LLM sent no alternatives).
     """
-    chosen_first = layout == LOGPROBS_LAYOUT
+    chosen_first = layout in (LOGPROBS_LAYOUT, "chosen_then_top")
     out: list[TokenLogprob] = []
     for row in rows:
         if not row:
             return None
-        alternatives = row[1:] if chosen_first else row
+        alternatives = list(row[1:] if chosen_first else row)
+        if layout == LOGPROBS_LAYOUT:
+            alternatives = sorted([row[0], *alternatives], key=lambda a: -a.logprob)
         out.append(
             TokenLogprob(
                 token=row[0].token,

@@ -1,0 +1,190 @@
+"""The CLI checks every name before anything loads, says which names exist, and its help
+reads as written (issue 31, item 4).
+
+The commands run in a child process with an empty ``RAG_GATES_HOME``: loading the embedded
+model converts it into that directory and imports torch, so "nothing was written there and
+torch was never imported" is the observable proof that no model loaded.
+"""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+import pytest
+import typer
+from typer.testing import CliRunner
+
+from rag_gates.cli import app
+from rag_gates.eval.gates import BUILTIN_GATES
+from rag_gates.eval.methods import BUILTIN_METHODS
+from rag_gates.eval.names import (
+    BUILTIN_GATE_NAMES,
+    BUILTIN_METHOD_NAMES,
+    check_gate_names,
+    check_methods,
+    gate_names,
+    method_names,
+)
+
+ROOT = Path(__file__).resolve().parents[2]
+# Runs the CLI, then reports (after typer's exit) whether torch or transformers (a second or
+# two to import) were ever imported.
+RUN_CLI = ("import atexit, sys\n"
+           "atexit.register(lambda: print('torch imported:', 'torch' in sys.modules,\n"
+           "    'transformers imported:', 'transformers' in sys.modules))\n"
+           "from rag_gates.cli import main\n"
+           "sys.argv[0] = 'rag-gates'\n"
+           "main()\n")
+
+
+def run_cli(tmp_path: Path, *args: str) -> tuple[int, str, Path]:
+    home = tmp_path / "home"
+    env = dict(os.environ, RAG_GATES_HOME=str(home), COLUMNS="250", OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", RUN_CLI, *args], cwd=ROOT, env=env,
+                          capture_output=True, text=True, timeout=600, check=False)
+    return done.returncode, done.stdout + done.stderr, home
+
+
+def nothing_loaded(output: str, home: Path, out: Path) -> None:
+    assert "torch imported: False transformers imported: False" in output
+    assert not home.exists() or not any(home.iterdir()), sorted(home.rglob("*"))
+    assert not out.exists()
+
+
+def test_an_unknown_gate_fails_before_any_question_is_answered(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "eval-gate", "--gate", "nosuch", "--dataset",
+                                 "popqa", "--n", "4", "--out", str(out))
+    assert code == 2, output
+    assert "unknown gate 'nosuch'; valid names:" in output
+    assert "first-token-prob" in output and "answer-logprob" in output
+    nothing_loaded(output, home, out)
+
+
+def test_an_unknown_gate_inside_an_expression_is_named(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "eval-gate", "--gate", "first-token-prob&nosuch",
+                                 "--dataset", "popqa", "--n", "4", "--out", str(out))
+    assert code == 2, output
+    assert "unknown gate 'nosuch'" in output
+    nothing_loaded(output, home, out)
+
+
+def test_a_weighted_gate_without_its_file_fails_in_one_line(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "eval-gate", "--gate", "weighted(missing.json)",
+                                 "--dataset", "popqa", "--n", "4", "--out", str(out))
+    assert code == 2, output
+    assert "weighted(missing.json): no such file" in output and "Traceback" not in output
+    nothing_loaded(output, home, out)
+
+
+def test_an_unknown_dataset_fails_with_the_valid_names_and_no_progress_bar(
+        tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "bench", "--dataset", "nosuch", "--out", str(out))
+    assert code == 2, output
+    assert "unknown dataset 'nosuch'; valid names: 2wiki, hotpotqa, popqa, pubmedqa" in output
+    assert "starting" not in output and "0/?" not in output
+    nothing_loaded(output, home, out)
+
+
+def test_selective_with_an_unknown_gate_fails_before_the_model(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "bench", "--dataset", "popqa", "--n", "2",
+                                 "--methods", "no-rag,selective@quco|nosuch", "--out", str(out))
+    assert code == 2, output
+    assert "unknown gate 'nosuch'; valid names:" in output
+    nothing_loaded(output, home, out)
+
+
+def test_an_error_inside_the_run_leaves_no_progress_bar(tmp_path: Path) -> None:
+    out = tmp_path / "out"
+    code, output, _ = run_cli(tmp_path, "bench", "--dataset", "popqa", "--data",
+                              str(tmp_path / "missing.jsonl"), "--out", str(out))
+    assert code == 2, output
+    assert "missing.jsonl does not exist" in output
+    assert "starting" not in output and "0/?" not in output
+
+
+# ------------------------------------------------------------------- the names themselves
+def test_the_listed_builtin_names_are_the_registered_ones() -> None:
+    assert set(BUILTIN_GATE_NAMES) == set(BUILTIN_GATES)
+    assert set(BUILTIN_METHOD_NAMES) == set(BUILTIN_METHODS)
+    assert {"quco", "cbdr", "srrag"} <= set(gate_names())
+    assert {"quco", "cbdr", "deeprag", "tokrag", "srrag"} <= set(method_names())
+
+
+@pytest.mark.parametrize("expression", ["quco", "cbdr:0.4", "quco&cbdr",
+                                        "cascade(quco,first-token-prob,0.2,0.8)",
+                                        "(quco|answer-logprob:-1.2)&srrag"])
+def test_a_valid_expression_passes(expression: str) -> None:
+    check_gate_names(expression)
+
+
+@pytest.mark.parametrize(("names", "message"), [
+    (["no-rag", "nosuch"], "unknown method 'nosuch'; valid names:"),
+    (["no-rag@1"], "takes no @option"),
+    (["selective"], "selective needs a gate"),
+    (["selective@cbdr&nosuch"], "unknown gate 'nosuch'"),
+    ([], "no method given"),
+])
+def test_bad_method_lists_are_refused(names: list[str], message: str) -> None:
+    with pytest.raises(ValueError, match=message):
+        check_methods(names)
+
+
+def test_valid_method_lists_pass() -> None:
+    check_methods(["no-rag", "single", "selective@quco&cbdr", "fs-rag"])
+
+
+# ------------------------------------------------------------------------------- the help
+def _commands(command: Any, path: tuple[str, ...] = ()) -> list[tuple[str, ...]]:
+    found = [path]
+    for name, sub in sorted((getattr(command, "commands", None) or {}).items()):
+        found += _commands(sub, (*path, name))
+    return found
+
+
+COMMANDS = _commands(typer.main.get_command(app))
+
+
+@pytest.mark.parametrize("path", COMMANDS, ids=lambda p: " ".join(p) or "rag-gates")
+def test_help_shows_no_value_after_a_flag(path: tuple[str, ...]) -> None:
+    result = CliRunner().invoke(app, [*path, "--help"], env={"COLUMNS": "200"})
+    assert result.exit_code == 0, result.output
+    assert "--help" in result.output
+    assert "<bool>" not in result.output
+
+
+@pytest.mark.parametrize("group", [p for p in COMMANDS if p in ((), ("srrag",), ("cbdr",),
+                                                                ("deeprag",), ("index",))],
+                         ids=lambda p: " ".join(p) or "rag-gates")
+def test_command_summaries_are_not_broken_mid_sentence(group: tuple[str, ...]) -> None:
+    """At a width that fits every summary on one line, no summary wraps: a line of the
+    commands panel whose name column is empty is a docstring's own line break."""
+    result = CliRunner().invoke(app, [*group, "--help"], env={"COLUMNS": "400"})
+    panel = result.output.split("Commands")[1]
+    rows = [line for line in panel.splitlines() if line.startswith("│")]
+    assert rows, result.output
+    continued = [line for line in rows if line[1:].startswith("   ")]
+    assert continued == [], continued
+
+
+def test_every_command_that_loads_a_model_takes_threads() -> None:
+    """A command with --model (or info/demo, which load the embedded one) has --threads."""
+    root = typer.main.get_command(app)
+    missing = []
+    for path in COMMANDS:
+        command = root
+        for name in path:
+            command = command.commands[name]  # type: ignore[attr-defined]
+        params = {p.name for p in command.params}
+        loads = "model" in params or path in (("info",), ("demo",))
+        if loads and "threads" not in params:
+            missing.append(" ".join(path))
+    assert missing == []
