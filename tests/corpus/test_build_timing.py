@@ -53,6 +53,17 @@ def test_the_cli_shows_indexing_and_tokenizer_load_apart(tmp_path: Path,
 def test_a_first_build_says_it_converted_the_model(tmp_path: Path) -> None:
     """A fresh cache: the default tokenizer converts the embedded model first (tens of
     seconds); the report says so and keeps it out of the indexing time and rate."""
+    from rag_gates.lm import defaults
+    from rag_gates.lm.model_files import find_model_file
+
+    # A fresh home holding only what `rag-gates models install` leaves there: the GGUF (a
+    # link to this machine's copy), not yet converted.
+    gguf = find_model_file(defaults._LM_MODULE, defaults._LM_GGUF)
+    if gguf is None:
+        pytest.skip("embedded model not installed: rag-gates models install")
+    link = tmp_path / "home" / "model-files" / defaults._LM_MODULE / defaults._LM_GGUF
+    link.parent.mkdir(parents=True)
+    link.symlink_to(gguf)
     src = write_jsonl(tmp_path / "six.jsonl", SIX)
     env = {**os.environ, "RAG_GATES_HOME": str(tmp_path / "home"), "OMP_NUM_THREADS": "1",
            "COLUMNS": "200"}

@@ -39,7 +39,7 @@ from llama_index.llms.rag_gates.base import (
 )
 from llama_index.retrievers.rag_gates.convert import node_to_passage
 
-from rag_gates.lm.base import WhiteBoxLM
+from rag_gates.lm.base import MAX_TOP_LOGPROBS, WhiteBoxLM
 from rag_gates.types import Passage
 
 __all__ = ["CHOICES_KEY", "TokRAGLLM", "TokRAGSynthesizer", "to_passages"]
@@ -184,7 +184,8 @@ class TokRAGLLM(CustomLLM):
             out["stop"] = kwargs["stop"]
         return passages, out
 
-    def _response(self, generation: Any, delta: str | None = None) -> CompletionResponse:
+    def _response(self, generation: Any, top: int | None, delta: str | None = None
+                  ) -> CompletionResponse:
         extra: dict[str, Any] = {CHOICES_KEY: generation.summary(),
                                  "finish_reason": generation.finish_reason}
         if generation.logprobs is not None:
@@ -192,30 +193,37 @@ class TokRAGLLM(CustomLLM):
         return CompletionResponse(
             text=generation.text, delta=delta, additional_kwargs=extra, raw=generation,
             logprobs=None if generation.logprobs is None
-            else to_llama_index_logprobs(generation.logprobs))
+            else to_llama_index_logprobs(generation.logprobs, top))
+
+    @staticmethod
+    def _asked(top: int | None) -> int | None:
+        # One more than asked: the kept token is usually among its stream's top ones and is
+        # left out of the alternatives (to_llama_index_logprobs), as RagGatesLLM does.
+        return min(top + 1, MAX_TOP_LOGPROBS) if top else top
 
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                  ) -> CompletionResponse:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        return self._response(self.decoder.generate(prompt, passages=passages, logprobs=top,
-                                                    **call))
+        return self._response(self.decoder.generate(prompt, passages=passages,
+                                                    logprobs=self._asked(top), **call), top)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponse:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        return self._response(await self.decoder.agenerate(prompt, passages=passages,
-                                                           logprobs=top, **call))
+        return self._response(await self.decoder.agenerate(
+            prompt, passages=passages, logprobs=self._asked(top), **call), top)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        events = self.decoder.stream_events(prompt, passages=passages, logprobs=top, **call)
+        events = self.decoder.stream_events(prompt, passages=passages,
+                                            logprobs=self._asked(top), **call)
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -224,7 +232,7 @@ class TokRAGLLM(CustomLLM):
                     text += item
                     yield CompletionResponse(text=text, delta=item)
                 else:  # the finished generation: choices and logprobs, as complete() gives
-                    yield self._response(item, delta="")
+                    yield self._response(item, top, delta="")
 
         return gen()
 
@@ -233,7 +241,8 @@ class TokRAGLLM(CustomLLM):
                                ) -> CompletionResponseAsyncGen:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        events = self.decoder.astream_events(prompt, passages=passages, logprobs=top, **call)
+        events = self.decoder.astream_events(prompt, passages=passages,
+                                             logprobs=self._asked(top), **call)
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
@@ -242,7 +251,7 @@ class TokRAGLLM(CustomLLM):
                     text += item
                     yield CompletionResponse(text=text, delta=item)
                 else:
-                    yield self._response(item, delta="")
+                    yield self._response(item, top, delta="")
 
         return gen()
 
