@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # make test-install: the user's path, read from the READMEs themselves (run_readme.py).
 #  1. a fresh venv, README.md's install blocks as written (pip install ..., rag-gates models
-#     install, pip check), then every README.md Python block as written, in order;
+#     install, pip check), then every README.md Python block as written, in order, and those
+#     of docs/building-blocks.md (moved out of the README to keep it a front door);
 #  2. meanwhile, each integration README's install block in a fresh venv of its own (the
 #     core not pre-installed), then an import of the integration.
 # Everything lives in one temp directory (venvs and $RAG_GATES_HOME), removed at the end
@@ -31,6 +32,8 @@ integration integrations/llama-index/README.md llama-index llama_index.query_eng
 
 echo "== README.md: the Python blocks, as written"
 "$TMP/readme/bin/python" $run snippets README.md
+echo "== docs/building-blocks.md: the Python blocks, as written"
+"$TMP/readme/bin/python" $run snippets docs/building-blocks.md
 echo "   venv size: $(du -sh "$TMP/readme" | cut -f1)"
 
 status=0
