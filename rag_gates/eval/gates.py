@@ -18,12 +18,10 @@ from collections.abc import Callable
 from importlib.metadata import entry_points
 from typing import Any
 
-from pydantic import JsonValue
-
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
 from rag_gates.eval.methods import MethodContext
+from rag_gates.eval.names import walk_gate_expression
 from rag_gates.gate import (
-    BaseGate,
     Gate,
     check_threshold,
     is_gate_expression,
@@ -85,13 +83,6 @@ def check_gate_threshold(name: str, threshold: float | None,
                            getattr(factory, "threshold_range", (-math.inf, math.inf)))
 
 
-class _Unbuilt(BaseGate):
-    """Stands for a named gate while an expression is checked (never decides)."""
-
-    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        raise RuntimeError("a gate of a checked expression was asked to decide")
-
-
 def check_gate_expression(expression: str, gates: dict[str, GateFactory] | None = None
                           ) -> None:
     """Check a gate expression without building a gate: its syntax and limits, its weights
@@ -103,18 +94,8 @@ def check_gate_expression(expression: str, gates: dict[str, GateFactory] | None 
         >>> check_gate_expression("quco&first-token-prob:0.4")
     """
     known = gates if gates is not None else available_gates()
-
-    def resolve(name: str, threshold: float | None) -> Gate:
-        if is_gate_expression(name) or ":" in name:  # a weights file's gate
-            if threshold is not None:
-                raise ValueError(f"gate {name!r}: give thresholds inside the expression")
-            return parse_gate_expression(name, resolve)
-        value = check_gate_threshold(name, threshold, known)
-        gate = _Unbuilt(0.0)
-        gate.name, gate.threshold = name, value if value is not None else 0.0
-        return gate
-
-    parse_gate_expression(expression, resolve)
+    walk_gate_expression(expression, lambda name, threshold: check_gate_threshold(
+        name, threshold, known))
 
 
 def make_gate(name: str, ctx: MethodContext, threshold: float | None = None) -> Gate:

@@ -17,7 +17,7 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from importlib.metadata import entry_points
 from typing import Any
 
@@ -25,10 +25,10 @@ from rag_gates.gate import BaseGate, Gate, is_gate_expression, parse_gate_expres
 
 __all__ = ["BUILTIN_GATE_NAMES", "BUILTIN_METHOD_NAMES", "RETRIEVER_NAMES", "check_dataset",
            "check_gate_names", "check_methods", "check_retriever", "dataset_names",
-           "gate_names", "method_names", "names_help"]
+           "gate_names", "method_names", "names_help", "walk_gate_expression"]
 
 # The built-in names, kept here so that listing them imports no method or model code
-# (tests/eval/test_names.py checks them against BUILTIN_GATES / BUILTIN_METHODS).
+# (tests/unit/test_cli_fail_fast.py checks them against BUILTIN_GATES / BUILTIN_METHODS).
 BUILTIN_GATE_NAMES = ("answer-logprob", "first-token-prob")
 BUILTIN_METHOD_NAMES = ("fs-rag", "no-rag", "selective", "single")
 RETRIEVER_NAMES = ("bm25", "dense")
@@ -82,30 +82,45 @@ class _Placeholder(BaseGate):
     """Stands for a checked gate name while an expression is parsed; never decides."""
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-        raise RuntimeError("a placeholder gate from check_gate_names cannot decide")
+        raise RuntimeError("a gate of a checked expression was asked to decide")
+
+
+def walk_gate_expression(text: str,
+                         check_leaf: Callable[[str, float | None], float | None]) -> None:
+    """Parse ``text`` (a gate name, ``NAME:THRESHOLD`` or an expression; grammar and limits:
+    :data:`rag_gates.gate.GATE_GRAMMAR`) without building a gate, calling ``check_leaf(name,
+    threshold)`` for every named gate, those of ``weighted(FILE)`` files included. The one
+    walk behind :func:`check_gate_names` (names only, no plugin imported) and
+    :func:`rag_gates.eval.gates.check_gate_expression` (thresholds against each gate's range).
+    """
+
+    def resolve(name: str, threshold: float | None) -> Gate:
+        if is_gate_expression(name) or ":" in name:  # a weights file's gate
+            if threshold is not None:
+                raise ValueError(f"gate {name!r}: give thresholds inside the expression")
+            return parse_gate_expression(name, resolve)
+        value = check_leaf(name, threshold)
+        gate = _Placeholder(0.0 if value is None else value)
+        gate.name = name
+        return gate
+
+    parse_gate_expression(text, resolve)
 
 
 def check_gate_names(text: str) -> None:
     """Raise ValueError unless ``text`` is a gate name, ``NAME:THRESHOLD`` or an expression
     whose every gate is registered (grammar: :data:`rag_gates.gate.GATE_GRAMMAR`); the
     message lists the valid names. ``weighted(FILE)`` reads the file's gate names. Thresholds
-    and limits are :func:`rag_gates.eval.gates.check_gate_expression`'s (it imports the
-    gates' plugins to read their ranges)."""
+    are :func:`rag_gates.eval.gates.check_gate_expression`'s (it imports the gates' plugins to
+    read their ranges)."""
     known = gate_names()
 
-    def resolve(name: str, threshold: float | None) -> Gate:
-        if is_gate_expression(name) or ":" in name:  # a weights file's gate
-            return parse_gate_expression(name, resolve)
+    def check_leaf(name: str, threshold: float | None) -> float | None:
         if name not in known:
             raise _unknown("gate", name, known)
-        gate = _Placeholder(0.0 if threshold is None else threshold)
-        gate.name = name
-        return gate
+        return threshold
 
-    if is_gate_expression(text) or ":" in text:
-        parse_gate_expression(text, resolve)
-    else:
-        resolve(text, None)
+    walk_gate_expression(text, check_leaf)
 
 
 def check_methods(names: Iterable[str]) -> None:

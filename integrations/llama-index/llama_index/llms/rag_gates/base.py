@@ -49,6 +49,7 @@ __all__ = [
     "RagGatesLLM",
     "to_llama_index_logprobs",
     "to_rag_gates_messages",
+    "top_logprobs_to_ask",
 ]
 
 LOGPROBS_LAYOUT_KEY = "logprobs_layout"
@@ -105,6 +106,12 @@ def to_llama_index_logprobs(tokens: Sequence[TokenLogprob],
         ]
         for t in tokens
     ]
+
+
+def top_logprobs_to_ask(alternatives: int | None) -> int | None:
+    """How many top tokens to ask the model for, so that ``alternatives`` remain once the
+    generated token (usually among them) is left out by :func:`to_llama_index_logprobs`."""
+    return min(alternatives + 1, MAX_TOP_LOGPROBS) if alternatives else alternatives
 
 
 def _others(token: TokenLogprob) -> list[Any]:
@@ -322,9 +329,7 @@ class RagGatesLLM(CustomLLM):
         top = kwargs.get("top_logprobs", self.top_logprobs) if logprobs else None
         validate_generation_args(out["max_new_tokens"], out.get("stop"), out["temperature"], top)
         if logprobs:
-            # One more than asked: the generated token is among the model's top ones and is
-            # left out of the alternatives (to_llama_index_logprobs).
-            out["logprobs"] = min(top + 1, MAX_TOP_LOGPROBS) if top else top
+            out["logprobs"] = top_logprobs_to_ask(top)
         return out
 
     def _alternatives(self, kwargs: Mapping[str, Any]) -> int | None:

@@ -36,10 +36,11 @@ from llama_index.llms.rag_gates.base import (
     LOGPROBS_LAYOUT,
     LOGPROBS_LAYOUT_KEY,
     to_llama_index_logprobs,
+    top_logprobs_to_ask,
 )
 from llama_index.retrievers.rag_gates.convert import node_to_passage
 
-from rag_gates.lm.base import MAX_TOP_LOGPROBS, WhiteBoxLM
+from rag_gates.lm.base import WhiteBoxLM
 from rag_gates.types import Passage
 
 __all__ = ["CHOICES_KEY", "TokRAGLLM", "TokRAGSynthesizer", "to_passages"]
@@ -195,19 +196,13 @@ class TokRAGLLM(CustomLLM):
             logprobs=None if generation.logprobs is None
             else to_llama_index_logprobs(generation.logprobs, top))
 
-    @staticmethod
-    def _asked(top: int | None) -> int | None:
-        # One more than asked: the kept token is usually among its stream's top ones and is
-        # left out of the alternatives (to_llama_index_logprobs), as RagGatesLLM does.
-        return min(top + 1, MAX_TOP_LOGPROBS) if top else top
-
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                  ) -> CompletionResponse:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
         return self._response(self.decoder.generate(prompt, passages=passages,
-                                                    logprobs=self._asked(top), **call), top)
+                                                    logprobs=top_logprobs_to_ask(top), **call), top)
 
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
@@ -215,7 +210,7 @@ class TokRAGLLM(CustomLLM):
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
         return self._response(await self.decoder.agenerate(
-            prompt, passages=passages, logprobs=self._asked(top), **call), top)
+            prompt, passages=passages, logprobs=top_logprobs_to_ask(top), **call), top)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
@@ -223,7 +218,7 @@ class TokRAGLLM(CustomLLM):
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
         events = self.decoder.stream_events(prompt, passages=passages,
-                                            logprobs=self._asked(top), **call)
+                                            logprobs=top_logprobs_to_ask(top), **call)
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -242,7 +237,7 @@ class TokRAGLLM(CustomLLM):
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
         events = self.decoder.astream_events(prompt, passages=passages,
-                                             logprobs=self._asked(top), **call)
+                                             logprobs=top_logprobs_to_ask(top), **call)
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
