@@ -6,6 +6,7 @@ Everything is built in temporary directories with one cpu; nothing is fetched.
 from __future__ import annotations
 
 import json
+import os
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -92,6 +93,11 @@ def wiki(wiki_index: Path) -> Iterator[Any]:
     backend = LocalInfiniGram(wiki_index)
     yield backend
     backend.close()
+
+
+# The user's rag-gates home as the session found it (where `rag-gates models install` put the
+# model files), read before the fixture below moves RAG_GATES_HOME to a temporary folder.
+USER_RAG_GATES_HOME = os.environ.get("RAG_GATES_HOME")
 
 
 @pytest.fixture(autouse=True)

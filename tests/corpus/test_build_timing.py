@@ -15,7 +15,7 @@ from typer.testing import CliRunner
 from rag_gates.corpus import build_index
 from rag_gates.corpus.cli import index_app
 
-from .conftest import write_jsonl
+from .conftest import USER_RAG_GATES_HOME, write_jsonl
 
 ROOT = Path(__file__).resolve().parents[2]
 SIX = [{"id": str(i), "title": t, "text": text} for i, (t, text) in enumerate([
@@ -58,7 +58,12 @@ def test_a_first_build_says_it_converted_the_model(tmp_path: Path) -> None:
 
     # A fresh home holding only what `rag-gates models install` leaves there: the GGUF (a
     # link to this machine's copy), not yet converted.
-    gguf = find_model_file(defaults._LM_MODULE, defaults._LM_GGUF)
+    with pytest.MonkeyPatch.context() as user_home:  # where the models were installed
+        if USER_RAG_GATES_HOME is None:
+            user_home.delenv("RAG_GATES_HOME")
+        else:
+            user_home.setenv("RAG_GATES_HOME", USER_RAG_GATES_HOME)
+        gguf = find_model_file(defaults._LM_MODULE, defaults._LM_GGUF)
     if gguf is None:
         pytest.skip("embedded model not installed: rag-gates models install")
     link = tmp_path / "home" / "model-files" / defaults._LM_MODULE / defaults._LM_GGUF
