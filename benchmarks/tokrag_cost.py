@@ -28,6 +28,7 @@ import argparse
 import datetime as dt
 import gc
 import json
+import os
 import platform
 import random
 import resource
@@ -65,8 +66,8 @@ def rows(n: int) -> list[tuple[str, list[Passage]]]:
 class TimedTokRAG(TokRAGDecoder):
     """Tok-RAG with its judging timed (the disagreement steps' extra work)."""
 
-    def __init__(self, lm: Any) -> None:
-        super().__init__(lm)
+    def __init__(self, lm: Any, judge: str) -> None:
+        super().__init__(lm, TokRAGConfig(judge=judge))
         self.judge_seconds: list[float] = []
 
     def judge(self, streams: Any, *, layer: int | None = None) -> Any:
@@ -90,11 +91,9 @@ def _drain(pieces: Any) -> tuple[Any, float]:
             first = time.perf_counter() - start
 
 
-def runners(lm: Any, budget: int, tokrag: TokRAGDecoder | None = None) -> dict[str, Any]:
+def runners(lm: Any, budget: int, tokrag: TokRAGDecoder) -> dict[str, Any]:
     """Each way as ``run(question, passages) -> (tokens, disagreements, steps, seconds to
     the first piece)``; all stream (same loop as generate) so the first piece is timed."""
-    # The committed table timed the paper's judge (the default before issue 34).
-    tokrag = tokrag or TokRAGDecoder(lm, TokRAGConfig(judge="paper"))
     two = CADDecoder(lm, 0.0)
 
     def rag(q: str, p: list[Passage]) -> tuple[int, int, int, float]:
@@ -115,11 +114,12 @@ def _rss_mb() -> float:
         return int(handle.read().split()[1]) * resource.getpagesize() / 2**20
 
 
-def memory_child(way: str, n: int, budget: int) -> None:
+def memory_child(way: str, n: int, budget: int, judge: str) -> None:
     """Resident memory while decoding (sampled every 5 ms), in a fresh process: the model's
     own loading peak is over before sampling starts."""
     torch.set_num_threads(1)
-    run = runners(load_default_lm(), budget)[way]
+    lm = load_default_lm()
+    run = runners(lm, budget, TokRAGDecoder(lm, TokRAGConfig(judge=judge)))[way]
     data = rows(n)
     run(*data[0])
     gc.collect()
@@ -148,14 +148,17 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=5,
                         help="runs of each way per row; a row's time is their median")
     parser.add_argument("--out", type=Path, default=ROOT / "benchmarks/results/tokrag_cost.json")
+    parser.add_argument("--judge", default=TokRAGConfig.model_fields["judge"].default,
+                        help="Tok-RAG's judge (default: the package's; tokrag_cost.json "
+                             "timed 'paper', the default before issue 34)")
     parser.add_argument("--memory-child", choices=WAYS, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.memory_child:
-        memory_child(args.memory_child, args.n, args.max_new_tokens)
+        memory_child(args.memory_child, args.n, args.max_new_tokens, args.judge)
         return
     torch.set_num_threads(1)
     lm = load_default_lm()
-    timed = TimedTokRAG(lm)
+    timed = TimedTokRAG(lm, args.judge)
     ways = runners(lm, args.max_new_tokens, timed)
     data = rows(args.n)
     ways["rag"](*data[0])  # warm-up
@@ -214,12 +217,14 @@ def main() -> None:
     for way in WAYS:
         child = subprocess.run(
             [sys.executable, __file__, "--memory-child", way, "--n", str(args.n),
-             "--max-new-tokens", str(args.max_new_tokens)],
+             "--max-new-tokens", str(args.max_new_tokens), "--judge", args.judge],
             capture_output=True, text=True, check=True)
         memory[way] = json.loads(child.stdout.strip().splitlines()[-1])
     payload = {
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_cost.py --n {args.n} "
-                   f"--max-new-tokens {args.max_new_tokens} --repeats {args.repeats}",
+                   f"--max-new-tokens {args.max_new_tokens} --repeats {args.repeats} "
+                   f"--judge {args.judge} --out {os.path.relpath(args.out, ROOT)}",
+        "judge": args.judge,
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "threads": torch.get_num_threads(), "model": lm.model_id, "rows": n,
         "repeats": args.repeats,
