@@ -196,6 +196,7 @@ def test_decomposition_trajectories_parse_back(docs: dict[str, list[dict[str, An
     trajectories = _practice(docs, "skill-decomposition")
     assert len(trajectories) == SMALL.skill_decomposition
     statements = [d["text"] for d in _practice(docs, "skill-hop-statement")]
+    stated_rows = Counter(d["row"] for d in _practice(docs, "skill-hop-statement"))
     patterns = []
     for d in trajectories:
         user, assistant = _turns(d)
@@ -206,6 +207,11 @@ def test_decomposition_trajectories_parse_back(docs: dict[str, list[dict[str, An
         assert [s.answer for s in t.steps] == d["hop_answers"]
         assert [s.retrieved for s in t.steps] == d["retrieved"]
         assert [s.decision.retrieve for s in t.steps] == d["retrieved"]
+        # A hop from memory is stated skill_hop_repetitions times, a retrieved one only in
+        # its Context: block (the bridge's row is -1,000,000 - the first hop's).
+        hop_rows = (d["row"], -1_000_000 - d["row"])
+        assert [stated_rows[r] for r in hop_rows] == [
+            0 if r else SMALL.skill_hop_repetitions for r in d["retrieved"]]
         for step, retrieved in zip(t.steps, d["retrieved"], strict=True):
             said = sum(step.answer in s for s in statements)
             if retrieved:  # read from its Context: block
@@ -259,3 +265,25 @@ def test_practice_is_trained_as_the_methods_chat_turns(
         text = training_text(d, tok)
         assert text == tok.apply_chat_template(d["messages"], tokenize=False)
         assert d["messages"][-1]["content"] in text and d["messages"][0]["content"] in text
+
+
+def test_plan_figures_count_what_training_packs(tmp_path: Path) -> None:
+    from transformers import AutoTokenizer
+
+    from rag_gates.eval.testbed.build import pack_blocks, plan_figures
+    from rag_gates.testing import save_tiny_lm
+
+    config = SMALL.model_copy(update={"base_model": str(save_tiny_lm(tmp_path / "base")),
+                                      "block_size": 128, "epochs": 1.5})
+    figures = plan_figures(config)
+    corpus = documents_of(config)["corpus"]
+    tok = AutoTokenizer.from_pretrained(tmp_path / "base")
+    blocks = pack_blocks([training_text(d, tok) for d in corpus], tok, 128,
+                         [d["kind"] == "general" for d in corpus])
+    assert figures["documents"] == len(corpus) == sum(figures["by_kind"].values())
+    assert figures["by_kind"]["skill-decomposition"] == SMALL.skill_decomposition
+    assert figures["blocks"] == len(blocks)
+    assert figures["tokens_per_epoch"] == sum(len(b) for b in blocks)
+    assert figures["steps"] == round(-(-len(blocks) // config.batch_size) * 1.5)
+    # Every DeepRAG trajectory is longer than 128 tokens: reported, not silently split.
+    assert figures["longer_than_block"]["skill-decomposition"] == SMALL.skill_decomposition
