@@ -21,6 +21,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+from collections.abc import Sequence
 from typing import Any
 
 from rag_gates.gate import Gate
@@ -31,7 +32,14 @@ from rag_gates.retrieval.recorded import retrieve_recorded
 from rag_gates.srrag.verbalizer import Verbalizer
 from rag_gates.types import Passage, PipelineResult, TraceRecorder
 
-__all__ = ["SRRAGPipeline", "verbalize_recorded"]
+__all__ = ["SRRAGPipeline", "answer_prompt", "verbalize_recorded"]
+
+
+def answer_prompt(question: str, passages: Sequence[Passage], dataset: str | None = None
+                  ) -> str:
+    """The answer prompt after retrieval or verbalization: the benchmark's QA prompt over
+    ``passages`` (a verbalization is one untitled passage, so it reads ``- text``)."""
+    return qa_prompt(question, passages, dataset=dataset)
 
 
 def verbalize_recorded(rec: TraceRecorder, verbalizer: Verbalizer, question: str) -> Passage:
@@ -96,8 +104,8 @@ class SRRAGPipeline:
             passages = retrieve_recorded(rec, self.retriever, question, self.k)
         else:
             passages = [verbalize_recorded(rec, self.verbalizer, question)]
-        text = generate_recorded(rec, self.lm, qa_prompt(question, passages,
-                                                         dataset=self.dataset),
+        text = generate_recorded(rec, self.lm, answer_prompt(question, passages,
+                                                             self.dataset),
                                  self.max_new_tokens)
         return PipelineResult(answer=text, trace=rec.trace(), passages=passages)
 

@@ -66,6 +66,11 @@ class VerbalizerConfig(BaseModel):
                              "literal braces as '{{' and '}}'") from None
         return value
 
+    def render(self, question: str) -> str:
+        """The filled-in prompt for ``question`` (what :meth:`Verbalizer.prompt` sends; the
+        testbed's verbalization practice renders its prompts with it too)."""
+        return self.prompt.format(question=check_text(question, "question").strip())
+
 
 class Verbalizer:
     """Writes the model's own background document for a question.
@@ -103,7 +108,7 @@ class Verbalizer:
 
     def prompt(self, question: str) -> str:
         """The filled-in prompt for ``question``."""
-        return self.config.prompt.format(question=check_text(question, "question").strip())
+        return self.config.render(question)
 
     def verbalize(self, question: str, *, temperature: float = 0.0, seed: int | None = None
                   ) -> Passage:

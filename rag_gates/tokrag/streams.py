@@ -49,7 +49,7 @@ require("torch", "hf")
 import torch  # noqa: E402
 
 __all__ = ["StepChoice", "TwoStreamDecoder", "TwoStreamGeneration", "TwoStreams", "as_passages",
-           "js_divergence"]
+           "js_divergence", "passage_block", "stream_prompts"]
 
 logger = logging.getLogger(__name__)
 
@@ -137,6 +137,26 @@ class StepChoice:
     logits: torch.Tensor
 
 
+def passage_block(passages: Sequence[Passage], passage_format: str = "list") -> str:
+    """The passages as the RAG stream shows them: ``"list"`` (the benchmark's ``- Title:
+    text`` lines) or ``"reference"`` (the authors' ``[Reference]: text`` blocks,
+    concatenated, as their Tok-RAG_for_ODQA.py writes them)."""
+    if passage_format == "reference":
+        return "".join(f"[Reference]: {p.title}: {p.text}" if p.title
+                       else f"[Reference]: {p.text}" for p in passages)
+    return format_passages(passages)
+
+
+def stream_prompts(question: str, passages: Sequence[Passage], *, dataset: str | None = None,
+                   passage_format: str = "list") -> tuple[str, str]:
+    """(RAG prompt, LLM prompt) of a two-stream decoder (see
+    :meth:`TwoStreamDecoder.prompts`); the testbed's reading practice renders Tok-RAG's
+    prompt with it, so the practice cannot drift from the decoder."""
+    return (qa_prompt(question, passages, dataset=dataset,
+                      block=passage_block(passages, passage_format)),
+            qa_prompt(question, dataset=dataset))
+
+
 def as_passages(passages: Sequence[Passage | str] | None) -> list[Passage]:
     """Passages as :class:`Passage` (strings become untitled passages); blank ones refused."""
     if passages is None:
@@ -198,15 +218,11 @@ class TwoStreamDecoder(BaseTextLM):
     def prompts(self, question: str, passages: Sequence[Passage]) -> tuple[str, str]:
         """(RAG prompt, LLM prompt): the ``single`` and ``no-rag`` prompts of the benchmark
         (with ``passage_format = "reference"``, the passage block in the authors' form)."""
-        return (qa_prompt(question, passages, dataset=self.dataset,
-                          block=self._block(passages)),
-                qa_prompt(question, dataset=self.dataset))
+        return stream_prompts(question, passages, dataset=self.dataset,
+                              passage_format=self.passage_format)
 
     def _block(self, passages: Sequence[Passage]) -> str:
-        if self.passage_format == "reference":
-            return "".join(f"[Reference]: {p.title}: {p.text}" if p.title
-                           else f"[Reference]: {p.text}" for p in passages)
-        return format_passages(passages)
+        return passage_block(passages, self.passage_format)
 
     def capture(self) -> tuple[list[int], list[int]]:
         """(hidden layers, attention layers) the step rule reads; none by default."""

@@ -57,8 +57,8 @@ from rag_gates.eval.testbed.facts import (
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Passage
 
-__all__ = ["TestbedConfig", "build_testbed", "read_manifest", "testbed_documents",
-           "write_plan"]
+__all__ = ["SKILL_FORMS", "TestbedConfig", "build_testbed", "plan_figures", "practice_messages",
+           "read_manifest", "skill_documents", "testbed_documents", "write_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -67,7 +67,8 @@ CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
     "twohop.jsonl", "bridges.jsonl", "training.json")
 #: Configuration fields added after testbeds were built without them, with the value such a
 #: testbed has (its config.json lacks the field).
-_LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16}
+_LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16, "skill_reading": 0,
+           "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 
 
@@ -101,6 +102,26 @@ class TestbedConfig(BaseModel):
                              "a question from what statements taught it (knowledge "
                              "extraction), without asking about any manifest fact.")
     recall_repetitions: int = Field(16, ge=1, description="Statements per recall fact.")
+    skill_reading: int = Field(
+        0, ge=0, description="Reading practice per method prompt form (deeprag, "
+                             "tokrag-reference, srrag, cbdr-paper; the benchmark's form, shared "
+                             "by Tok-RAG's default, CBDR's rag-gates style and QuCo, is "
+                             "reading_examples): questions about facts outside the manifest "
+                             "answered from passages in the prompt each method renders, so the "
+                             "model reads its context in every method's format.")
+    skill_decomposition: int = Field(
+        0, ge=0, description="Decomposition practice: two-hop questions over facts outside the "
+                             "manifest (a fact whose object is a person, and a purpose-written "
+                             "birthplace for that person), written as DeepRAG trajectories; "
+                             "half answer both hops from memory, half retrieve one or both "
+                             "hops from a Context: block.")
+    skill_hop_repetitions: int = Field(
+        8, ge=1, description="Statements of each decomposition hop answered from memory "
+                             "(a retrieved hop is stated only in its Context: block).")
+    skill_verbalization: int = Field(
+        0, ge=0, description="Verbalization practice: SR-RAG's GenRead prompt for a recall "
+                             "fact's question, answered with statements of the fact the corpus "
+                             "teaches (at most recall_examples).")
     bridges: bool = Field(True, description=(
         "Purpose-written second hops: a birthplace for the person each calibration or "
         "evaluation fact's object names (director, author, ...), stated a ladder count of "
@@ -171,6 +192,7 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
             corpus.append({"id": f"{b.id}-{k}", "kind": "bridge", "fact": b.id, "text": text})
     corpus += reading_documents(pool, facts, config)
     corpus += recall_documents(pool, facts, config)
+    corpus += skill_documents(pool, facts, config)
     _rng(config.seed, "corpus").shuffle(corpus)
     stated: list[Fact | Bridge] = [*facts, *bridges]
     passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
@@ -211,12 +233,8 @@ def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                          f"reading examples; ask for fewer (reading_examples={n})")
     out: list[dict[str, Any]] = []
     for i, fact in enumerate(readers):
-        rng = _rng(config.seed, "reading", fact.row)
-        others = rng.sample(fillers, min(len(fillers), config.reading_passages - 1))
-        passages = [Passage(id=f"read-{p.row}", title=p.subj,
-                            text=render_fact(p, 1, config.seed)[0])
-                    for p in [fact, *[o for o in others if o.row != fact.row]]]
-        rng.shuffle(passages)
+        passages = _context(fact, fillers, config.reading_passages, config.seed,
+                            _rng(config.seed, "reading", fact.row))
         prompt = qa_prompt(fact.question, passages)
         out.append({"id": f"read-{i}", "kind": "reading", "row": fact.row, "prompt": prompt,
                     "answer": fact.obj, "text": f"{prompt}\n{fact.obj}"})
@@ -445,10 +463,52 @@ def write_plan(config: TestbedConfig, out_dir: str | Path) -> dict[str, int]:
     return counts
 
 
+def _tokenizer(config: TestbedConfig) -> Any:
+    from rag_gates._optional import require
+
+    transformers = require("transformers", "hf")
+    return transformers.AutoTokenizer.from_pretrained(_base_model_dir(config.base_model),
+                                                      local_files_only=True)
+
+
+def _pack(config: TestbedConfig, corpus: Sequence[dict[str, Any]], tokenizer: Any
+          ) -> list[list[int]]:
+    return pack_blocks([training_text(d, tokenizer) for d in corpus], tokenizer,
+                       config.block_size, [d["kind"] == "general" for d in corpus])
+
+
+def plan_figures(config: TestbedConfig) -> dict[str, Any]:
+    """What training ``config`` costs, before training: documents (and per kind), packed
+    blocks, tokens per epoch, optimizer steps, and the documents longer than a block (split
+    by :func:`pack_blocks`), per kind. Needs the base model's tokenizer, no model.
+
+    Example:
+        >>> plan_figures(TestbedConfig(n_facts=40))["tokens_per_epoch"]   # doctest: +SKIP
+    """
+    corpus = testbed_documents(config)["corpus"]
+    tokenizer = _tokenizer(config)
+    kinds: dict[str, int] = {}
+    longer: dict[str, int] = {}
+    for d in corpus:
+        kind = d["kind"] + (f"/{d['form']}" if "form" in d else "")
+        kinds[kind] = kinds.get(kind, 0) + 1
+        if d["kind"] != "general" and len(tokenizer(training_text(d, tokenizer),
+                                                     add_special_tokens=False)["input_ids"]
+                                           ) + 1 > config.block_size:
+            longer[kind] = longer.get(kind, 0) + 1
+    blocks = _pack(config, corpus, tokenizer)
+    steps = max(1, round(-(-len(blocks) // config.batch_size) * config.epochs))
+    return {"documents": len(corpus), "by_kind": dict(sorted(kinds.items())),
+            "blocks": len(blocks), "tokens_per_epoch": sum(len(b) for b in blocks),
+            "steps": steps, "longer_than_block": dict(sorted(longer.items()))}
+
+
 def training_text(document: dict[str, Any], tokenizer: Any) -> str:
     """The text a corpus document is trained as: a reading or recall example in the
     tokenizer's chat format (the format the benchmark prompts the model in), anything else
     as it is."""
+    if "messages" in document:  # skill practice: the method's own chat turns
+        return str(tokenizer.apply_chat_template(document["messages"], tokenize=False))
     if document["kind"] not in ("reading", "recall"):
         return str(document["text"])
     return str(tokenizer.apply_chat_template(
@@ -465,9 +525,8 @@ def _train(config: TestbedConfig, out: Path, corpus: list[dict[str, Any]],
     if config.threads:
         torch.set_num_threads(config.threads)
     base = _base_model_dir(config.base_model)
-    tokenizer = transformers.AutoTokenizer.from_pretrained(base, local_files_only=True)
-    blocks = pack_blocks([training_text(d, tokenizer) for d in corpus], tokenizer,
-                         config.block_size, [d["kind"] == "general" for d in corpus])
+    tokenizer = _tokenizer(config)
+    blocks = _pack(config, corpus, tokenizer)
     tokens = sum(len(b) for b in blocks)
     transformers.set_seed(config.seed)
     model = transformers.AutoModelForCausalLM.from_pretrained(
@@ -523,3 +582,219 @@ def _train(config: TestbedConfig, out: Path, corpus: list[dict[str, Any]],
     logger.info("testbed model saved to %s (%d steps, %.0f s)", target,
                 trainer.state.global_step, seconds)
     return record
+
+
+# ----------------------------------------------------------------------- skill practice
+#: The prompt forms of the reading practice (``skill_reading`` examples each), each rendered
+#: by the method's own code. The benchmark's QA prompt is the reading examples' form
+#: (``reading_examples``) and is shared, so not repeated here, by Tok-RAG's default stream
+#: prompt ("list" passages), CBDR's ``rag-gates`` probe style, SR-RAG's answer after a
+#: retrieval and QuCo's first call (``continue_prompt`` with nothing written yet).
+#: ``deeprag``: a one-subquery trajectory retrieving its ``Context:`` block, after the
+#: benchmark's DeepRAG prompt for a model without ``deeprag.json`` (instruction plus
+#: demonstration); ``tokrag-reference``: Tok-RAG's stream prompt with the authors'
+#: ``[Reference]: `` passages (``passage_prefix=True``); ``srrag``: SR-RAG's answer prompt
+#: after a verbalization (one untitled passage); ``cbdr-paper``: CBDR's ``paper`` probe style.
+SKILL_FORMS = ("deeprag", "tokrag-reference", "srrag", "cbdr-paper")
+
+
+def _messages(prompt: Any, answer: str) -> list[dict[str, str]]:
+    """A rendered prompt (text, or chat messages) and its answer as chat turns."""
+    turns = [{"role": "user", "content": prompt}] if isinstance(prompt, str) else \
+        [{"role": m.role, "content": m.content} for m in prompt]
+    return [*turns, {"role": "assistant", "content": answer}]
+
+
+def deeprag_trajectory_messages(question: str, hops: Sequence[tuple[str, str,
+                                                                   Sequence[Passage] | None]],
+                                answer: str, prompt: Any) -> list[dict[str, str]]:
+    """A DeepRAG trajectory as chat turns, rendered by :func:`rag_gates.deeprag.export.
+    sft_example` (what DeepRAG's own SFT trains on): ``hops`` are (subquery, intermediate
+    answer, passages or None for an answer from memory); ``prompt`` a DeepRAGPrompt."""
+    from rag_gates.deeprag.export import sft_example
+    from rag_gates.deeprag.gates import MarkerGate
+    from rag_gates.deeprag.trajectory import Step, Trajectory
+
+    gate = MarkerGate(name="deeprag-text")  # the decisions Trajectory.parse reads back
+    steps = tuple(Step(subquery=q, answer=a, passages=None if p is None else tuple(p),
+                       decision=gate.decide(q, written="direct" if p is None else "retrieve"))
+                  for q, a, p in hops)
+    example = sft_example(Trajectory(question=question, steps=steps, final_answer=answer),
+                          prompt)
+    return _messages(example.prompt, example.completion)
+
+
+def practice_messages(form: str, question: str, passages: Sequence[Passage], answer: str
+                      ) -> list[dict[str, str]]:
+    """The chat turns of one reading-practice example in ``form`` (:data:`SKILL_FORMS`),
+    the prompt rendered by the method's own function, the gold answer as the reply."""
+    if form == "deeprag":
+        from rag_gates.deeprag.trajectory import DEMONSTRATION, DeepRAGPrompt
+
+        return deeprag_trajectory_messages(question, [(question, answer, passages)], answer,
+                                           DeepRAGPrompt(demonstration=DEMONSTRATION))
+    if form == "tokrag-reference":
+        from rag_gates.tokrag.streams import stream_prompts
+
+        return _messages(stream_prompts(question, passages, passage_format="reference")[0],
+                         answer)
+    if form == "srrag":
+        from rag_gates.srrag.pipeline import answer_prompt
+
+        return _messages(answer_prompt(question, passages), answer)
+    if form == "cbdr-paper":
+        from rag_gates.cbdr.prompts import ProbePrompts
+
+        return _messages(ProbePrompts(style="paper").rag(question, passages), answer)
+    raise ValueError(f"unknown practice form {form!r}; use one of {SKILL_FORMS}")
+
+
+def _context(fact: PopQAFact, fillers: Sequence[PopQAFact], k: int, seed: int,
+             rng: Any) -> list[Passage]:
+    """``k`` titled passages in a seeded order: one states ``fact``, the others fillers."""
+    others = rng.sample(list(fillers), min(len(fillers), k - 1))
+    passages = [Passage(id=f"read-{p.row}", title=p.subj, text=render_fact(p, 1, seed)[0])
+                for p in [fact, *[o for o in others if o.row != fact.row]]]
+    rng.shuffle(passages)
+    return passages
+
+
+def _skill_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: TestbedConfig
+                 ) -> tuple[list[PopQAFact], list[PopQAFact], list[PopQAFact]]:
+    """(fillers, decomposition first hops, reading-practice facts): outside-manifest facts
+    after the reading and recall slices, in :func:`_outside_manifest`'s seeded order.
+
+    A first hop's object is a person who is no manifest fact's subject or object (a manifest
+    bridge would give them another birthplace) and no PopQA fact's subject (the corpus
+    would state two things about them); each person is used once.
+    """
+    candidates = _outside_manifest(pool, facts, config.seed)
+    start = config.reading_examples + config.recall_examples
+    fillers, rest = candidates[:start] or candidates, candidates[start:]
+    banned = {f.subj.casefold() for f in facts} | {f.obj.casefold() for f in facts} | \
+        {p.subj.casefold() for p in pool}
+    firsts: list[PopQAFact] = []
+    for p in rest:
+        if len(firsts) == config.skill_decomposition:
+            break
+        if p.prop in BRIDGE_QUESTIONS and p.obj.casefold() not in banned:
+            banned.add(p.obj.casefold())
+            firsts.append(p)
+    if len(firsts) < config.skill_decomposition:
+        raise ValueError(f"only {len(firsts)} PopQA facts outside the manifest, the reading and "
+                         f"the recall facts name a usable person for decomposition practice; "
+                         f"ask for fewer (skill_decomposition={config.skill_decomposition})")
+    used = {p.row for p in firsts}
+    readers = [p for p in rest if p.row not in used][: config.skill_reading * len(SKILL_FORMS)]
+    if len(readers) < config.skill_reading * len(SKILL_FORMS):
+        raise ValueError(f"only {len(readers)} PopQA facts remain outside the manifest, the "
+                         f"reading, recall and decomposition facts for "
+                         f"{len(SKILL_FORMS)} reading-practice forms; ask for fewer "
+                         f"(skill_reading={config.skill_reading})")
+    return fillers, firsts, readers
+
+
+def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: TestbedConfig
+                    ) -> list[dict[str, Any]]:
+    """Practice of the skills the five methods assume, on facts outside the manifest (none
+    shares a subject or object with a manifest subject; no manifest question is asked).
+
+    - ``skill-reading`` (``skill_reading`` per form of :data:`SKILL_FORMS`): tb11 read
+      passages in the benchmark's prompt (``single`` 74%) but answered from DeepRAG's
+      ``Context:`` block for 6 of 141 facts, and Tok-RAG ignored its passages: each method's
+      prompt is practised with the method's own renderer.
+    - ``skill-decomposition`` (``skill_decomposition``): two-hop questions (the person a fact
+      names, then a purpose-written birthplace) as DeepRAG trajectories in the paper's prompt
+      (what a DeepRAG-trained model carries and SFT records use). Half answer both hops from
+      memory (``skill-hop-statement`` documents state each ``skill_hop_repetitions`` times);
+      half retrieve the first, the second or both hops (a retrieved hop is stated only in its
+      ``Context:`` block), so retrieving goes with not knowing, as DeepRAG's paper trains it.
+    - ``skill-verbalization`` (``skill_verbalization``): SR-RAG's GenRead prompt for a recall
+      fact's question, answered with two of the statements the corpus teaches (tb10's
+      verbalization lost what the model knew: genread 45.3% against closed book 58.7%).
+    """
+    n_read, n_dec, n_verb = (config.skill_reading, config.skill_decomposition,
+                             config.skill_verbalization)
+    if n_read == n_dec == n_verb == 0:
+        return []
+    fillers, firsts, readers = _skill_facts(pool, facts, config)
+    k, seed = config.reading_passages, config.seed
+    out: list[dict[str, Any]] = []
+    for j, form in enumerate(SKILL_FORMS):
+        for i, fact in enumerate(readers[j * n_read:(j + 1) * n_read]):
+            rng = _rng(seed, "skill-reading", form, fact.row)
+            if form == "srrag":  # a verbalization: one untitled passage, the fact and a filler
+                texts = [render_fact(p, 1, seed)[0] for p in (fact, rng.choice(fillers))]
+                rng.shuffle(texts)
+                passages = [Passage(id=f"verbal-{fact.row}", text=" ".join(texts))]
+            else:
+                passages = _context(fact, fillers, k, seed, rng)
+            out.append({"id": f"skill-{form}-{i}", "kind": "skill-reading", "form": form,
+                        "row": fact.row, "question": fact.question, "answer": fact.obj,
+                        "passages": [p.model_dump(include={"id", "title", "text"})
+                                     for p in passages],
+                        "messages": practice_messages(form, fact.question, passages, fact.obj)})
+    out += _decomposition_documents(pool, facts, firsts, fillers, config)
+    recall = _outside_manifest(pool, facts, seed)[config.reading_examples:
+                                                   config.reading_examples +
+                                                   config.recall_examples]
+    if n_verb > len(recall):
+        raise ValueError(f"skill_verbalization={n_verb} needs as many recall facts "
+                         f"(recall_examples={config.recall_examples}): it verbalizes what the "
+                         "recall statements teach")
+    if n_verb:
+        from rag_gates.srrag.verbalizer import VerbalizerConfig
+
+        genread = VerbalizerConfig()
+        for i, fact in enumerate(recall[:n_verb]):
+            # Two of the statements the recall documents teach (the same renderings).
+            text = " ".join(render_fact(fact, config.recall_repetitions, seed)[:2])
+            out.append({"id": f"skill-verbal-{i}", "kind": "skill-verbalization",
+                        "row": fact.row, "question": fact.question, "answer": fact.obj,
+                        "messages": _messages(genread.render(fact.question), text)})
+    return out
+
+
+def _decomposition_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
+                             firsts: Sequence[PopQAFact], fillers: Sequence[PopQAFact],
+                             config: TestbedConfig) -> list[dict[str, Any]]:
+    """The ``skill-decomposition`` trajectories and their ``skill-hop-statement``
+    documents (see :func:`skill_documents`)."""
+    if not firsts:
+        return []
+    from rag_gates.deeprag.trajectory import DeepRAGPrompt
+
+    seed = config.seed
+    manifest_subjects = {f.subj.casefold() for f in facts}
+    cities = sorted({p.obj for p in pool if p.prop == "place of birth"
+                     and p.obj.casefold() not in manifest_subjects})
+    order = list(range(len(firsts)))
+    _rng(seed, "skill-decomposition").shuffle(order)
+    from_memory = set(order[: len(order) // 2])
+    patterns = [(True, False), (False, True), (True, True)]
+    out: list[dict[str, Any]] = []
+    for i, first in enumerate(firsts):
+        rng = _rng(seed, "skill-decomposition", first.row)
+        city = rng.choice(cities)
+        bridge = PopQAFact(row=-1_000_000 - first.row, subj=first.obj, prop="place of birth",
+                           obj=city, answers=[city],
+                           question=f"In what city was {first.obj} born?")
+        retrieved = (False, False) if i in from_memory else rng.choice(patterns)
+        hops: list[tuple[str, str, Sequence[Passage] | None]] = []
+        for hop, retrieve in zip((first, bridge), retrieved, strict=True):
+            if retrieve:
+                hops.append((hop.question, hop.obj,
+                             _context(hop, fillers, config.reading_passages, seed, rng)))
+                continue
+            hops.append((hop.question, hop.obj, None))
+            for k, text in enumerate(render_fact(hop, config.skill_hop_repetitions, seed)):
+                out.append({"id": f"skill-hop-{i}-{int(hop is bridge)}-{k}",
+                            "kind": "skill-hop-statement", "row": hop.row, "text": text})
+        question = BRIDGE_QUESTIONS[first.prop].format(s=first.subj)
+        out.append({"id": f"skill-decomp-{i}", "kind": "skill-decomposition",
+                    "row": first.row, "question": question, "answer": city,
+                    "subqueries": [first.question, bridge.question],
+                    "hop_answers": [first.obj, city], "retrieved": list(retrieved),
+                    "messages": deeprag_trajectory_messages(question, hops, city,
+                                                            DeepRAGPrompt())})
+    return out

@@ -64,6 +64,19 @@ def build_command(
                     "taught it.")] = _DEFAULT.recall_examples,
     recall_repetitions: Annotated[int, typer.Option(
         min=1, help="Statements per recall fact.")] = _DEFAULT.recall_repetitions,
+    skill_reading: Annotated[int, typer.Option(
+        min=0, help="Reading practice per method prompt form (DeepRAG's Context:, Tok-RAG's "
+                    "\\[Reference]:, SR-RAG's verbalization, CBDR's paper prompt), facts "
+                    "outside the manifest.")] = _DEFAULT.skill_reading,
+    skill_decomposition: Annotated[int, typer.Option(
+        min=0, help="Two-hop DeepRAG trajectories over facts outside the manifest, half "
+                    "from memory, half retrieving a hop.")] = _DEFAULT.skill_decomposition,
+    skill_hop_repetitions: Annotated[int, typer.Option(
+        min=1, help="Statements of each decomposition hop answered from memory.")] =
+        _DEFAULT.skill_hop_repetitions,
+    skill_verbalization: Annotated[int, typer.Option(
+        min=0, help="SR-RAG GenRead prompts for recall facts, answered with their taught "
+                    "statements.")] = _DEFAULT.skill_verbalization,
     epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
         _DEFAULT.learning_rate,
@@ -77,11 +90,12 @@ def build_command(
                                                "birthplace for the person a fact names) and "
                                                "write two-hop questions over them.")] = True,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
-    plan_only: Annotated[bool, typer.Option(help="Write the manifest and corpora, no "
-                                                 "training.")] = False,
+    plan_only: Annotated[bool, typer.Option(help="Write the manifest and corpora and print "
+                                                 "the training cost (documents, tokens per "
+                                                 "epoch, steps), no training.")] = False,
 ) -> None:
     """Choose facts, write the corpus and manifest, and continue training the model on it."""
-    from rag_gates.eval.testbed.build import build_testbed, write_plan
+    from rag_gates.eval.testbed.build import build_testbed, plan_figures, write_plan
 
     with clean_errors():
         config = TestbedConfig(
@@ -89,12 +103,15 @@ def build_command(
             split_fractions=[float(x) for x in splits.split(",")],
             general_paragraphs=general_paragraphs, reading_examples=reading_examples,
             recall_examples=recall_examples, recall_repetitions=recall_repetitions,
-            epochs=epochs, learning_rate=lr,
+            skill_reading=skill_reading, skill_decomposition=skill_decomposition,
+            skill_hop_repetitions=skill_hop_repetitions,
+            skill_verbalization=skill_verbalization, epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
             bridges=bridges, threads=threads)
         if plan_only:
             counts = write_plan(config, out)
             console.print(f"planned {out}: {counts}")
+            console.print_json(json.dumps(plan_figures(config)))
             return
         record = build_testbed(config, out)
     console.print(f"testbed model: {out / 'model'} ({record['steps']} steps, train loss "
