@@ -390,3 +390,36 @@ def test_the_run_draws_the_composite(first_run: Path, tiny_dir: Path,
     assert result.exit_code == 0, result.output
     assert "weighted(answer-logprob,first-token-prob)" in drawn, drawn
     assert {"answer-logprob", "first-token-prob"} <= set(drawn)
+
+
+def test_the_docs_qdrant_snippet_and_command_run(tiny_dir: Path, tiny_inputs: tuple[Path, Path],
+                                                 tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    """docs/calibration.md's snippet runs as written (my_docs.jsonl: 30 real passages, cut
+    short for the tiny model), then the command it names, as written plus the tiny model
+    and short answers (my_questions.jsonl: the tiny questions)."""
+    import re
+    import shlex
+    import shutil
+
+    pytest.importorskip("qdrant_client")
+    from rag_gates.calibration import GateSpec
+
+    doc = (ROOT / "docs" / "calibration.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- run by tests/unit/test_calibrate_cli.py -->\n```python\n(.*?)```",
+                      doc, re.S)
+    assert match, "the tested snippet is marked in docs/calibration.md"
+    monkeypatch.chdir(tmp_path)
+    Path("my_docs.jsonl").write_text("".join(p.model_dump_json() + "\n" for p in _passages(30)))
+    shutil.copy(tiny_inputs[0], "my_questions.jsonl")
+    exec(compile(match.group(1), "docs/calibration.md", "exec"), {})
+    command = " ".join(line.lstrip("# ").removesuffix("\\").strip()
+                       for line in match.group(1).splitlines() if line.startswith("#"))
+    words = shlex.split(command.removeprefix("then: "))
+    assert words[:2] == ["rag-gates", "calibrate"]
+    result = CliRunner().invoke(app, [*words[1:], "--model", str(tiny_dir), "--k", "1",
+                                      "--gates", "answer-logprob", "--max-new-tokens", "4",
+                                      "--max-loss", "0.2"])
+    assert result.exit_code == 0, result.output
+    retriever = GateSpec.load(tmp_path / "gate.json").retriever
+    assert f"Qdrant collection 'docs' at {tmp_path / 'my-qdrant'} (30 points" in retriever
