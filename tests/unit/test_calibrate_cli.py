@@ -244,6 +244,27 @@ def test_the_plot_draws_the_composite_as_it_was_certified(tmp_path: Path) -> Non
             row.observed_skip_rate), row.gate
 
 
+def test_a_row_that_cannot_be_drawn_is_named_not_dropped(tmp_path: Path,
+                                                         capsys: pytest.CaptureFixture[str]
+                                                         ) -> None:
+    """Records that lost two gates' scores (here erased) cannot refit the composite: the
+    other rows are drawn, the composite is named with why, not silently left out."""
+    pytest.importorskip("matplotlib")
+    from rag_gates.calibration import CalibrationReport, read_records
+    from rag_gates.commands.calibrate import plot_skip_curves
+
+    run = ROOT / "benchmarks" / "results" / "calibrate" / "smollm2-200" / "work"
+    records = [r.model_copy(update={"scores": {**r.scores, "cbdr": None,
+                                               "first-token-prob": None}})
+               for r in read_records(run / "records.jsonl")]
+    report = CalibrationReport.model_validate_json((run / "report.json").read_text())
+    plot = plot_skip_curves(records, report, tmp_path / "gate.png")
+    composite = "weighted(answer-logprob,cbdr,first-token-prob)"
+    assert plot.series == ["answer-logprob", "cbdr", "first-token-prob"]
+    assert list(plot.not_drawn) == [composite]
+    assert f"not drawn {composite}: no gate" in " ".join(capsys.readouterr().out.split())
+
+
 # ----------------------------------------------------- the work dir: which questions it holds
 TINY_GATES = "first-token-prob,answer-logprob"  # not sorted: the composite's name is
 
