@@ -18,6 +18,7 @@ __all__ = [
     "ServerUnavailableError",
     "SpecModelMismatchError",
     "StoreLockedError",
+    "VectorStoreError",
     "WeightsFileError",
     "WhiteBoxRequiredError",
 ]
@@ -68,6 +69,11 @@ class StoreLockedError(FileInUseError):
     """A local Qdrant folder (an SR-RAG policy, a dense index) is open in another process:
     Qdrant's local mode admits one client per folder. The message names the two ways out:
     open it read-only (each process loads a private copy) or serve it from a Qdrant server."""
+
+
+class VectorStoreError(RagGatesError, RuntimeError):
+    """A vector store server (Qdrant) could not be reached or refused a request; the message
+    names the URL (never an API key) and what to try."""
 
 
 class ServerError(RagGatesError, RuntimeError):

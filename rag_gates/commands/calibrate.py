@@ -1,22 +1,35 @@
 """``rag-gates calibrate``: which gate, at which threshold, with a stated risk bound, on your
 own questions.
 
-It answers each question closed book and with retrieval (BM25 over ``--corpus``), scores
-every gate that applies to the model, writes the per-question records (resumable, in
-``--work-dir``), certifies a threshold per gate and for a fitted composite
+It answers each question closed book and with retrieval (``--corpus``), scores every gate
+that applies to the model, writes the per-question records (resumable, in ``--work-dir``),
+certifies a threshold per gate and for a fitted composite
 (:func:`rag_gates.calibration.calibrate`), prints one table, and writes the best gate's spec
 (``--out``, load it with :func:`rag_gates.calibration.load_gate`) and a plot of the certified
-skip rate against epsilon for each gate.
+skip rate against epsilon for each gate and the composite.
 
 ``--data`` is JSON Lines, one question a line: ``{"question": "...", "answers": ["gold", "alias",
 ...]}`` with an optional ``"id"`` (default: the line number); other fields are ignored. An
 answer counts as right when a gold answer occurs in it (normalised words, as the bench's
-``accuracy``). ``--corpus`` is JSON Lines with ``"text"`` (optional ``"title"``, ``"id"``) or a
-folder of ``.txt`` files (one passage each, titled by the file name).
+``accuracy``). The work directory is tied to the file's question set (ids, questions and
+answers, in any order), so a reordered file resumes; ``--limit N`` uses the first N questions
+and leaves the records of the others in the work directory. Give every line an ``"id"`` for
+reordering to resume: a line's default id is its number.
+
+``--corpus`` is one of:
+
+- JSON Lines with ``"text"`` (optional ``"title"``, ``"id"``) or a folder of ``.txt`` files
+  (one passage each, titled by the file name), searched with BM25;
+- ``qdrant:PATH_OR_URL[#COLLECTION]``: a Qdrant collection (default ``passages``) of
+  passages embedded with the embedded all-MiniLM-L6-v2, as
+  :meth:`~rag_gates.retrieval.QdrantDenseRetriever.build` writes them; ``PATH`` is a local
+  Qdrant folder (read into a private copy, so another process may hold it), a URL
+  (``http(s)://HOST:6333``) a Qdrant server (its API key from ``QDRANT_API_KEY``).
 
 Example:
     rag-gates calibrate --data examples/data/calibration_questions.jsonl \\
         --corpus examples/data/calibration_corpus.jsonl --out gate.json
+    rag-gates calibrate --data my_questions.jsonl --corpus qdrant:indexes/qdrant#docs
 """
 
 from __future__ import annotations
@@ -24,7 +37,8 @@ from __future__ import annotations
 import hashlib
 import json
 import math
-from collections.abc import Callable, Iterator, Sequence
+import os
+from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, cast
@@ -34,9 +48,12 @@ from rich.console import Console
 from rich.table import Table
 
 from rag_gates._console import error_line
+from rag_gates.errors import ArtifactError, VectorStoreError
 
-__all__ = ["CalibrationQuestion", "calibrate_command", "collect_records", "read_corpus",
-           "read_questions", "run_calibration"]
+__all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot",
+           "calibrate_command", "collect_records", "open_qdrant_corpus", "parse_corpus",
+           "plot_skip_curves", "question_set_sha", "read_corpus", "read_questions",
+           "run_calibration", "skip_curves"]
 
 console = Console()
 
@@ -44,6 +61,11 @@ AUTO_GATES = ("answer-logprob", "first-token-prob", "cbdr", "quco")
 """What ``--gates auto`` tries, in order; each is kept only where it applies to the model."""
 PLOT_EPSILONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2)
 SERVED_PREFIX = "openai:"
+QDRANT_PREFIX = "qdrant:"
+QDRANT_COLLECTION = "passages"
+"""The collection of ``qdrant:PATH`` without ``#COLLECTION``: QdrantDenseRetriever.build's."""
+QDRANT_SYNTAX = "--corpus qdrant:PATH_OR_URL[#COLLECTION]"
+QDRANT_API_KEY_ENV = "QDRANT_API_KEY"
 
 
 @dataclass(frozen=True)
@@ -102,6 +124,15 @@ def read_questions(path: Path) -> list[CalibrationQuestion]:
     return out
 
 
+def question_set_sha(questions: Sequence[CalibrationQuestion]) -> str:
+    """SHA-256 of the canonical question set: (id, question, answers) of every question,
+    sorted by id (answers sorted too: any of them counts), so the order of the lines of
+    ``--data`` does not count and any edit of a question or its answers does."""
+    rows = sorted([q.id, q.question, sorted(q.answers)] for q in questions)
+    return hashlib.sha256(json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
+                          .encode("utf-8")).hexdigest()
+
+
 def read_corpus(path: Path) -> list[Any]:
     """Read ``--corpus``: JSONL with ``text`` (optional ``title``, ``id``) or a folder of
     ``.txt`` files, as passages."""
@@ -138,6 +169,173 @@ def _sha(path: Path) -> str:
     for file in files:
         digest.update(file.read_bytes())
     return digest.hexdigest()
+
+
+@dataclass(frozen=True)
+class QdrantCorpus:
+    """``--corpus qdrant:PATH_OR_URL[#COLLECTION]``: a local Qdrant folder (absolute path)
+    or a server URL, and the collection of passages."""
+
+    location: str
+    collection: str
+
+    @property
+    def remote(self) -> bool:
+        return self.location.startswith(("http://", "https://"))
+
+    def __str__(self) -> str:
+        return f"{QDRANT_PREFIX}{self.location}#{self.collection}"
+
+
+def parse_corpus(text: str) -> Path | QdrantCorpus:
+    """``--corpus``: a JSONL file or a folder of .txt files (a Path), or
+    ``qdrant:PATH_OR_URL[#COLLECTION]`` (the collection defaults to ``passages``).
+
+    Example:
+        >>> parse_corpus("qdrant:http://localhost:6333#docs")
+        QdrantCorpus(location='http://localhost:6333', collection='docs')
+    """
+    if not text.startswith(QDRANT_PREFIX):
+        return Path(text)
+    location, hashed, collection = text.removeprefix(QDRANT_PREFIX).partition("#")
+    if not location or (hashed and not collection):
+        raise ValueError(f"--corpus {text!r}: give {QDRANT_SYNTAX}, e.g. "
+                         "qdrant:indexes/qdrant#docs (a local Qdrant folder) or "
+                         "qdrant:http://localhost:6333#docs (a server)")
+    if location.startswith(("http://", "https://")):
+        from rag_gates._http import check_server_url
+
+        check_server_url(location, f"the URL of {QDRANT_SYNTAX}",
+                         f"Put the API key in the environment variable {QDRANT_API_KEY_ENV}")
+    else:
+        location = str(Path(location).expanduser().resolve())
+    return QdrantCorpus(location, collection or QDRANT_COLLECTION)
+
+
+@dataclass(frozen=True)
+class QdrantCollection:
+    """An opened ``--corpus qdrant:...``: its client (a private in-memory copy of a local
+    folder's collection) and what the spec and the work directory say about it."""
+
+    source: QdrantCorpus
+    client: Any
+    points: int
+    vector_size: int
+    distance: str
+
+    @property
+    def identity(self) -> dict[str, Any]:
+        """The work directory's corpus identity: which collection, how big, which vectors."""
+        from rag_gates.lm.defaults import DEFAULT_EMBEDDER_ID
+
+        return {"qdrant": self.source.location, "collection": self.source.collection,
+                "points": self.points, "vector_size": self.vector_size,
+                "embedder": DEFAULT_EMBEDDER_ID}
+
+    def describe(self, k: int) -> str:
+        from rag_gates.lm.defaults import DEFAULT_EMBEDDER_ID
+
+        return (f"dense ({DEFAULT_EMBEDDER_ID}) over Qdrant collection "
+                f"{self.source.collection!r} at {self.source.location} ({self.points} points, "
+                f"{self.vector_size}-d vectors, {self.distance}), k={k}")
+
+    def check_embedder(self, embedder: Any) -> None:
+        """The collection's vectors have the size the embedder gives (else it was embedded
+        with another model, and a search would fail or mean nothing)."""
+        from rag_gates.lm.defaults import DEFAULT_EMBEDDER_ID
+
+        size = len(embedder.encode(["size probe"], normalize_embeddings=True)[0])
+        if size != self.vector_size:
+            raise ArtifactError(
+                f"--corpus {self.source}: the collection holds {self.vector_size}-d vectors, "
+                f"but {DEFAULT_EMBEDDER_ID} embeds in {size}-d: it was embedded with another "
+                "model. Rebuild it with QdrantDenseRetriever.build(passages, path=... or "
+                "url=..., collection=...), or give a JSONL corpus (BM25)")
+
+
+def _local_collections(folder: Path) -> list[str]:
+    """The collection names of a local Qdrant folder (its meta.json), for an error message."""
+    try:
+        return sorted(json.loads((folder / "meta.json").read_text())["collections"])
+    except (OSError, ValueError, KeyError, TypeError):
+        return []
+
+
+def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:
+    """Open ``--corpus qdrant:...`` and check it holds passages to search: the collection
+    exists, has points, one unnamed vector, and a passage payload ({"text": ...}).
+
+    Raises:
+        ImportError: qdrant-client is not installed (names the extra).
+        VectorStoreError: the server cannot be reached.
+        ArtifactError: no Qdrant folder there, no such collection, no points, named
+            vectors, or points that hold no passage.
+    """
+    from pydantic import ValidationError
+
+    from rag_gates._optional import require
+    from rag_gates.types import Passage
+
+    qdrant_client = require("qdrant_client", "qdrant")
+    if source.remote:
+        client = qdrant_client.QdrantClient(url=source.location, timeout=10,
+                                            api_key=os.environ.get(QDRANT_API_KEY_ENV),
+                                            check_compatibility=False)
+        try:
+            names = sorted(c.name for c in client.get_collections().collections)
+        except Exception as exc:  # the client raises transport-specific types
+            client.close()
+            raise VectorStoreError(
+                f"--corpus {source}: cannot reach the Qdrant server at {source.location} "
+                f"({type(exc).__name__}: {exc}); start it (e.g. docker run -p 6333:6333 "
+                f"qdrant/qdrant), check the URL and {QDRANT_API_KEY_ENV}, or give a local "
+                "folder: qdrant:PATH#COLLECTION") from exc
+    else:
+        from rag_gates.retrieval.dense import QdrantDenseRetriever
+
+        folder = Path(source.location)
+        if not (folder / "meta.json").is_file():
+            raise ArtifactError(
+                f"--corpus {source}: no Qdrant folder at {folder} (a local Qdrant folder holds "
+                "meta.json); build one with QdrantDenseRetriever.build(passages, path=..., "
+                "collection=...), or give a server: qdrant:http://HOST:6333#COLLECTION")
+        names = _local_collections(folder)
+        # A private in-memory copy: the folder is released at once (another process may
+        # hold or serve it), and searches do not go back to disk.
+        client = QdrantDenseRetriever.connect(str(folder), read_only=True,
+                                              collection=source.collection)
+    where = f"--corpus {source}: the collection {source.collection!r} at {source.location}"
+    try:
+        if not client.collection_exists(source.collection):
+            raise ArtifactError(
+                f"--corpus {source}: {source.location} has no collection "
+                f"{source.collection!r} (collections: {', '.join(names) or 'none'}); name "
+                "one after '#'")
+        info = client.get_collection(source.collection)
+        vectors = info.config.params.vectors
+        if not hasattr(vectors, "size"):  # named vectors: a dict of them
+            raise ArtifactError(
+                f"{where} holds named vectors ({', '.join(vectors or {})}); calibrate "
+                "searches one unnamed vector per point, as QdrantDenseRetriever.build writes")
+        points = int(client.count(source.collection, exact=True).count)
+        if points == 0:
+            raise ArtifactError(f"{where} holds no points; add passages to it "
+                                "(QdrantDenseRetriever.build)")
+        sample = client.scroll(source.collection, limit=1, with_payload=True,
+                               with_vectors=False)[0]
+        try:
+            Passage.model_validate(sample[0].payload)
+        except ValidationError:
+            raise ArtifactError(
+                f"{where}: its points hold no passage (payload {sorted(sample[0].payload or {})}"
+                "); each point's payload must be a passage, {\"text\": ..., \"title\": ...}, "
+                "as QdrantDenseRetriever.build writes") from None
+    except BaseException:
+        client.close()
+        raise
+    distance = getattr(vectors.distance, "value", vectors.distance)
+    return QdrantCollection(source=source, client=client, points=points,
+                            vector_size=int(vectors.size), distance=str(distance).lower())
 
 
 def parse_gate_list(text: str) -> list[str] | None:
@@ -222,11 +420,18 @@ def _score(decision: Any) -> float | None:
 
 def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever: Any,
                     gates: dict[str, Any], path: Path, *, k: int, max_new_tokens: int,
-                    progress: Callable[[int, int], None] | None = None) -> list[Any]:
+                    progress: Callable[[int, int], None] | None = None,
+                    known: Collection[str] = (),
+                    unused: Callable[[int], None] | None = None) -> list[Any]:
     """Answer every question closed book and with retrieval, score every gate, and append
     one :class:`~rag_gates.calibration.CalibrationRecord` per question to ``path``
-    (questions already there are kept: resumable). The closed-book answer of a gate that
-    generated it with the same prompt and budget is reused, not generated again."""
+    (questions already there are kept: resumable); return the records of ``questions``, in
+    their order. The closed-book answer of a gate that generated it with the same prompt
+    and budget is reused, not generated again.
+
+    ``known``: ids of other questions of the same ``--data`` (those beyond ``--limit``):
+    their records stay in ``path``, unused, and ``unused`` is told how many there are. A
+    record of any other question raises ValueError."""
     from rag_gates._io import append_locked, drop_torn_tail
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
@@ -241,9 +446,13 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
         drop_torn_tail(path)
         done = {r.id: r for r in read_records(path)} if path.stat().st_size else {}
         wanted = {q.id for q in questions}
-        if set(done) - wanted:
-            raise ValueError(f"{path} holds records of questions not in --data; use another "
-                             "--work-dir for other questions")
+        strangers = sorted(set(done) - wanted - set(known))
+        if strangers:
+            raise ValueError(f"{path} holds records of {len(strangers)} questions not in "
+                             f"--data (e.g. id {strangers[0]!r}); use another --work-dir for "
+                             "other questions")
+        if unused is not None:
+            unused(len(set(done) - wanted))
         for i, q in enumerate(questions):
             if progress is not None:
                 progress(i, len(questions))
@@ -275,30 +484,91 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     return [done[q.id] for q in questions]
 
 
-def _check_work_dir(work_dir: Path, identity: dict[str, Any]) -> None:
-    """The work directory's records belong to one model, data, corpus and gate set."""
+_IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)"}
+
+
+def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha: str) -> None:
+    """The work directory's records belong to one model, question set, corpus and gate set.
+
+    A work directory made before question-set identities names ``--data`` by the SHA-256 of
+    its bytes (``"data"``): with the same file byte for byte its config is upgraded (same
+    bytes, same questions); with any other the questions cannot be told apart from another
+    set (the old config does not hold them), so it is refused with what to do."""
     from rag_gates._io import write_text_atomic
 
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "config.json"
-    if path.is_file():
-        before = json.loads(path.read_text())
-        if before != identity:
-            diff = sorted(k for k in set(before) | set(identity)
-                          if before.get(k) != identity.get(k))
-            raise ValueError(f"{work_dir} holds records made with another {', '.join(diff)}; "
-                             "use another --work-dir (or delete this one)")
+    if not path.is_file():
+        write_text_atomic(path, json.dumps(identity, indent=2))
         return
-    write_text_atomic(path, json.dumps(identity, indent=2))
+    before = json.loads(path.read_text())
+    legacy = "questions" not in before and "data" in before
+    if legacy:
+        if before["data"] != data_bytes_sha:
+            raise ValueError(
+                f"{work_dir} was made by an older rag-gates that identified --data by its "
+                "bytes, and this --data is not that file byte for byte (edited or reordered "
+                "since?): run once with the file as it was, which upgrades the work dir (any "
+                "order resumes after that), or use another --work-dir")
+        before = {**{k: v for k, v in before.items() if k != "data"},
+                  "questions": identity["questions"]}
+    if before != identity:
+        diff = sorted(_IDENTITY_NAMES.get(k, k) for k in set(before) | set(identity)
+                      if before.get(k) != identity.get(k))
+        raise ValueError(f"{work_dir} holds records made with another {', '.join(diff)}; "
+                         "use another --work-dir (or delete this one)")
+    if legacy:
+        write_text_atomic(path, json.dumps(identity, indent=2))
+        console.print(f"upgraded {path}: --data is now identified by its question set (ids, "
+                      "questions, answers), so reordering it resumes", highlight=False)
 
 
-def plot_skip_curves(records: Sequence[Any], gates: Sequence[str], out: Path, *,
-                     delta: float, bound: Literal["wsr", "binomial"], max_loss: float,
-                     ) -> Path | None:
-    """PNG of the certified skip rate against epsilon, one line per gate; None (and a line
-    saying so) without matplotlib."""
+@dataclass(frozen=True)
+class SkipPlot:
+    """What :func:`plot_skip_curves` drew: the PNG (None without matplotlib), the series
+    in the order drawn (the legend's labels), each row's (epsilon, skip rate) points, and
+    the rows that could not be drawn, with why."""
+
+    path: Path | None
+    series: list[str]
+    curves: dict[str, list[tuple[float, float]]]
+    not_drawn: dict[str, str]
+
+
+def skip_curves(records: Sequence[Any], report: Any,
+                epsilons: Sequence[float] = PLOT_EPSILONS
+                ) -> tuple[dict[str, list[tuple[float, float]]], dict[str, str]]:
+    """Each row of ``report`` (a :class:`~rag_gates.calibration.CalibrationReport`):
+    ``(epsilon, skip rate at the certified threshold)`` at ``epsilons`` and the report's
+    own epsilon, certified as the row was: at the row's delta (its family-wise share), with
+    the report's bound and seed, the composite fitted on its fitting half and certified on
+    the other. Returns ``(curves, rows not drawn with why)``."""
     from rag_gates.calibration import CalibrationError, skip_curve
 
+    # The composite's name and fit follow the order of its gates, which is the report's;
+    # the records may hold the scores in another (the order the gates were asked for).
+    gates = [row.gate for row in report.rows if row.gate != report.composite_name]
+    ordered = [r.model_copy(update={"scores": {g: r.scores.get(g) for g in gates}})
+               for r in records]
+    xs = sorted({*map(float, epsilons), float(report.epsilon)})
+    curves: dict[str, list[tuple[float, float]]] = {}
+    why: dict[str, str] = {}
+    for row in report.rows:
+        try:
+            curves[row.gate] = skip_curve(ordered, row.gate, xs, delta=row.delta,
+                                          bound=report.bound, seed=report.seed)
+        except CalibrationError as exc:
+            why[row.gate] = str(exc)
+    return curves, why
+
+
+def plot_skip_curves(records: Sequence[Any], report: Any, out: Path) -> SkipPlot:
+    """PNG of the certified skip rate against epsilon, one line per row of ``report`` (each
+    gate and the composite, see :func:`skip_curves`); a row that cannot be drawn gets a
+    line saying why, and without matplotlib no PNG (and a line saying so)."""
+    curves, not_drawn = skip_curves(records, report)
+    for gate, why in not_drawn.items():
+        console.print(f"[yellow]not drawn[/] {gate}: {why}", highlight=False)
     try:
         import matplotlib
 
@@ -306,24 +576,25 @@ def plot_skip_curves(records: Sequence[Any], gates: Sequence[str], out: Path, *,
         import matplotlib.pyplot as plt
     except ImportError:
         console.print('no plot: matplotlib is missing (pip install "rag-gates[eval]")')
-        return None
+        return SkipPlot(None, [], curves, not_drawn)
     fig, ax = plt.subplots(figsize=(6, 4))
-    for gate in gates:
-        try:
-            curve = skip_curve(records, gate, PLOT_EPSILONS, delta=delta, bound=bound)
-        except CalibrationError:
-            continue
+    for gate, curve in curves.items():
         ax.plot([e for e, _ in curve], [s for _, s in curve], marker="o", label=gate)
-    ax.axvline(max_loss, color="grey", linestyle=":", label=f"--max-loss {max_loss:g}")
+    series = [str(line.get_label()) for line in ax.get_lines()]
+    ax.axvline(report.epsilon, color="grey", linestyle=":",
+               label=f"--max-loss {report.epsilon:g}")
     ax.set_xlabel("epsilon (accuracy drop allowed against always retrieving)")
     ax.set_ylabel("share of retrievals skipped")
-    ax.set_title(f"Skip rate at the certified threshold (delta {delta:g}, {bound})")
+    family = (f", each of {report.family} rows at delta/{report.family}"
+              if report.family > 1 else "")
+    ax.set_title(f"Skip rate at the certified threshold (delta {report.delta:g}{family}, "
+                 f"{report.bound})", fontsize=9)
     ax.legend(fontsize=8)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     fig.savefig(out, dpi=120)
     plt.close(fig)
-    return out
+    return SkipPlot(out, series, curves, not_drawn)
 
 
 def _table(report: Any) -> Table:
@@ -346,16 +617,15 @@ def _table(report: Any) -> Table:
     return table
 
 
-def run_calibration(*, data: Path, corpus: Path, out: Path, model: str = "default",
+def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "default",
                     gates: str = "auto", max_loss: float = 0.05, delta: float = 0.1,
                     bound: Literal["wsr", "binomial"] = "wsr", k: int = 3,
                     max_new_tokens: int = 32, limit: int | None = None,
                     threads: int | None = None, work_dir: Path | None = None,
                     seed: int = 0) -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
-    name and option is checked before the model loads."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
+    name and option, and the corpus (a Qdrant collection is opened and checked), is checked
+    before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``."""
     if not 0 < max_loss < 1:
         raise ValueError(f"--max-loss must be in (0, 1), got {max_loss}")
     if not 0 < delta < 1:
@@ -364,8 +634,9 @@ def run_calibration(*, data: Path, corpus: Path, out: Path, model: str = "defaul
         raise ValueError(f"--bound must be wsr or binomial, got {bound!r}")
     requested = parse_gate_list(gates)
     check_model_spec(model)
-    questions = read_questions(data)[:limit]
-    passages = read_corpus(corpus)
+    source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
+    every = read_questions(data)
+    questions = every[:limit]
     from rag_gates.calibration import MIN_QUESTIONS
 
     if len(questions) < MIN_QUESTIONS:
@@ -373,34 +644,79 @@ def run_calibration(*, data: Path, corpus: Path, out: Path, model: str = "defaul
                          f"{MIN_QUESTIONS}")
     if out.suffix != ".json":
         raise ValueError(f"--out {out}: give a .json path (the spec), e.g. gate.json")
-    work = work_dir or out.with_name(out.stem + "-work")
+    if isinstance(source, QdrantCorpus):
+        collection = open_qdrant_corpus(source)
+        try:
+            return _calibrate(every, questions, data, collection, out, model, requested,
+                              max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed)
+        finally:
+            collection.client.close()
+    return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
+                      bound, k, max_new_tokens, threads, work_dir, seed)
+
+
+def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
+               data: Path, corpus: Path | QdrantCollection, out: Path, model: str,
+               requested: list[str] | None, max_loss: float, delta: float,
+               bound: Literal["wsr", "binomial"], k: int, max_new_tokens: int,
+               threads: int | None, work_dir: Path | None, seed: int) -> Any:
+    """:func:`run_calibration` once its input is checked: load, answer, certify, write."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
-    from rag_gates.retrieval.bm25 import BM25Retriever
 
-    with console.status(f"loading {model} and indexing {len(passages)} passages (BM25)"):
+    work = work_dir or out.with_name(out.stem + "-work")
+    passages = None
+    if isinstance(corpus, QdrantCollection):
+        what = f"{corpus.source} ({corpus.points} points)"
+    else:
+        passages = read_corpus(corpus)
+        what = f"indexing {len(passages)} passages (BM25)"
+    retriever: Any
+    corpus_identity: str | dict[str, Any]
+    with console.status(f"loading {model}; {what}"):
         from rag_gates.cli import _quiet_transformers  # at run time: cli imports this module
 
         _quiet_transformers()
+        if isinstance(corpus, QdrantCollection):
+            from rag_gates.lm.defaults import load_default_embedder
+            from rag_gates.retrieval.dense import QdrantDenseRetriever
+
+            embedder = load_default_embedder()
+            corpus.check_embedder(embedder)  # before the model loads: a wrong index fails fast
+            retriever = QdrantDenseRetriever(corpus.client, corpus.source.collection, embedder)
+            description, corpus_identity = corpus.describe(k), corpus.identity
+        else:
+            from rag_gates.retrieval.bm25 import BM25Retriever
+
+            assert passages is not None
+            retriever = BM25Retriever.from_passages(passages)
+            corpus_sha = _sha(corpus)
+            description = (f"bm25 over {corpus.name} ({len(passages)} passages, sha256 "
+                           f"{corpus_sha[:12]}), k={k}")
+            corpus_identity = corpus_sha
         lm = load_model(model, threads)
-        retriever = BM25Retriever.from_passages(passages)
         identity = ModelIdentity.of(lm)
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     built, skipped = applicable_gates(lm, requested, options)
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
-    description = (f"bm25 over {corpus.name} ({len(passages)} passages, sha256 "
-                   f"{_sha(corpus)[:12]}), k={k}")
-    _check_work_dir(work, {"model": identity.fingerprint, "data": _sha(data),
-                           "corpus": _sha(corpus), "gates": sorted(built), "k": k,
-                           "max_new_tokens": max_new_tokens})
+    _check_work_dir(work, {"model": identity.fingerprint, "questions": question_set_sha(every),
+                           "corpus": corpus_identity, "gates": sorted(built), "k": k,
+                           "max_new_tokens": max_new_tokens}, data_bytes_sha=_sha(data))
+    kept: list[int] = []
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
         task = bar.add_task("answering closed book and with retrieval", total=len(questions))
         records = collect_records(
             questions, lm, retriever, built, work / "records.jsonl", k=k,
             max_new_tokens=max_new_tokens,
-            progress=lambda done, total: bar.update(task, completed=done, total=total))
+            progress=lambda done, total: bar.update(task, completed=done, total=total),
+            known={q.id for q in every}, unused=kept.append)
+    if kept and kept[0]:
+        console.print(f"{kept[0]} records of questions beyond --limit kept in the work dir, "
+                      f"not used ({len(questions)} of the {len(every)} questions of --data "
+                      "used)", highlight=False)
     report = calibrate(records, max_loss=max_loss, delta=delta, bound=bound, model=identity,
                        retriever=description, gates=sorted(built), seed=seed,
                        options=options)
@@ -408,15 +724,14 @@ def run_calibration(*, data: Path, corpus: Path, out: Path, model: str = "defaul
     spec = report.best
     spec.save(out)
     (work / "report.json").write_text(report.model_dump_json(indent=2))
-    plot = plot_skip_curves(records, [r.gate for r in report.rows], out.with_suffix(".png"),
-                            delta=delta, bound=bound, max_loss=max_loss)
+    plot = plot_skip_curves(records, report, out.with_suffix(".png"))
     verdict = (f"{spec.gate} at threshold {spec.threshold:.4g}: skips "
                f"{100 * spec.skip_rate.observed:.1f}% of retrievals on the certification "
                f"questions, at least {100 * spec.skip_rate.lower:.1f}% on new ones like them"
                if spec.certified else f"{spec.gate}: no threshold certified: always retrieve")
     console.print(f"best: {verdict} -> {out}", highlight=False)
-    console.print(f"records: {work / 'records.jsonl'}" + (f"; plot: {plot}" if plot else ""),
-                  highlight=False)
+    console.print(f"records: {work / 'records.jsonl'}"
+                  + (f"; plot: {plot.path}" if plot.path else ""), highlight=False)
     console.print(f'serve it: load_gate("{out}", lm=lm) (rag_gates.calibration)',
                   highlight=False)
     return report
@@ -426,9 +741,12 @@ def calibrate_command(
     data: Annotated[Path, typer.Option(
         help='Your questions: JSONL, one {"question": ..., "answers": \\[gold, ...]} per line '
              '(optional "id").')],
-    corpus: Annotated[Path, typer.Option(
+    corpus: Annotated[str, typer.Option(
         help='What to retrieve from: JSONL with a "text" field (optional "title", "id") or a '
-             "folder of .txt files; searched with BM25.")],
+             "folder of .txt files, searched with BM25; or qdrant:PATH_OR_URL\\[#COLLECTION] "
+             "(default collection: passages), a Qdrant collection (a local folder or a "
+             "server; API key from QDRANT_API_KEY) of passages embedded with "
+             "all-MiniLM-L6-v2, as QdrantDenseRetriever.build writes them.")],
     out: Annotated[Path, typer.Option(help="The spec to write (gate.json); a plot goes "
                                            "beside it (gate.png).")] = Path("gate.json"),
     model: Annotated[str, typer.Option(
@@ -449,11 +767,13 @@ def calibrate_command(
     k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=1024,
                                                 help="Answer length budget.")] = 32,
-    limit: Annotated[int | None, typer.Option(min=1, help="Use the first N questions.")
+    limit: Annotated[int | None, typer.Option(
+        min=1, help="Use the first N questions (the work dir keeps records of the others).")
     ] = None,
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
     work_dir: Annotated[Path | None, typer.Option(
-        help="Where the per-question records go (resumed if it exists); default: OUT's name "
+        help="Where the per-question records go (resumed if it exists, for the same "
+             "question set in any order, model, corpus and gates); default: OUT's name "
              "with -work.")] = None,
     seed: Annotated[int, typer.Option(help="Order of the betting test and the composite's "
                                            "fit/certify split.")] = 0,
@@ -469,6 +789,7 @@ def calibrate_command(
                         bound=cast(Literal["wsr", "binomial"], bound),  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed)
-    except (ValueError, CalibrationError, FileInUseError, ServerError) as exc:
+    except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
+            ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)
         raise typer.Exit(2) from exc
