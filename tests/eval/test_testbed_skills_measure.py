@@ -246,3 +246,41 @@ def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:
     wrong = subprocess.run(["bash", str(steps)], env=env, capture_output=True, text=True)
     assert wrong.returncode == 2
     assert "unknown step skils" in wrong.stdout and "unknown step skills" not in wrong.stdout
+
+
+# ------------------------------------------------------------------ expectations' figures
+def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) -> None:
+    """On tb11's committed step outputs (its plan rebuilt: a pure function of its config),
+    the per-rung figures add up to what eval-gate, the bench and the DeepRAG report said."""
+    from rag_gates.eval.testbed.build import TestbedConfig
+
+    config = json.loads((ROOT / "benchmarks/results/testbed/tb11-config.json").read_text())
+    write_plan(TestbedConfig.model_validate(config), tmp_path / "tb11")
+    spec = importlib.util.spec_from_file_location(
+        "testbed_expectations", ROOT / "benchmarks" / "testbed_expectations.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    got = script.main(["--tb", "tb11", "--testbed", str(tmp_path / "tb11"),
+                       "--out", str(tmp_path / "x.json")])
+    assert got["missing"] == ["srrag-tb11/e2e"]
+    # At the calibrated thresholds, eval-gate's retrieval rates (docs/testbed.md, tb11's
+    # gate table: 0.95 / 0.82 / 0.97 / 0.92), 75 facts per rung.
+    for gate, rate in (("first-token-prob", 94.7), ("answer-logprob", 82.0), ("quco", 97.3),
+                       ("cbdr", 92.0)):
+        by_rung = got["gates"][gate]["retrieval_by_rung"]
+        assert set(by_rung) == {"0", "2", "8", "64"}
+        assert abs(sum(by_rung.values()) / 4 - rate) < 0.1, gate
+    # QuCo's counts track the ladder (its corpus states a top-rung subject 64 times).
+    assert got["gates"]["quco"]["rung_auroc"] > 0.9
+    e2e = got["runs"]["e2e-tb11"]
+    assert e2e["no-rag"]["accuracy_by_rung"] == {"0": 18.7, "2": 20.0, "8": 38.7, "64": 65.3}
+    assert set(e2e["single"]["retrieval_by_rung"].values()) == {100.0}
+    # The DeepRAG report's steps: 266 with 168 unmatched (untrained), 142 never retrieving
+    # (after SFT).
+    untrained = got["deeprag"]["deeprag-tb11/twohop"]["deeprag"]
+    assert untrained["unmatched_steps"] == 168
+    assert sum(untrained["steps_by_hop_rung"].values()) == 266 - 168
+    sft = got["deeprag"]["deeprag-tb11/twohop-sft"]["deeprag"]
+    assert sum(sft["steps_by_hop_rung"].values()) == 142
+    assert set(sft["retrieval_by_hop_rung"].values()) == {0.0}
