@@ -75,7 +75,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                    f"--testbed {args.testbed}"
                    + (f" --model {args.model}" if args.model else "") + caps +
                    f" --max-new-tokens {args.max_new_tokens}"
-                   + (f" --validation {args.validation}" if args.validation else "") +
+                   + (f" --validation {args.validation}" if args.validation else "")
+                   + (f" --rows {args.rows}" if args.rows else "") +
                    f" --out {args.out}",
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "model": args.model or "the testbed's model", "rows": str(rows), **summary}

@@ -6,9 +6,10 @@
 #   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
 #                (bench/NAME); without it the validate step runs the base model itself
 #   STEPS        build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc
+#                expectations
 #                (default: all, in that order; skills reads validate's table, deeprag-trained
 #                reports with deeprag's runs, srrag needs gates' CBDR probe, srrag-auroc needs
-#                srrag's policies)
+#                srrag's policies, expectations reads what the others wrote: no model)
 #   SKILLS_N     caps the evaluation facts and two-hop questions the skills step answers
 #                (a dry run; it writes apart, skills-$TB-nN.json)
 #   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
@@ -17,9 +18,9 @@
 #   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
 set -ex
 : "${TB:?set TB, e.g. TB=tb7}"
-STEPS=${STEPS:-"build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc"}
+STEPS=${STEPS:-"build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc expectations"}
 for step in $STEPS; do  # a misspelt step fails now, not after an hours-long build
-  case $step in build|validate|skills|gates|e2e|tokrag|deeprag|deeprag-trained|srrag|srrag-auroc) ;;
+  case $step in build|validate|skills|gates|e2e|tokrag|deeprag|deeprag-trained|srrag|srrag-auroc|expectations) ;;
   *) echo "unknown step $step"; exit 2 ;; esac
 done
 case " $STEPS " in *" build "*) : "${BUILD_FLAGS:?set BUILD_FLAGS}" ;; esac
@@ -155,5 +156,11 @@ srrag|srrag-auroc)
         --gate srrag-no-knn --gate srrag-knn-only --gate skr --gate cbdr --threads 1 \
         --out $S/routing-auroc.json
   fi ) ;;
+expectations)
+  # The per-rung figures docs/testbed.md's pre-registered expectations are judged by (gates
+  # by rung at their calibrated thresholds, end-to-end retrieval by rung, DeepRAG's steps by
+  # hop rung), from the files the steps above wrote; a missing one is listed, not an error.
+  .venv/bin/python benchmarks/testbed_expectations.py --tb $TB --testbed $D \
+      --out benchmarks/results/testbed/expectations-$TB.json ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac; done

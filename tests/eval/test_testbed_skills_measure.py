@@ -134,6 +134,7 @@ def test_rows_resume_and_a_larger_n_adds_only_what_is_missing(planned: Path, tin
                                   max_new_tokens=3)
     assert first["facts_complete"] == 2
     assert first["table"]["twohop-single"]["n"] == 1
+    assert all(first["table"][f]["seconds_median"] is not None for f in FACT_FORMS)
     before = rows.read_text()
     assert len(_rows(rows)) == 2 * len(FACT_FORMS) + 1
     skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=3, twohop_n=1,
@@ -240,12 +241,13 @@ def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:
     steps = ROOT / "benchmarks" / "testbed_steps.sh"
     text = steps.read_text()
     assert "skills)" in text and "benchmarks/testbed_skills.py" in text
-    # The STEPS check (before any step runs) accepts skills and refuses a misspelling.
-    env = {"TB": "tbX", "STEPS": "skills skils", "PATH": "/usr/bin:/bin",
+    assert "expectations)" in text and "benchmarks/testbed_expectations.py" in text
+    # The STEPS check (before any step runs) accepts both and refuses a misspelling.
+    env = {"TB": "tbX", "STEPS": "skills expectations skils", "PATH": "/usr/bin:/bin",
            "HOME": str(tmp_path)}
     wrong = subprocess.run(["bash", str(steps)], env=env, capture_output=True, text=True)
     assert wrong.returncode == 2
-    assert "unknown step skils" in wrong.stdout and "unknown step skills" not in wrong.stdout
+    assert wrong.stdout.strip().splitlines()[-1] == "unknown step skils"
 
 
 # ------------------------------------------------------------------ expectations' figures

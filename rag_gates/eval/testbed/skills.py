@@ -226,6 +226,12 @@ def _cell(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
     return {"n": len(rows), "accuracy": None if mean is None else round(100 * mean, 1)}
 
 
+def _seconds(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The median seconds per answer (what a full run costs), where rows record it."""
+    timed = [float(r["seconds"]) for r in rows if "seconds" in r]
+    return round(statistics.median(timed), 2) if timed else None
+
+
 def summarise(rows: Sequence[dict[str, Any]], *,
               base_closed_book_r0: float | None = None) -> dict[str, Any]:
     """Accuracy per form, overall and per rung, over the facts answered in every fact form
@@ -243,11 +249,11 @@ def summarise(rows: Sequence[dict[str, Any]], *,
     table: dict[str, Any] = {}
     for form in fact_forms:
         mine = [r for r in facts if r["form"] == form]
-        table[form] = {**_cell(mine), "by_rung": {
+        table[form] = {**_cell(mine), "seconds_median": _seconds(mine), "by_rung": {
             str(k): _cell([r for r in mine if int(r["rung"]) == k]) for k in rungs}}
     twohop = [r for r in rows if r["form"] == TWOHOP]
     pairs = sorted({tuple(r["rung"]) for r in twohop})
-    table[TWOHOP] = {**_cell(twohop), "by_rungs": {
+    table[TWOHOP] = {**_cell(twohop), "seconds_median": _seconds(twohop), "by_rungs": {
         f"{a}/{b}": _cell([r for r in twohop if tuple(r["rung"]) == (a, b)]) for a, b in pairs}}
     summary = {"facts_complete": len(complete), "rungs": rungs, "table": table,
                "base_closed_book_r0": base_closed_book_r0}
