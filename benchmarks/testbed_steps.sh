@@ -5,18 +5,22 @@
 #   BUILD_FLAGS  the `rag-gates testbed build` options that make this build
 #   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
 #                (bench/NAME); without it the validate step runs the base model itself
-#   STEPS        build validate gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc
-#                (default: all, in that order; deeprag-trained reports with deeprag's runs,
-#                srrag needs gates' CBDR probe, srrag-auroc needs srrag's policies)
+#   STEPS        build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc
+#                expectations
+#                (default: all, in that order; skills reads validate's table, deeprag-trained
+#                reports with deeprag's runs, srrag needs gates' CBDR probe, srrag-auroc needs
+#                srrag's policies, expectations reads what the others wrote: no model)
+#   SKILLS_N     caps the evaluation facts and two-hop questions the skills step answers
+#                (a dry run; it writes apart, skills-$TB-nN.json)
 #   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
 #   SRRAG_N      caps the questions per split SR-RAG labels and answers (default: all)
 #   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
 #   D            the testbed directory (default ~/.cache/rag-gates/testbeds/$TB)
 set -ex
 : "${TB:?set TB, e.g. TB=tb7}"
-STEPS=${STEPS:-"build validate gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc"}
+STEPS=${STEPS:-"build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc expectations"}
 for step in $STEPS; do  # a misspelt step fails now, not after an hours-long build
-  case $step in build|validate|gates|e2e|tokrag|deeprag|deeprag-trained|srrag|srrag-auroc) ;;
+  case $step in build|validate|skills|gates|e2e|tokrag|deeprag|deeprag-trained|srrag|srrag-auroc|expectations) ;;
   *) echo "unknown step $step"; exit 2 ;; esac
 done
 case " $STEPS " in *" build "*) : "${BUILD_FLAGS:?set BUILD_FLAGS}" ;; esac
@@ -44,6 +48,16 @@ validate)
   $RG bench --dataset hotpotqa --methods no-rag --model $D/model --n 100 $T --out $R/$TB-testbed-model-hotpotqa
   (cd benchmarks/results/testbed && $RG testbed table bench/$BASE \
       gates-$TB/labels bench/base-model-hotpotqa bench/$TB-testbed-model-hotpotqa --out validation-$TB.json) ;;
+skills)
+  # Issue 35's validation shape: `single` with each fact's own passage in every method's
+  # prompt form, DeepRAG's hop answer from Context:, genread against closed book per rung,
+  # two-hop `single` with both hops' passages; one pass/fail line per criterion (the
+  # thresholds are rag_gates/eval/testbed/skills.py's). The base model's closed book at
+  # r = 0 comes from the validate step's table. Resumes from skills-$TB*-rows.jsonl.
+  .venv/bin/python benchmarks/testbed_skills.py --testbed $D \
+      --validation benchmarks/results/testbed/validation-$TB.json \
+      ${SKILLS_N:+--n $SKILLS_N --twohop-n $SKILLS_N} \
+      --out benchmarks/results/testbed/skills-$TB${SKILLS_N:+-n$SKILLS_N}.json ;;
 gates)
   for g in first-token-prob answer-logprob quco; do
     $RG eval-gate --gate $g --dataset testbed:$D $C --labels $O/labels --create-labels --out $O/$g
@@ -142,5 +156,11 @@ srrag|srrag-auroc)
         --gate srrag-no-knn --gate srrag-knn-only --gate skr --gate cbdr --threads 1 \
         --out $S/routing-auroc.json
   fi ) ;;
+expectations)
+  # The per-rung figures docs/testbed.md's pre-registered expectations are judged by (gates
+  # by rung at their calibrated thresholds, end-to-end retrieval by rung, DeepRAG's steps by
+  # hop rung), from the files the steps above wrote; a missing one is listed, not an error.
+  .venv/bin/python benchmarks/testbed_expectations.py --tb $TB --testbed $D \
+      --out benchmarks/results/testbed/expectations-$TB.json ;;
 *) echo "unknown step $step"; exit 2 ;;
 esac; done

@@ -1,0 +1,301 @@
+"""Does a testbed model have the skills the five methods assume? The validation shape of
+issue 35, measured on a testbed's evaluation facts (``benchmarks/testbed_skills.py``, the
+``skills`` step of ``benchmarks/testbed_steps.sh``).
+
+Per evaluation fact, with the fact's own retrieval passage (``passages.jsonl``) and nothing
+else, the model answers in every prompt form a method reads passages in (:data:`FORMS`),
+each rendered by the method's own code, so the measurement cannot drift from the practice
+the builder trains (:func:`rag_gates.eval.testbed.build.practice_messages`):
+
+- ``qa``: the benchmark's ``single`` (QA prompt with the passage; also Tok-RAG's default
+  stream prompt, CBDR's ``rag-gates`` style and QuCo's first call);
+- ``deeprag`` / ``deeprag-paper``: the hop answer DeepRAG's engine writes after retrieving
+  (:func:`rag_gates.deeprag.engine.retrieved_answer`: the subquery, the ``Context:`` block,
+  ``Intermediate answer:``) in the bench's prompt for the model (instruction plus
+  demonstration, or the model's ``deeprag.json``) and in the paper's prompt (what a
+  DeepRAG-trained model carries);
+- ``tokrag`` / ``tokrag-reference``: the real :class:`~rag_gates.tokrag.TokRAGDecoder`
+  (the bench's ``tokrag``, and the authors' ``[Reference]:`` passages);
+- ``srrag``: SR-RAG's answer prompt after a verbalization whose text is the passage;
+- ``cbdr-paper``: CBDR's ``paper`` RAG prompt.
+
+Then closed book (``no-rag``) and GenRead (SR-RAG's verbalize-then-answer without
+retrieval, the bench's ``genread``) per rung, and the two-hop questions over evaluation
+facts answered by ``single`` with both hops' passages. :func:`criteria` turns the summary
+into one pass/fail line per criterion of the shape; the thresholds are the constants below.
+
+Every answer is appended to a :class:`~rag_gates._io.JsonlLog` whose header is the model,
+the testbed's configuration and the settings; the same command resumes, and a larger ``n``
+adds only what is missing.
+
+Example:
+    >>> from rag_gates.eval.testbed.skills import measure_skills
+    >>> summary = measure_skills("~/.cache/rag-gates/testbeds/tb12", rows="rows.jsonl",
+    ...                          n=10)                                     # doctest: +SKIP
+    >>> [c["pass"] for c in summary["criteria"]]                          # doctest: +SKIP
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import statistics
+import time
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from rag_gates.answers import score_answer
+from rag_gates.retrieval.base import BaseRetriever
+from rag_gates.types import Passage, QAExample
+
+__all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
+           "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
+           "criteria", "form_answerers", "measure_skills", "summarise"]
+
+#: Reading forms, each the prompt a method answers from passages in.
+FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference", "srrag", "cbdr-paper")
+#: Forms held to `single`'s threshold, and DeepRAG's hop answers held to their own.
+SINGLE_FORMS = ("qa", "tokrag", "tokrag-reference", "srrag", "cbdr-paper")
+DEEPRAG_FORMS = ("deeprag", "deeprag-paper")
+#: The validation shape (issue 35), in percent: closed book at the top rung at least this;
+CLOSED_BOOK_TOP_RUNG = 60.0
+#: closed book at r = 0 at most this many points above the base model's (its "near");
+CLOSED_BOOK_R0_NEAR_BASE = 12.0
+#: `single` with the fact's passage in every form of SINGLE_FORMS at least this;
+SINGLE_EVERY_FORM = 80.0
+#: DeepRAG's hop answer from its Context: block at least this;
+DEEPRAG_CONTEXT = 70.0
+#: genread at least closed book at every rung (no margin); two-hop `single` with both hops'
+#: passages at least this.
+TWOHOP_SINGLE = 50.0
+CLOSED, GENREAD, TWOHOP = "no-rag", "genread", "twohop-single"
+
+
+class GivenPassages(BaseRetriever):
+    """A retriever that returns the passages set for the current question, so a method
+    reads exactly the passages the measurement chooses."""
+
+    name = "given"
+
+    def __init__(self) -> None:
+        self.passages: list[Passage] = []
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return list(self.passages[:k])
+
+
+Answerer = Callable[[str, Sequence[Passage]], str]
+
+
+def form_answerers(lm: Any, *, max_new_tokens: int = 24) -> dict[str, Answerer]:
+    """One function per name of :data:`FORMS` plus ``no-rag``, ``genread`` and
+    ``twohop-single``: ``(question, passages) -> reply``, each through the method's own
+    code (bench methods where the bench has one)."""
+    from rag_gates.cbdr.prompts import ProbePrompts
+    from rag_gates.deeprag.engine import Executor, retrieved_answer
+    from rag_gates.deeprag.trajectory import DeepRAGPrompt
+    from rag_gates.eval.methods import MethodContext, make_method
+    from rag_gates.eval.plugins.deeprag import bench_prompt
+    from rag_gates.srrag.pipeline import answer_prompt
+    from rag_gates.srrag.verbalizer import Verbalizer
+    from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
+    from rag_gates.types import Generation, TraceRecorder
+
+    given = GivenPassages()
+    # "testbed": the benchmark's default instruction, as `bench --dataset testbed:DIR`.
+    ctx = MethodContext(lm=lm, retriever=given, dataset="testbed", k=2,
+                        max_new_tokens=max_new_tokens)
+    methods = {m: make_method(m, ctx) for m in ("single", "tokrag", CLOSED, GENREAD)}
+    reference = TokRAGDecoder(lm, TokRAGConfig(passage_prefix=True), dataset="testbed")
+    verbalizer = Verbalizer(lm)
+    paper_cbdr = ProbePrompts(style="paper")
+
+    def through(method: str) -> Answerer:
+        def answer(question: str, passages: Sequence[Passage]) -> str:
+            given.passages = list(passages)
+            return str(methods[method].answer(question).answer)
+        return answer
+
+    def deeprag(prompt: DeepRAGPrompt) -> Answerer:
+        def answer(question: str, passages: Sequence[Passage]) -> str:
+            given.passages = list(passages)
+            # The engine's retrieve-then-answer move for a first subquery that is the
+            # question itself (the reading practice's one-subquery trajectory).
+            _, text = Executor(lm, given, TraceRecorder()).run(retrieved_answer(
+                prompt, question, "", question, len(passages), max_new_tokens))
+            return text
+        return answer
+
+    def tokrag_reference(question: str, passages: Sequence[Passage]) -> str:
+        return reference.generate(question, passages=list(passages),
+                                  max_new_tokens=max_new_tokens).text
+
+    def srrag(question: str, passages: Sequence[Passage]) -> str:
+        # The passages' text as a finished verbalization: one untitled parametric passage.
+        written = verbalizer.passage(question, Generation(
+            text=" ".join(p.text for p in passages), finish_reason="eos"))
+        return lm.generate(answer_prompt(question, [written], "testbed"),
+                           max_new_tokens=max_new_tokens).text
+
+    def cbdr_paper(question: str, passages: Sequence[Passage]) -> str:
+        return lm.generate(paper_cbdr.rag(question, passages),
+                           max_new_tokens=max_new_tokens).text
+
+    return {"qa": through("single"), "deeprag": deeprag(bench_prompt(lm)),
+            "deeprag-paper": deeprag(DeepRAGPrompt()), "tokrag": through("tokrag"),
+            "tokrag-reference": tokrag_reference, "srrag": srrag, "cbdr-paper": cbdr_paper,
+            CLOSED: through(CLOSED), GENREAD: through(GENREAD), TWOHOP: through("single")}
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
+
+
+def _header(directory: Path, model: str, max_new_tokens: int) -> dict[str, Any]:
+    config = (directory / "config.json").read_bytes()
+    return {"testbed_config_sha256": hashlib.sha256(config).hexdigest(), "model": model,
+            "max_new_tokens": max_new_tokens, "forms": list(FORMS),
+            "passages": "the fact's own (twohop: both hops', in hop order)"}
+
+
+def _plan(directory: Path, n: int | None, twohop_n: int | None
+          ) -> list[tuple[str, QAExample, list[Passage]]]:
+    from rag_gates.eval.testbed.dataset import load_testbed_dataset
+
+    passages = {r["id"]: Passage(id=r["id"], title=r.get("title"), text=r["text"])
+                for r in _rows(directory / "passages.jsonl")}
+    facts = load_testbed_dataset(f"testbed:{directory}", n=n).examples
+    plan = [(name, e, [passages[e.id]]) for e in facts for name in (*FORMS, CLOSED, GENREAD)]
+    # The two-hop questions over evaluation facts whose hops both have a passage.
+    twohop = load_testbed_dataset(f"testbed-twohop:{directory}", n=twohop_n).examples
+    for e in twohop:
+        hops = e.meta["hops"]
+        if isinstance(hops, list) and all(str(h) in passages for h in hops):
+            plan.append((TWOHOP, e, [passages[str(h)] for h in hops]))
+    return plan
+
+
+def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
+                   model: str | None = None, n: int | None = None,
+                   twohop_n: int | None = None, max_new_tokens: int = 24,
+                   base_closed_book_r0: float | None = None,
+                   progress: Callable[[str], None] | None = None) -> dict[str, Any]:
+    """Answer what ``rows`` (a resumable JSONL) lacks for the first ``n`` evaluation facts
+    and ``twohop_n`` two-hop questions, then :func:`summarise` what is there.
+
+    ``lm`` (any white-box model) or ``model`` (a path or ``"default"``; default the
+    testbed's ``model/``) answers; ``model`` names it in the rows' header either way.
+    ``base_closed_book_r0``: see :func:`summarise`.
+    """
+    from rag_gates._io import JsonlLog
+
+    directory = Path(testbed).expanduser().resolve()
+    name = model or str(directory / "model")
+    plan = _plan(directory, n, twohop_n)
+    log = JsonlLog(Path(rows), _header(directory, name, max_new_tokens))
+    with log:
+        done = log.open()
+        have = {(r["form"], r["id"]) for r in done}
+        todo = [(f, e, p) for f, e, p in plan if (f, e.id) not in have]
+        if todo:
+            if lm is None:
+                from rag_gates.lm.defaults import load_lm
+
+                lm = load_lm(name, num_threads=1)
+            answerers = form_answerers(lm, max_new_tokens=max_new_tokens)
+            start = time.perf_counter()
+            for i, (form, example, passages) in enumerate(todo):
+                t0 = time.perf_counter()
+                reply = answerers[form](example.question, passages)
+                row = {"form": form, "id": example.id, "rung": example.meta["repetitions"],
+                       "answer": reply, "seconds": round(time.perf_counter() - t0, 3),
+                       "accuracy": score_answer(reply, example.answers, "testbed")["accuracy"]}
+                log.append(row)
+                done.append(row)
+                if progress and (i + 1) % 10 == 0:
+                    progress(f"{i + 1}/{len(todo)} answers, "
+                             f"{time.perf_counter() - start:.0f}s")
+    wanted = {(f, e.id) for f, e, _ in plan}
+    return summarise([r for r in done if (r["form"], r["id"]) in wanted],
+                     base_closed_book_r0=base_closed_book_r0)
+
+
+def _cell(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    mean = statistics.fmean(r["accuracy"] for r in rows) if rows else None
+    return {"n": len(rows), "accuracy": None if mean is None else round(100 * mean, 1)}
+
+
+def _seconds(rows: Sequence[dict[str, Any]]) -> float | None:
+    """The median seconds per answer (what a full run costs), where rows record it."""
+    timed = [float(r["seconds"]) for r in rows if "seconds" in r]
+    return round(statistics.median(timed), 2) if timed else None
+
+
+def summarise(rows: Sequence[dict[str, Any]], *,
+              base_closed_book_r0: float | None = None) -> dict[str, Any]:
+    """Accuracy per form, overall and per rung, over the facts answered in every fact form
+    (a fact interrupted halfway counts once finished); the two-hop questions by their pair
+    of rungs; then :func:`criteria`. ``base_closed_book_r0``: the base model's closed-book
+    accuracy at r = 0 on the same facts (the validate step's), for the one criterion this
+    measurement cannot make alone."""
+    fact_forms = (*FORMS, CLOSED, GENREAD)
+    by_id: dict[str, set[str]] = {}
+    for r in rows:
+        by_id.setdefault(r["id"], set()).add(r["form"])
+    complete = {i for i, forms in by_id.items() if set(fact_forms) <= forms}
+    facts = [r for r in rows if r["form"] in fact_forms and r["id"] in complete]
+    rungs = sorted({int(r["rung"]) for r in facts})
+    table: dict[str, Any] = {}
+    for form in fact_forms:
+        mine = [r for r in facts if r["form"] == form]
+        table[form] = {**_cell(mine), "seconds_median": _seconds(mine), "by_rung": {
+            str(k): _cell([r for r in mine if int(r["rung"]) == k]) for k in rungs}}
+    twohop = [r for r in rows if r["form"] == TWOHOP]
+    pairs = sorted({tuple(r["rung"]) for r in twohop})
+    table[TWOHOP] = {**_cell(twohop), "seconds_median": _seconds(twohop), "by_rungs": {
+        f"{a}/{b}": _cell([r for r in twohop if tuple(r["rung"]) == (a, b)]) for a, b in pairs}}
+    summary = {"facts_complete": len(complete), "rungs": rungs, "table": table,
+               "base_closed_book_r0": base_closed_book_r0}
+    summary["criteria"] = criteria(summary)
+    return summary
+
+
+def _line(name: str, rule: str, measured: float | None, ok: bool | None) -> dict[str, Any]:
+    return {"criterion": name, "rule": rule, "measured": measured,
+            "pass": ok if measured is not None else None}
+
+
+def criteria(summary: dict[str, Any]) -> list[dict[str, Any]]:
+    """One line per criterion of the validation shape: the rule (the thresholds of this
+    module), what was measured, and ``pass`` (None where nothing was measured)."""
+    table, rungs = summary["table"], summary["rungs"]
+    closed = table[CLOSED]["by_rung"]
+    lines = []
+    top = closed[str(rungs[-1])]["accuracy"] if rungs else None
+    lines.append(_line("closed book at the top rung", f">= {CLOSED_BOOK_TOP_RUNG}", top,
+                       top is not None and top >= CLOSED_BOOK_TOP_RUNG))
+    base = summary.get("base_closed_book_r0")
+    r0 = closed["0"]["accuracy"] if "0" in closed else None
+    gap = None if base is None or r0 is None else round(r0 - base, 1)
+    lines.append(_line("closed book at r = 0 near the base model's (points above it)",
+                       f"<= {CLOSED_BOOK_R0_NEAR_BASE}", gap,
+                       gap is not None and gap <= CLOSED_BOOK_R0_NEAR_BASE))
+    for form in SINGLE_FORMS:
+        acc = table[form]["accuracy"]
+        lines.append(_line(f"single in the {form} form", f">= {SINGLE_EVERY_FORM}", acc,
+                           acc is not None and acc >= SINGLE_EVERY_FORM))
+    for form in DEEPRAG_FORMS:
+        acc = table[form]["accuracy"]
+        lines.append(_line(f"DeepRAG's hop answer from Context: ({form})",
+                           f">= {DEEPRAG_CONTEXT}", acc,
+                           acc is not None and acc >= DEEPRAG_CONTEXT))
+    for k in rungs:
+        g, c = table[GENREAD]["by_rung"][str(k)]["accuracy"], closed[str(k)]["accuracy"]
+        gap = None if g is None or c is None else round(g - c, 1)
+        lines.append(_line(f"genread minus closed book at r = {k}", ">= 0", gap,
+                           gap is not None and gap >= 0))
+    acc = table[TWOHOP]["accuracy"]
+    lines.append(_line("two-hop single with both hops' passages", f">= {TWOHOP_SINGLE}", acc,
+                       acc is not None and acc >= TWOHOP_SINGLE))
+    return lines

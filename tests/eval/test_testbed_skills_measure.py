@@ -1,0 +1,288 @@
+"""The validation shape's measurement (``rag_gates.eval.testbed.skills``,
+``benchmarks/testbed_skills.py``): every form sends the prompt the builder's practice renders,
+answers resume without repeats, and each criterion's pass/fail follows its threshold. Plumbing
+on a planned testbed with the tiny random-weight model (accuracy values mean nothing here)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from rag_gates.eval.testbed import skills
+from rag_gates.eval.testbed.build import TestbedConfig, practice_messages, write_plan
+from rag_gates.types import Passage
+
+ROOT = Path(__file__).resolve().parents[2]
+FACT_FORMS = (*skills.FORMS, "no-rag", "genread")
+
+
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """A planned testbed (manifest, passages, two-hop questions; no training)."""
+    out = tmp_path_factory.mktemp("planned")
+    write_plan(TestbedConfig(n_facts=60, ladder=[0, 2, 8], general_paragraphs=4,
+                             reading_examples=6), out)
+    return out
+
+
+@pytest.fixture(scope="module")
+def tiny() -> Any:
+    from rag_gates.testing import tiny_lm
+
+    return tiny_lm(max_context=4096)  # DeepRAG's demonstration is long in a byte-level BPE
+
+
+class Prompts:
+    """The model, passing every call through, keeping the prompts ``generate`` was given."""
+
+    def __init__(self, lm: Any) -> None:
+        self._lm = lm
+        self.prompts: list[Any] = []
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._lm, name)
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Any:
+        self.prompts.append(prompt)
+        return self._lm.generate(prompt, **kwargs)
+
+
+def _rows(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text().splitlines()[1:]]
+
+
+def _fact(planned: Path) -> tuple[str, list[str], Passage]:
+    from rag_gates.eval.testbed.dataset import load_testbed_dataset, testbed_passages
+
+    example = load_testbed_dataset(f"testbed:{planned}", n=1).examples[0]
+    own = {p.id: p for p in testbed_passages(f"testbed:{planned}")}[example.id]
+    return example.question, example.answers, own
+
+
+def _text(prompt: Any) -> list[tuple[str, str]]:
+    if isinstance(prompt, str):
+        return [("user", prompt)]
+    return [(m.role, m.content) for m in prompt]
+
+
+# ------------------------------------------------------------------ the practised prompts
+def test_each_form_sends_the_prompt_its_practice_renders(planned: Path, tiny: Any) -> None:
+    from rag_gates.deeprag.trajectory import INTERMEDIATE
+    from rag_gates.prompts import qa_prompt
+
+    question, answers, own = _fact(planned)
+    seen = Prompts(tiny)
+    answer = skills.form_answerers(seen, max_new_tokens=4)
+    practised = {f: practice_messages(f, question, [own], answers[0])
+                 for f in ("deeprag", "cbdr-paper")}
+    # SR-RAG's practice reads a verbalization: one untitled passage (the passage's text).
+    practised["srrag"] = practice_messages("srrag", question,
+                                           [Passage(id="v", text=own.text)], answers[0])
+    expected = {
+        "qa": [("user", qa_prompt(question, [own]))],  # reading_examples' form
+        "srrag": [("user", practised["srrag"][0]["content"])],
+        "cbdr-paper": [("user", practised["cbdr-paper"][0]["content"])],
+        "no-rag": [("user", qa_prompt(question))],
+    }
+    for form, prompt in expected.items():
+        seen.prompts.clear()
+        answer[form](question, [own])
+        assert [_text(p) for p in seen.prompts] == [prompt], form
+    # DeepRAG: the practice's user turn, and its assistant turn up to the hop answer.
+    seen.prompts.clear()
+    answer["deeprag"](question, [own])
+    [(user, text), (role, so_far)] = _text(seen.prompts[0])
+    assert len(seen.prompts) == 1 and (user, role) == ("user", "assistant")
+    assert text == practised["deeprag"][0]["content"]
+    assert so_far.endswith(INTERMEDIATE)
+    assert practised["deeprag"][1]["content"].startswith(f"{so_far} {answers[0]}\n")
+    # The paper's prompt (a DeepRAG-trained model's) has no demonstration.
+    seen.prompts.clear()
+    answer["deeprag-paper"](question, [own])
+    assert len(_text(seen.prompts[0])[0][1]) < len(text)
+    # GenRead: SR-RAG's verbalization prompt, then its answer prompt over what it wrote.
+    from rag_gates.srrag.verbalizer import Verbalizer
+
+    seen.prompts.clear()
+    answer["genread"](question, [own])
+    assert _text(seen.prompts[0]) == [("user", Verbalizer(tiny).prompt(question))]
+    assert "Context:" in seen.prompts[1] and len(seen.prompts) == 2
+
+
+def test_tokrag_forms_are_the_real_decoder(planned: Path, tiny: Any) -> None:
+    from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
+
+    question, _, own = _fact(planned)
+    answer = skills.form_answerers(tiny, max_new_tokens=6)
+    for form, config in (("tokrag", TokRAGConfig()),
+                         ("tokrag-reference", TokRAGConfig(passage_prefix=True))):
+        direct = TokRAGDecoder(tiny, config, dataset="testbed").generate(
+            question, passages=[own], max_new_tokens=6).text
+        assert answer[form](question, [own]) == direct, form
+
+
+# ------------------------------------------------------------------ resumable rows
+def test_rows_resume_and_a_larger_n_adds_only_what_is_missing(planned: Path, tiny: Any,
+                                                               tmp_path: Path) -> None:
+    rows = tmp_path / "rows.jsonl"
+    first = skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=2, twohop_n=1,
+                                  max_new_tokens=3)
+    assert first["facts_complete"] == 2
+    assert first["table"]["twohop-single"]["n"] == 1
+    assert all(first["table"][f]["seconds_median"] is not None for f in FACT_FORMS)
+    before = rows.read_text()
+    assert len(_rows(rows)) == 2 * len(FACT_FORMS) + 1
+    skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=3, twohop_n=1,
+                          max_new_tokens=3)
+    after = rows.read_text()
+    assert after.startswith(before)  # appended, nothing redone
+    keys = [(r["form"], r["id"]) for r in _rows(rows)]
+    assert len(keys) == len(set(keys)) == 3 * len(FACT_FORMS) + 1
+    # A line cut by an interruption is dropped and answered again.
+    rows.write_text(after[: after.rstrip("\n").rfind("\n") + 1] + after.splitlines()[-1][:9])
+    skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=3, twohop_n=1,
+                          max_new_tokens=3)
+    assert len(_rows(rows)) == 3 * len(FACT_FORMS) + 1
+    # Done: no model is loaded (the name "tiny" is no model anywhere), the table is the same.
+    again = skills.measure_skills(planned, rows, model="tiny", n=3, twohop_n=1,
+                                  max_new_tokens=3)
+    assert again["facts_complete"] == 3
+    # Other settings never mix into these rows.
+    from rag_gates.errors import ArtifactError
+
+    with pytest.raises(ArtifactError):
+        skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=3, max_new_tokens=5)
+
+
+# ------------------------------------------------------------------ criteria
+def _synthetic(acc: dict[str, dict[int, float]], per_rung: int = 10) -> list[dict[str, Any]]:
+    """Rows with the given accuracy (percent) per form and rung: real inputs of summarise."""
+    rows = []
+    for form, by_rung in acc.items():
+        for rung, pct in by_rung.items():
+            for i in range(per_rung):
+                rows.append({"form": form, "id": f"f{rung}-{i}", "rung": rung,
+                             "accuracy": float(i < pct * per_rung / 100)})
+    return rows
+
+
+def test_each_criterion_follows_its_threshold() -> None:
+    good = {f: {0: 90.0, 64: 90.0} for f in FACT_FORMS}
+    good["no-rag"] = {0: 10.0, 64: 70.0}
+    good["genread"] = {0: 10.0, 64: 80.0}
+    rows = _synthetic(good) + [{"form": "twohop-single", "id": f"t{i}", "rung": [0, 64],
+                                "accuracy": float(i < 6)} for i in range(10)]
+    summary = skills.summarise(rows, base_closed_book_r0=5.0)
+    verdicts = {c["criterion"]: c["pass"] for c in summary["criteria"]}
+    assert all(verdicts.values()), verdicts
+    assert summary["table"]["twohop-single"]["by_rungs"]["0/64"] == {"n": 10, "accuracy": 60.0}
+    # Each shortfall fails its own line and no other.
+    bad = {**good, "srrag": {0: 90.0, 64: 60.0}, "deeprag-paper": {0: 60.0, 64: 60.0},
+           "genread": {0: 20.0, 64: 60.0}, "no-rag": {0: 20.0, 64: 70.0}}
+    summary = skills.summarise(_synthetic(bad), base_closed_book_r0=5.0)
+    failed = {c["criterion"] for c in summary["criteria"] if c["pass"] is False}
+    assert failed == {"single in the srrag form", "DeepRAG's hop answer from Context: "
+                      "(deeprag-paper)", "genread minus closed book at r = 64",
+                      "closed book at r = 0 near the base model's (points above it)"}
+    # Nothing measured: no verdict (the two-hop line, the base model's without its row).
+    lines = {c["criterion"]: c for c in skills.summarise(_synthetic(good))["criteria"]}
+    assert lines["two-hop single with both hops' passages"]["pass"] is None
+    assert lines["closed book at r = 0 near the base model's (points above it)"]["pass"] is None
+
+
+def test_a_fact_counts_only_once_answered_in_every_form() -> None:
+    rows = _synthetic({f: {0: 100.0} for f in FACT_FORMS}, per_rung=2)
+    rows = [r for r in rows if not (r["id"] == "f0-1" and r["form"] == "genread")]
+    summary = skills.summarise(rows)
+    assert summary["facts_complete"] == 1
+    assert all(summary["table"][f]["n"] == 1 for f in FACT_FORMS)
+
+
+# ------------------------------------------------------------------ the script and the step
+def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
+        planned: Path, tmp_path: Path) -> None:
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    testbed = tmp_path / "tb"
+    testbed.mkdir()
+    for name in ("config.json", "manifest.jsonl", "passages.jsonl", "counterfactual.jsonl",
+                 "twohop.jsonl", "bridges.jsonl"):
+        (testbed / name).write_bytes((planned / name).read_bytes())
+    model, tok = tiny_model_and_tokenizer(max_context=4096)
+    model.save_pretrained(testbed / "model")
+    tok.save_pretrained(testbed / "model")
+    validation = tmp_path / "validation.json"
+    validation.write_text(json.dumps([
+        {"model": "default", "method": "no-rag", "by_repetitions": {"0": {"accuracy": 8.0}}},
+        {"model": "x", "method": "no-rag", "by_repetitions": {"0": {"accuracy": 30.0}}}]))
+    spec = importlib.util.spec_from_file_location("testbed_skills",
+                                                  ROOT / "benchmarks" / "testbed_skills.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "skills.json"
+    payload = script.main(["--testbed", str(testbed), "--n", "1", "--twohop-n", "1",
+                           "--max-new-tokens", "3", "--validation", str(validation),
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == payload
+    assert payload["base_closed_book_r0"] == 8.0
+    assert "--n 1 --twohop-n 1" in payload["command"]
+    assert (tmp_path / "skills-rows.jsonl").is_file()
+    names = [c["criterion"] for c in payload["criteria"]]
+    assert len(names) == len(set(names)) and all("rule" in c for c in payload["criteria"])
+
+
+def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:
+    steps = ROOT / "benchmarks" / "testbed_steps.sh"
+    text = steps.read_text()
+    assert "skills)" in text and "benchmarks/testbed_skills.py" in text
+    assert "expectations)" in text and "benchmarks/testbed_expectations.py" in text
+    # The STEPS check (before any step runs) accepts both and refuses a misspelling.
+    env = {"TB": "tbX", "STEPS": "skills expectations skils", "PATH": "/usr/bin:/bin",
+           "HOME": str(tmp_path)}
+    wrong = subprocess.run(["bash", str(steps)], env=env, capture_output=True, text=True)
+    assert wrong.returncode == 2
+    assert wrong.stdout.strip().splitlines()[-1] == "unknown step skils"
+
+
+# ------------------------------------------------------------------ expectations' figures
+def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) -> None:
+    """On tb11's committed step outputs (its plan rebuilt: a pure function of its config),
+    the per-rung figures add up to what eval-gate, the bench and the DeepRAG report said."""
+    from rag_gates.eval.testbed.build import TestbedConfig
+
+    config = json.loads((ROOT / "benchmarks/results/testbed/tb11-config.json").read_text())
+    write_plan(TestbedConfig.model_validate(config), tmp_path / "tb11")
+    spec = importlib.util.spec_from_file_location(
+        "testbed_expectations", ROOT / "benchmarks" / "testbed_expectations.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    got = script.main(["--tb", "tb11", "--testbed", str(tmp_path / "tb11"),
+                       "--out", str(tmp_path / "x.json")])
+    assert got["missing"] == ["srrag-tb11/e2e"]
+    # At the calibrated thresholds, eval-gate's retrieval rates (docs/testbed.md, tb11's
+    # gate table: 0.95 / 0.82 / 0.97 / 0.92), 75 facts per rung.
+    for gate, rate in (("first-token-prob", 94.7), ("answer-logprob", 82.0), ("quco", 97.3),
+                       ("cbdr", 92.0)):
+        by_rung = got["gates"][gate]["retrieval_by_rung"]
+        assert set(by_rung) == {"0", "2", "8", "64"}
+        assert abs(sum(by_rung.values()) / 4 - rate) < 0.1, gate
+    # QuCo's counts track the ladder (its corpus states a top-rung subject 64 times).
+    assert got["gates"]["quco"]["rung_auroc"] > 0.9
+    e2e = got["runs"]["e2e-tb11"]
+    assert e2e["no-rag"]["accuracy_by_rung"] == {"0": 18.7, "2": 20.0, "8": 38.7, "64": 65.3}
+    assert set(e2e["single"]["retrieval_by_rung"].values()) == {100.0}
+    # The DeepRAG report's steps: 266 with 168 unmatched (untrained), 142 never retrieving
+    # (after SFT).
+    untrained = got["deeprag"]["deeprag-tb11/twohop"]["deeprag"]
+    assert untrained["unmatched_steps"] == 168
+    assert sum(untrained["steps_by_hop_rung"].values()) == 266 - 168
+    sft = got["deeprag"]["deeprag-tb11/twohop-sft"]["deeprag"]
+    assert sum(sft["steps_by_hop_rung"].values()) == 142
+    assert set(sft["retrieval_by_hop_rung"].values()) == {0.0}
