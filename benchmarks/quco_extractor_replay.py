@@ -9,6 +9,9 @@ under both extractors was decided on the same inputs. What it cannot see: the re
 texts of multi-round rows (the bench does not record them), so those are counted apart.
 
     python benchmarks/quco_extractor_replay.py --out benchmarks/results/quco_extractor_replay.json
+
+``--run DIR`` (repeatable) replays other bench directories instead, e.g. the testbed's
+end-to-end runs (``benchmarks/results/testbed/e2e-tb11``).
 """
 
 from __future__ import annotations
@@ -66,12 +69,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--before", default=BEFORE)
     parser.add_argument("--out", type=Path)
+    parser.add_argument("--run", action="append", help="A bench directory (relative to the "
+                        "repository; repeatable); default: the Wikipedia benchmark's runs.")
     parser.add_argument("--child", nargs="*", help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.child is not None:
         print(json.dumps(extract_rows(args.child)))
         return
-    before, after = rows_at(args.before, list(RUNS)), extract_rows(list(RUNS))
+    runs = args.run or list(RUNS)
+    before, after = rows_at(args.before, runs), extract_rows(runs)
     counts: Counter[str] = Counter()
     changed: list[dict[str, object]] = []
     for key, old in before.items():
@@ -85,7 +91,7 @@ def main() -> None:
                 counts[f"{group}: {field} differ"] += 1
                 changed.append({"row": key, "field": field, "before": old[field],
                                 "after": new[field]})
-    result = {"before": args.before, "runs": list(RUNS), "counts": dict(sorted(counts.items())),
+    result = {"before": args.before, "runs": runs, "counts": dict(sorted(counts.items())),
               "changed": changed}
     text = json.dumps(result, indent=2, ensure_ascii=False)
     if args.out:

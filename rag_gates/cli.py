@@ -525,7 +525,8 @@ def eval_gate(
     threads: ThreadsOption = None,
 ) -> None:
     """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
-    retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json."""
+    retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json. A gate
+    that reads text only (quco) scored against finished --labels loads no model."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate

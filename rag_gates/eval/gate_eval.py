@@ -38,7 +38,7 @@ from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
 from rag_gates.calibration.fit import ThresholdPoint, threshold_curve
 from rag_gates.calibration.fit import best_accuracy_point as calibrate
 from rag_gates.eval.datasets import DatasetLoad, load_dataset
-from rag_gates.eval.gates import check_gate_expression, make_gate
+from rag_gates.eval.gates import check_gate_expression, gate_needs_lm, make_gate
 from rag_gates.eval.methods import MethodContext
 from rag_gates.eval.metrics import auroc, roc_curve, spearman
 from rag_gates.eval.names import check_dataset, check_gate_names, check_retriever
@@ -187,10 +187,12 @@ def evaluate_gate(config: GateEvalConfig, out_dir: str | Path, *, lm: Any = None
     data = load_dataset(config.dataset, config.data_path, n=config.n, offset=config.offset)
     if len(data.examples) < 2:
         raise ValueError(f"need at least 2 questions, {data.path} gave {len(data.examples)}")
-    if lm is None:
+    if lm is None and gate_needs_lm(config.gate):
         from rag_gates.lm.defaults import load_lm
 
         lm = load_lm(config.model, num_threads=config.threads)
+    # Otherwise (a text-only gate such as quco) lm stays None: run_bench loads the model
+    # only if the labels still need answers, so finished labels are re-scored without it.
     data_path = config.data_path
     if config.labels_dir:  # the user's own bench directory: its data path must match
         labels_dir = Path(config.labels_dir)

@@ -29,7 +29,7 @@ from rag_gates.gate import (
 )
 
 __all__ = ["AnswerLogprobGate", "FirstTokenProbGate", "available_gates",
-           "check_gate_expression", "check_gate_threshold", "make_gate"]
+           "check_gate_expression", "check_gate_threshold", "gate_needs_lm", "make_gate"]
 
 ENTRY_POINT_GROUP = "rag_gates.gates"
 
@@ -96,6 +96,27 @@ def check_gate_expression(expression: str, gates: dict[str, GateFactory] | None 
     known = gates if gates is not None else available_gates()
     walk_gate_expression(expression, lambda name, threshold: check_gate_threshold(
         name, threshold, known))
+
+
+def gate_needs_lm(expression: str, gates: dict[str, GateFactory] | None = None) -> bool:
+    """Whether building the gate ``expression`` needs the model: False only when every gate
+    in it declares ``factory.needs_lm = False`` (QuCo's pre-check reads the question and the
+    corpus counts, never the model); a factory that declares nothing needs it.
+
+    Example:
+        >>> gate_needs_lm("quco"), gate_needs_lm("quco&first-token-prob:0.4")
+        (False, True)
+    """
+    known = gates if gates is not None else available_gates()
+    needs = False
+
+    def leaf(name: str, threshold: float | None) -> float | None:
+        nonlocal needs
+        needs = needs or bool(getattr(known.get(name), "needs_lm", True))
+        return threshold
+
+    walk_gate_expression(expression, leaf)
+    return needs
 
 
 def make_gate(name: str, ctx: MethodContext, threshold: float | None = None) -> Gate:

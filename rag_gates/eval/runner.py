@@ -268,6 +268,13 @@ def _prepare_dir(run_dir: Path, config: BenchConfig, data: DatasetLoad,
     write_text_atomic(path, json.dumps(stored, indent=2))
 
 
+def _answered(run_dir: Path, data: DatasetLoad, methods: list[str]) -> bool:
+    """Whether ``run_dir`` holds an answer by every method to every question (a line cut
+    short by an interruption does not count: that answer is still to be written)."""
+    done = {(r.id, r.method) for r in read_records(run_dir)}
+    return all((e.id, m) in done for e in data.examples for m in methods)
+
+
 def _record(example: QAExample, method: Method, dataset: str) -> RunRecord:
     start = time.perf_counter()
     result = method.answer(example.question)
@@ -391,7 +398,8 @@ def run_bench(
     """Run (or resume) a benchmark; return the per-method summary.
 
     ``lm`` and ``retriever`` default to loading ``config.model`` and the dataset's cached
-    ``config.retriever`` index. ``progress(done, total, running_summary)`` is called after
+    ``config.retriever`` index (neither is loaded when the run already holds every answer:
+    it is only summarised). ``progress(done, total, running_summary)`` is called after
     every record. A run directory another process is writing raises
     :class:`~rag_gates.errors.FileInUseError`, or with ``lock_wait_s`` is waited for (up to
     that many seconds; ``on_lock_wait()`` is called when the wait starts) and then resumed.
@@ -415,22 +423,26 @@ def run_bench(
     # A mismatched directory is refused before any model loads; it is written once the
     # methods are built (a method refusing this model leaves no trace in it).
     _prepare_dir(run_path, config, data, write=False)
-    if lm is None:
-        lm = load_bench_lm(config)
-    served = served_info(lm)
-    if config.concurrency > 1 and served is None:
-        raise ValueError(
-            f"concurrency {config.concurrency} needs a served model (OpenAICompatibleLM); "
-            f"{type(lm).__name__} runs one forward pass at a time: use concurrency 1")
-    needs_retrieval = any(m != "no-rag" for m in config.methods)
-    if retriever is None and needs_retrieval:
-        from rag_gates.eval.corpus import load_retriever
+    # A run that already holds every answer asked for is only summarised: no model or
+    # index is loaded (eval-gate re-scoring a text-only gate against finished labels).
+    methods: list[Method] = []
+    if lm is not None or not _answered(run_path, data, config.methods):
+        if lm is None:
+            lm = load_bench_lm(config)
+        served = served_info(lm)
+        if config.concurrency > 1 and served is None:
+            raise ValueError(
+                f"concurrency {config.concurrency} needs a served model (OpenAICompatibleLM); "
+                f"{type(lm).__name__} runs one forward pass at a time: use concurrency 1")
+        needs_retrieval = any(m != "no-rag" for m in config.methods)
+        if retriever is None and needs_retrieval:
+            from rag_gates.eval.corpus import load_retriever
 
-        retriever = load_retriever(config.dataset, config.retriever, config.data_path)
-    ctx = MethodContext(lm=lm, retriever=retriever, dataset=config.dataset, k=config.k,
-                        max_new_tokens=config.max_new_tokens)
-    methods = [make_method(name, ctx) for name in config.methods]
-    _prepare_dir(run_path, config, data, served=served)
+            retriever = load_retriever(config.dataset, config.retriever, config.data_path)
+        ctx = MethodContext(lm=lm, retriever=retriever, dataset=config.dataset, k=config.k,
+                            max_new_tokens=config.max_new_tokens)
+        methods = [make_method(name, ctx) for name in config.methods]
+        _prepare_dir(run_path, config, data, served=served)
     results = run_path / RESULTS
     # Locked before the rows are read: a second bench on the same --out stops here.
     with append_locked(results, wait_s=lock_wait_s, on_wait=on_lock_wait) as out, \

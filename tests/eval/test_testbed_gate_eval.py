@@ -9,8 +9,9 @@ import pytest
 pytest.importorskip("torch")
 
 from rag_gates._io import append_locked
-from rag_gates.errors import FileInUseError
+from rag_gates.errors import FileInUseError, ModelNotFoundError
 from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
+from rag_gates.eval.gates import gate_needs_lm
 from rag_gates.eval.runner import ConfigMismatchError
 from rag_gates.testing import save_tiny_lm, tiny_lm
 
@@ -71,3 +72,29 @@ def test_label_cache_of_a_testbed_is_one_directory(testbed, tmp_path, monkeypatc
     config = GateEvalConfig(gate="first-token-prob", dataset=f"testbed:{testbed}")
     # The dataset name holds a path: it must not nest directories inside the cache.
     assert label_run_dir(config, "abc").parent == tmp_path / "eval-cache" / "default"
+
+
+def test_a_text_only_gate_with_finished_labels_loads_no_model(testbed, tmp_path):
+    """QuCo's gate reads the question and the corpus counts only: re-scoring it against
+    finished labels (a committed testbed run whose model is not on this machine) must not
+    load the model; a gate that reads the model, or labels still to answer, still does."""
+    absent = str(tmp_path / "model-not-here")
+    labels = tmp_path / "labels"
+    config = GateEvalConfig(gate="first-token-prob", dataset=f"testbed:{testbed}", n=8,
+                            max_new_tokens=4, k=1, model=absent, labels_dir=str(labels),
+                            create_labels=True, threads=1)
+    evaluate_gate(config, tmp_path / "ftp", lm=tiny_lm(max_context=4096))  # the labels
+    quco = config.model_copy(update={"gate": "quco"})
+    report = evaluate_gate(quco, tmp_path / "quco")  # no lm given, none on disk
+    assert report.questions == 8
+    rows = [json.loads(line) for line in (tmp_path / "quco" / "decisions.jsonl").open()]
+    assert all(row["gate"] == "quco" and row["evidence"]["entities"] for row in rows)
+    # Labels still to answer: the model is needed, and its absence is said.
+    with pytest.raises(ModelNotFoundError):
+        evaluate_gate(quco.model_copy(update={"labels_dir": str(tmp_path / "new-labels")}),
+                      tmp_path / "quco-new")
+    # A gate that reads the model, alone or in an expression: loaded, and refused when absent.
+    assert not gate_needs_lm("quco")
+    assert gate_needs_lm("quco&first-token-prob:0.4") and gate_needs_lm("cbdr")
+    with pytest.raises(ModelNotFoundError):
+        evaluate_gate(config, tmp_path / "ftp-again")

@@ -96,3 +96,6 @@ def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:
 
 
 quco_gate.threshold_range = QuCoGate.threshold_range  # type: ignore[attr-defined]
+# Entities from the question text and counts in the corpus: eval-gate loads no model for it
+# (rag_gates.eval.gates.gate_needs_lm) unless the labels still need answers.
+quco_gate.needs_lm = False  # type: ignore[attr-defined]
