@@ -76,6 +76,12 @@ class TimedTokRAG(TokRAGDecoder):
         self.judge_seconds.append(time.perf_counter() - start)
         return verdict
 
+    def judge_authors(self, streams: Any, *, layer: int | None = None) -> Any:
+        start = time.perf_counter()
+        verdict = super().judge_authors(streams, layer=layer)
+        self.judge_seconds.append(time.perf_counter() - start)
+        return verdict
+
 
 def _drain(pieces: Any) -> tuple[Any, float]:
     """Run a streaming generator to its end: (its return value, seconds to the first piece,
