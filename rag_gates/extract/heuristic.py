@@ -325,6 +325,8 @@ class HeuristicExtractor(BaseExtractor):
             return None
         nxt = toks[k + 1]
         if toks[k].text == ":":
+            if self._echoes(toks, k):
+                return None
             first = k + 2 if nxt.text in _TITLE_ARTICLES and k + 2 < n else k + 1
             if not (_is_cap(toks[first]) and toks[first].text.lower() not in _STOP):
                 return None
@@ -343,6 +345,18 @@ class HeuristicExtractor(BaseExtractor):
                                    and _is_cap(toks[k + 3])):
             return None  # a bare "Prince" after a comma may open a list
         return self._span_end(toks, k + 1)
+
+    @staticmethod
+    def _echoes(toks: list[_Tok], k: int, longest: int = 12) -> bool:
+        """The words just before the colon at ``k`` repeat right after it ("Kaya Alp: Kaya
+        Alp was ...", "The Girl in White: The Girl in White is ..."): a model echoing a
+        passage's "Title: text", not a subtitle. Joined, the echo is a name no corpus holds,
+        whose zero count flags the sentence."""
+        def words(span: list[_Tok]) -> list[str]:
+            return [t.text.casefold() for t in span]
+
+        return any(words(toks[k - size:k]) == words(toks[k + 1:k + 1 + size])
+                   for size in range(1, min(k, len(toks) - k - 1, longest) + 1))
 
     @staticmethod
     def _joins_and(toks: list[_Tok], start: int, end: int, at: int) -> bool:
