@@ -8,10 +8,11 @@ same distribution, same model, retriever and corpus):
 :data:`~rag_gates.calibration.spec.ASSUMPTION`.
 
 How: Learn-then-Test fixed-sequence testing (:mod:`rag_gates.calibration.certify`) over the
-thresholds from "retrieve always" upward, with one of two tests
-(:mod:`rag_gates.calibration.bounds`): ``"binomial"`` (exact tail on the count of skipped
-questions retrieval would have fixed; conservative) or ``"wsr"`` (a betting test on the
-signed loss, which also counts the skipped questions where retrieval would have misled).
+thresholds from "retrieve always" upward, with one of three tests
+(:mod:`rag_gates.calibration.bounds`): ``"exact"`` (the default: an exact unconditional
+test on the counts of skipped questions retrieval would have fixed and would have misled),
+``"binomial"`` (exact tail on the first count only; conservative) or ``"wsr"`` (a betting
+test on the signed loss).
 A gate that could not score a question (None / NaN) never skips it (fail closed).
 The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates,
 predicting "closed-book answer wrong") is fitted on one half of the questions and certified
@@ -30,14 +31,13 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates.calibration.bounds import clopper_pearson
-from rag_gates.calibration.certify import Bound, certified_cut, cut_table
+from rag_gates.calibration.bounds import EXACT_MAX_N, clopper_pearson
+from rag_gates.calibration.certify import BOUNDS, Bound, certified_cut, cut_table
 from rag_gates.calibration.fit import fit_logistic, usable_score
 from rag_gates.calibration.records import CalibrationRecord
 from rag_gates.calibration.spec import (
@@ -181,8 +181,12 @@ def _check(records: Sequence[CalibrationRecord], max_loss: float, delta: float,
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not 0.0 < float(value) < 1.0:
             raise CalibrationError(f"{what} must lie strictly between 0 and 1, got {value!r}")
-    if bound not in ("wsr", "binomial"):
-        raise CalibrationError(f"bound must be 'wsr' or 'binomial', got {bound!r}")
+    if bound not in BOUNDS:
+        raise CalibrationError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+    if bound == "exact" and len(records) > EXACT_MAX_N:
+        raise CalibrationError(
+            f"{len(records)} calibration questions: the exact bound tabulates up to "
+            f"{EXACT_MAX_N}; pass bound='wsr' (the betting test has no limit)")
     if len(records) < MIN_QUESTIONS:
         raise CalibrationError(
             f"{len(records)} calibration questions; at least {MIN_QUESTIONS} are needed (a "
@@ -317,7 +321,7 @@ def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bo
 
 
 def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
-              delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+              delta: float = 0.1, bound: Bound = "exact",
               model: ModelIdentity, retriever: str, gates: Sequence[str] | None = None,
               composite: bool = True, seed: int = 0, family_wise: bool = True,
               options: dict[str, object] | None = None) -> CalibrationReport:
@@ -329,8 +333,10 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
         max_loss: epsilon, the accuracy drop against always retrieving the threshold may
             cost, in (0, 1).
         delta: the probability that the guarantee fails, in (0, 1).
-        bound: ``"wsr"`` (betting test on the signed loss; tighter) or ``"binomial"``
-            (exact tail on the harm count; conservative).
+        bound: ``"exact"`` (exact unconditional test on the counts of harms and helps;
+            the tightest measured, up to :data:`~rag_gates.calibration.bounds.EXACT_MAX_N`
+            questions), ``"wsr"`` (betting test on the signed loss, any n) or
+            ``"binomial"`` (exact tail on the harm count; conservative).
         model: the identity of the model that answered (:meth:`ModelIdentity.of`).
         retriever: one line describing the retriever and corpus behind the labels.
         gates: the gates to certify (default: every gate scored in the records).
@@ -370,7 +376,7 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
 
 
 def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequence[float], *,
-               delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+               delta: float = 0.1, bound: Bound = "exact",
                seed: int = 0) -> list[tuple[float, float]]:
     """``(epsilon, skip rate at the certified threshold on the certification rows)`` for
     each epsilon: the price of the guarantee, for a plot. ``gate`` is a gate scored in the

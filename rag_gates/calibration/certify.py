@@ -32,11 +32,17 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from rag_gates.calibration.bounds import binomial_max_harms, wsr_log_capital
+from rag_gates.calibration.bounds import (
+    EXACT_MAX_N,
+    binomial_max_harms,
+    exact_p_values,
+    wsr_log_capital,
+)
 
-__all__ = ["Bound", "certified_cut", "cut_table"]
+__all__ = ["BOUNDS", "Bound", "certified_cut", "cut_table"]
 
-Bound = Literal["wsr", "binomial"]
+Bound = Literal["exact", "wsr", "binomial"]
+BOUNDS: tuple[Bound, ...] = ("exact", "wsr", "binomial")
 
 
 def cut_table(scores: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.bool_],
@@ -69,8 +75,9 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         loss: ``(D, n)`` the signed loss of skipping each row, in {-1, 0, 1}.
         ok: ``(D, n + 1)`` which cuts are allowed (:func:`cut_table`).
         epsilon, delta: the risk bound and the error probability.
-        bound: ``"binomial"`` (exact tail on the harm count) or ``"wsr"`` (betting test on
-            the signed loss).
+        bound: ``"exact"`` (exact unconditional test on the harm and help counts),
+            ``"binomial"`` (exact tail on the harm count) or ``"wsr"`` (betting test on the
+            signed loss).
     """
     pos = np.asarray(pos)
     loss = np.asarray(loss, dtype=np.float64)
@@ -84,8 +91,19 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         # certifies anything, and the sequence stops before it starts.
         fails = ok & (harms > kmax)
         return _last_allowed_before(ok, fails)
+    if bound == "exact":
+        if n > EXACT_MAX_N:
+            raise ValueError(f"the exact bound tabulates up to {EXACT_MAX_N} certification "
+                             f"questions, got {n}: use bound='wsr'")
+        p = exact_p_values(n, epsilon)
+        sorted_loss = np.zeros((draws, n))
+        np.put_along_axis(sorted_loss, pos, loss, axis=-1)
+        zero = np.zeros((draws, 1), dtype=np.int64)
+        harms = np.concatenate([zero, np.cumsum(sorted_loss > 0, axis=-1)], -1)
+        helps = np.concatenate([zero, np.cumsum(sorted_loss < 0, axis=-1)], -1)
+        return _last_allowed_before(ok, ok & (p[harms, helps] > delta))
     if bound != "wsr":
-        raise ValueError(f"bound must be 'wsr' or 'binomial', got {bound!r}")
+        raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
     m = (1.0 + epsilon) / 2.0
     threshold = math.log(1.0 / delta)
     fails = np.zeros((draws, n + 1), dtype=bool)

@@ -48,7 +48,8 @@ def test_a_tighter_epsilon_skips_less(model: ModelIdentity) -> None:
     curve = skip_curve(records, "good", [0.01, 0.02, 0.05, 0.1], delta=0.1, bound="wsr")
     rates = [r for _, r in curve]
     assert rates == sorted(rates) and rates[-1] > rates[0]
-    report = calibrate(records, max_loss=0.05, model=model, retriever="-", gates=["good"])
+    report = calibrate(records, max_loss=0.05, model=model, retriever="-", gates=["good"],
+                       bound="wsr")
     assert report.family == 1
     assert curve[2][1] == report.row("good").observed_skip_rate
 

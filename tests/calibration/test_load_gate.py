@@ -71,7 +71,7 @@ def test_a_loaded_spec_decides_at_the_certified_threshold(tiny: Any,
         assert d.retrieve == (score >= spec.threshold)
         skipped += not d.retrieve
         assert d.evidence["spec"] == {"name": str(first_token_spec), "epsilon": 0.2,
-                                      "delta": 0.1, "bound": "wsr", "n": len(QUESTIONS),
+                                      "delta": 0.1, "bound": "exact", "n": len(QUESTIONS),
                                       "threshold": spec.threshold, "certified": True}
         assert "certified threshold" in d.reason
     assert skipped / len(QUESTIONS) == pytest.approx(spec.skip_rate.observed)
