@@ -39,7 +39,7 @@ from rag_gates.calibration.bounds import (
     wsr_log_capital,
 )
 
-__all__ = ["BOUNDS", "Bound", "certified_cut", "cut_table"]
+__all__ = ["BOUNDS", "Bound", "certified_cut", "cut_table", "empirical_cut"]
 
 Bound = Literal["exact", "wsr", "binomial"]
 BOUNDS: tuple[Bound, ...] = ("exact", "wsr", "binomial")
@@ -122,6 +122,20 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
             if open_.size == 0:
                 break
     return _last_allowed_before(ok, fails)
+
+
+def empirical_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray[np.bool_],
+                  epsilon: float) -> NDArray[np.int64]:
+    """Per draw, the largest allowed cut whose observed drop (mean loss over all rows) is
+    at most ``epsilon``: no guarantee (what a tolerance on an accuracy curve does); used to
+    *choose* a composite on rows that are not certified on."""
+    draws, n = loss.shape
+    sorted_loss = np.zeros((draws, n))
+    np.put_along_axis(sorted_loss, pos, loss, axis=1)
+    drop = np.concatenate([np.zeros((draws, 1)), np.cumsum(sorted_loss, axis=1)], 1) / n
+    out: NDArray[np.int64] = np.where(ok & (drop <= epsilon + 1e-12), np.arange(n + 1),
+                                      0).max(axis=1)
+    return out
 
 
 def _last_allowed_before(ok: NDArray[np.bool_], fails: NDArray[np.bool_]) -> NDArray[np.int64]:

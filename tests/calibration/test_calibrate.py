@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rag_gates.calibration import (
@@ -59,9 +60,10 @@ def test_picking_the_best_of_several_gates_divides_delta(model: ModelIdentity) -
     spec records the family. Without it each row holds at delta alone."""
     records = synthetic_records(600)
     report = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-")
-    assert report.family == 3 and {r.delta for r in report.rows} == {0.1 / 3}
+    # good, noise, the weighted and the cascade composites.
+    assert report.family == 4 and {r.delta for r in report.rows} == {0.1 / 4}
     spec = report.best
-    assert spec.delta == 0.1 and spec.family == 3 and "each of 3 gates" in spec.note
+    assert spec.delta == 0.1 and spec.family == 4 and "each of 4 gates" in spec.note
     alone = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-",
                       family_wise=False)
     assert alone.family == 1 and {r.delta for r in alone.rows} == {0.1}
@@ -81,6 +83,38 @@ def test_the_composite_is_fitted_on_one_half_and_certified_on_the_other(
     assert abs(report.composite.weights[0]) > abs(report.composite.weights[1])
     spec = report.spec_for(name)
     assert spec.composite == report.composite and spec.n == 200
+
+
+def test_the_cascade_is_fitted_on_one_half_and_certified_on_the_other(
+        model: ModelIdentity) -> None:
+    """The cascade (pair, order, band, each gate's logistic scale) is chosen on the fitting
+    half only: relabelling every certification-half question leaves the fit unchanged,
+    relabelling the fitting half changes it; the row is certified on the other half."""
+    records = synthetic_records(400)
+    report = calibrate(records, max_loss=0.05, model=model, retriever="-")
+    name = "cascade(good,noise)"
+    row = report.row(name)
+    fit = report.cascade
+    assert fit is not None and report.cascade_name == name
+    assert row.n_fit == fit.fit_rows == 200 and row.n == 200
+    assert {fit.cheap.gates[0], fit.expensive.gates[0]} == {"good", "noise"}
+    assert fit.band[0] <= fit.band[1]
+    spec = report.spec_for(name)
+    assert spec.cascade == fit and spec.composite is None and spec.n == 200
+    # Which rows were the fitting half: calibrate's seeded order, first half.
+    order = np.random.default_rng(0).permutation(len(records))
+    fit_ids = {records[i].id for i in order[:200]}
+
+    def flipped(rows: set[str]) -> list[CalibrationRecord]:
+        return [r.model_copy(update={"closed_book_correct": not r.closed_book_correct,
+                                     "retrieved_correct": not r.retrieved_correct})
+                if r.id in rows else r for r in records]
+
+    cert_ids = {r.id for r in records} - fit_ids
+    same = calibrate(flipped(cert_ids), max_loss=0.05, model=model, retriever="-")
+    assert same.cascade == fit
+    other = calibrate(flipped(fit_ids), max_loss=0.05, model=model, retriever="-")
+    assert other.cascade != fit
 
 
 def test_unscorable_rows_count_as_retrieve(model: ModelIdentity) -> None:
@@ -198,6 +232,20 @@ def test_other_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "eval.json").write_text(json.dumps({"gate": "quco", "threshold": 0.3}))
     with pytest.raises(CalibrationError, match="not a rag-gates gate spec"):
         GateSpec.load(tmp_path / "eval.json")
+
+
+def test_a_cascade_spec_round_trips_and_its_band_is_sealed(tmp_path: Path,
+                                                           model: ModelIdentity) -> None:
+    report = calibrate(synthetic_records(400), max_loss=0.05, model=model, retriever="-")
+    assert report.cascade_name is not None
+    spec = report.spec_for(report.cascade_name)
+    path = spec.save(tmp_path / "cascade.json")
+    assert GateSpec.load(path) == spec and GateSpec.load(path).cascade == report.cascade
+    data = json.loads(path.read_text())
+    data["cascade"]["band"][1] += 0.1                      # widen the band by hand
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="checksum mismatch"):
+        GateSpec.load(path)
 
 
 def test_a_spec_without_checksum_is_refused(tmp_path: Path, model: ModelIdentity) -> None:
