@@ -183,8 +183,9 @@ def test_exact_p_value_bounds_the_supremum_over_the_nuisance() -> None:
 def test_exact_is_tighter_than_the_binomial_and_wsr() -> None:
     """Harm 1%, help 2% (mean -1%) against epsilon 0.05 with 100 questions: the exact test
     on the (harm, help) counts rejects more often than the binomial on the harm count (which
-    ignores the helps) and than the betting test; and it never rejects less than the
-    binomial when there is no help at all."""
+    ignores the helps) and than the betting test; with no help at all it accepts the
+    binomial's largest harm count at these sizes (the worst null then has no help either,
+    so the two agree up to the grid slack)."""
     rng = np.random.default_rng(17)
     u = rng.random((2000, 100))
     loss = np.where(u < 0.01, 1.0, np.where(u < 0.03, -1.0, 0.0))
@@ -196,3 +197,16 @@ def test_exact_is_tighter_than_the_binomial_and_wsr() -> None:
     for n, eps in ((100, 0.05), (200, 0.02), (400, 0.01)):
         kmax = binomial_max_harms(n, eps, 0.1)
         assert bool(exact_rejects(np.array(kmax), np.array(0), n, eps, 0.1))
+
+
+@pytest.mark.parametrize(("eps", "clean_n", "one_harm_n"),
+                         [(0.01, 232, 390), (0.02, 115, 195), (0.05, 46, 77)])
+def test_smallest_sample_the_exact_test_certifies(eps: float, clean_n: int,
+                                                  one_harm_n: int) -> None:
+    """The figures docs/calibration.md quotes for the exact test without any help: a clean
+    sample certifies from clean_n questions, one harm from one_harm_n: one or two questions
+    more than the binomial (230 / 114 / 45 and 388 / 194 / 77), the price of bounding the
+    supremum between grid points."""
+    assert exact_p_values(clean_n, eps)[0, 0] <= 0.1 < exact_p_values(clean_n - 1, eps)[0, 0]
+    assert exact_p_values(one_harm_n, eps)[1, 0] <= 0.1 \
+        < exact_p_values(one_harm_n - 1, eps)[1, 0]
