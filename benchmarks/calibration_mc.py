@@ -10,13 +10,15 @@ them; the chosen threshold's accuracy drop against always retrieving is judged o
 pool ("pool") and on the questions not drawn ("test half", which adds its own sampling
 noise). A draw *violates* when the drop exceeds epsilon. Rules compared:
 
-* ``exact`` / ``wsr`` / ``binomial``: :func:`rag_gates.calibration.calibrate`'s
-  certification (Learn-then-Test fixed-sequence testing with the exact unconditional test on
-  the harm and help counts, the betting test on the signed loss, or the exact binomial tail
-  on the harm count), delta 0.1 (the library's own vectorised functions: ``cut_table``,
-  ``certified_cut``, ``fit_composite``, ``fit_cascade``; every configuration's first draw is
-  checked against ``calibrate()`` itself). ``*-fw``: each of the 6 rows at delta / 6, as
-  ``calibrate()`` does by default so that the best row keeps the guarantee.
+* ``exact`` / ``exact-random`` / ``wsr`` / ``binomial``:
+  :func:`rag_gates.calibration.calibrate`'s certification (Learn-then-Test fixed-sequence
+  testing with the exact unconditional test on the harm and help counts, deterministic or
+  randomised with one uniform per draw, the betting test on the signed loss, or the exact
+  binomial tail on the harm count), delta 0.1 (the library's own vectorised functions:
+  ``cut_table``, ``certified_cut``, ``fit_composite``, ``fit_cascade``; every
+  configuration's first draw is checked against ``calibrate()`` itself). ``*-fw``: each
+  of the 6 rows at delta / 6, as ``calibrate()`` does by default so that the best row keeps
+  the guarantee.
 * ``empirical``: the largest skip whose calibration drop is at most epsilon (what a tolerance
   on ``eval-gate``'s accuracy curve does).
 * ``eval-gate``: ``eval-gate``'s own rule (best calibration accuracy, fewest retrievals among
@@ -56,6 +58,7 @@ from rag_gates.calibration.calibrate import (
     cascade_scores,
     fit_cascade,
     fit_composite,
+    random_u,
 )
 from rag_gates.calibration.certify import BOUNDS, certified_cut, cut_table, empirical_cut
 from rag_gates.eval.runner import read_records
@@ -222,6 +225,10 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
     rng = np.random.default_rng([seed, n, pool.size])
     perms = np.stack([rng.permutation(pool.size) for _ in range(draws)])
     cal, test = perms[:, :n], perms[:, n:]
+    # The randomised exact test's uniform per draw; draw 0 uses calibrate()'s (seed 0), so
+    # the check against calibrate() covers it too.
+    u = rng.random(draws)
+    u[0] = random_u(0)
     out: dict[str, Any] = {}
     Column = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]
     columns: dict[str, dict[float, Column]] = {}
@@ -256,10 +263,10 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
             test_scores = np.take_along_axis(pool_scores, test, axis=1)
             test_loss = pool.loss[test]
             cuts: dict[str, NDArray[np.int64]] = {
-                b: certified_cut(pos, loss, ok, epsilon=eps, delta=delta, bound=b)
+                b: certified_cut(pos, loss, ok, epsilon=eps, delta=delta, bound=b, u=u)
                 for b in BOUNDS}
             cuts.update({f"{b}-fw": certified_cut(pos, loss, ok, epsilon=eps,
-                                                   delta=delta / family, bound=b)
+                                                   delta=delta / family, bound=b, u=u)
                          for b in BOUNDS})
             cuts.update(_uncertified_cuts(pos, loss, ok, eps))
             per_eps: dict[str, Any] = {}

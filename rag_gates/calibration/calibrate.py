@@ -55,7 +55,7 @@ from rag_gates.calibration.spec import (
 from rag_gates.errors import CalibrationError
 
 __all__ = ["CASCADE_SHARES", "MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate",
-           "cascade_scores", "fit_cascade", "fit_composite", "skip_curve"]
+           "cascade_scores", "fit_cascade", "fit_composite", "random_u", "skip_curve"]
 
 MIN_QUESTIONS = 30
 """Fewer calibration questions than this are refused: no bound certifies anything useful."""
@@ -194,7 +194,7 @@ def _check(records: Sequence[CalibrationRecord], max_loss: float, delta: float,
             raise CalibrationError(f"{what} must lie strictly between 0 and 1, got {value!r}")
     if bound not in BOUNDS:
         raise CalibrationError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
-    if bound == "exact" and len(records) > EXACT_MAX_N:
+    if bound in ("exact", "exact-random") and len(records) > EXACT_MAX_N:
         raise CalibrationError(
             f"{len(records)} calibration questions: the exact bound tabulates up to "
             f"{EXACT_MAX_N}; pass bound='wsr' (the betting test has no limit)")
@@ -366,13 +366,19 @@ def _auroc(scores: NDArray[np.float64], wrong: NDArray[np.float64]) -> float | N
     return float((greater + 0.5 * ties) / (pos.size * neg.size))
 
 
-def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bound
-             ) -> GateRow:
+def random_u(seed: int) -> float:
+    """The uniform draw of the randomised exact test (``bound="exact-random"``) for a
+    seed: independent of the data, reproducible from the report's ``seed``."""
+    return float(np.random.default_rng([seed, 1]).random())
+
+
+def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bound,
+             seed: int = 0) -> GateRow:
     n = column.scores.size
     unscored = int(np.isnan(column.scores).sum())
     pos, ok, ranked = cut_table(column.scores[None, :])
     cut = int(certified_cut(pos, column.loss[None, :], ok, epsilon=epsilon, delta=delta,
-                            bound=bound)[0])
+                            bound=bound, u=np.array([random_u(seed)]))[0])
     auroc = _auroc(column.scores, 1.0 - column.closed)
     note = column.note
     if unscored == n and not note:
@@ -409,9 +415,11 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
         max_loss: epsilon, the accuracy drop against always retrieving the threshold may
             cost, in (0, 1).
         delta: the probability that the guarantee fails, in (0, 1).
-        bound: ``"exact"`` (exact unconditional test on the counts of harms and helps;
-            the tightest measured, up to :data:`~rag_gates.calibration.bounds.EXACT_MAX_N`
-            questions), ``"wsr"`` (betting test on the signed loss, any n) or
+        bound: ``"exact"`` (exact unconditional test on the counts of harms and helps,
+            up to :data:`~rag_gates.calibration.bounds.EXACT_MAX_N` questions),
+            ``"exact-random"`` (its randomised version: a uniform draw from ``seed``,
+            :func:`random_u`, spends the whole delta on discrete counts; another seed can
+            give another threshold), ``"wsr"`` (betting test on the signed loss, any n) or
             ``"binomial"`` (exact tail on the harm count; conservative).
         model: the identity of the model that answered (:meth:`ModelIdentity.of`).
         retriever: one line describing the retriever and corpus behind the labels.
@@ -419,8 +427,8 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
         composite: also fit and certify the Weighted and Cascade composites of the gates
             (two or more), each fitted on one half of the questions and certified on the
             other.
-        seed: the random order the betting test reads the questions in, and the composite's
-            fit/certify split.
+        seed: the random order the betting test reads the questions in, the composites'
+            fit/certify split, and the randomised exact test's uniform draw.
         family_wise: certify each of the G rows (gates and composite) at ``delta / G``, so
             that the one :attr:`CalibrationReport.best` picks keeps the guarantee at
             ``delta`` (Bonferroni). With False each row holds at ``delta`` on its own, and
@@ -443,7 +451,7 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
     names = _gate_names(records, gates)
     columns = _columns(records, names, composite, seed, float(max_loss))
     family = len(columns) if family_wise else 1
-    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound)
+    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound, seed)
             for name, col in columns.items()]
     weighted = next(((n, c.fit) for n, c in columns.items() if n.startswith("weighted(")),
                     (None, None))
@@ -482,6 +490,6 @@ def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequen
         if gate not in columns:
             raise CalibrationError(f"no gate {gate!r} to certify; available: "
                                    f"{', '.join(columns)}")
-        row = _certify(columns[gate], gate, float(eps), delta, bound)
+        row = _certify(columns[gate], gate, float(eps), delta, bound, seed)
         out.append((float(eps), row.observed_skip_rate))
     return out

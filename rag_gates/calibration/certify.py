@@ -35,14 +35,14 @@ from numpy.typing import NDArray
 from rag_gates.calibration.bounds import (
     EXACT_MAX_N,
     binomial_max_harms,
-    exact_p_values,
+    exact_rejects,
     wsr_log_capital,
 )
 
 __all__ = ["BOUNDS", "Bound", "certified_cut", "cut_table", "empirical_cut"]
 
-Bound = Literal["exact", "wsr", "binomial"]
-BOUNDS: tuple[Bound, ...] = ("exact", "wsr", "binomial")
+Bound = Literal["exact", "exact-random", "wsr", "binomial"]
+BOUNDS: tuple[Bound, ...] = ("exact", "exact-random", "wsr", "binomial")
 
 
 def cut_table(scores: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.bool_],
@@ -65,8 +65,8 @@ def cut_table(scores: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[n
 
 
 def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray[np.bool_],
-                  *, epsilon: float, delta: float, bound: Bound, block: int = 32
-                  ) -> NDArray[np.int64]:
+                  *, epsilon: float, delta: float, bound: Bound, block: int = 32,
+                  u: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
     """The certified cut (number of lowest-scoring rows skipped) of each draw.
 
     Args:
@@ -76,8 +76,12 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         ok: ``(D, n + 1)`` which cuts are allowed (:func:`cut_table`).
         epsilon, delta: the risk bound and the error probability.
         bound: ``"exact"`` (exact unconditional test on the harm and help counts),
-            ``"binomial"`` (exact tail on the harm count) or ``"wsr"`` (betting test on the
-            signed loss).
+            ``"exact-random"`` (its randomised version: needs ``u``), ``"binomial"`` (exact
+            tail on the harm count) or ``"wsr"`` (betting test on the signed loss).
+        u: ``(D,)`` for ``"exact-random"``: one uniform draw per calibration draw,
+            independent of the data, shared by every threshold of that draw (each test in
+            the sequence is then valid on its own, which is all fixed-sequence testing
+            needs).
     """
     pos = np.asarray(pos)
     loss = np.asarray(loss, dtype=np.float64)
@@ -91,17 +95,22 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         # certifies anything, and the sequence stops before it starts.
         fails = ok & (harms > kmax)
         return _last_allowed_before(ok, fails)
-    if bound == "exact":
+    if bound in ("exact", "exact-random"):
         if n > EXACT_MAX_N:
             raise ValueError(f"the exact bound tabulates up to {EXACT_MAX_N} certification "
                              f"questions, got {n}: use bound='wsr'")
-        p = exact_p_values(n, epsilon)
+        if bound == "exact-random" and (u is None or np.shape(u) != (draws,)):
+            raise ValueError(f"bound 'exact-random' needs u: one uniform draw per row of "
+                             f"loss ({draws}), independent of the data")
         sorted_loss = np.zeros((draws, n))
         np.put_along_axis(sorted_loss, pos, loss, axis=-1)
         zero = np.zeros((draws, 1), dtype=np.int64)
         harms = np.concatenate([zero, np.cumsum(sorted_loss > 0, axis=-1)], -1)
         helps = np.concatenate([zero, np.cumsum(sorted_loss < 0, axis=-1)], -1)
-        return _last_allowed_before(ok, ok & (p[harms, helps] > delta))
+        rejected = exact_rejects(harms, helps, n, epsilon, delta,
+                                 1.0 if u is None or bound == "exact" else
+                                 np.asarray(u, dtype=np.float64)[:, None])
+        return _last_allowed_before(ok, ok & ~rejected)
     if bound != "wsr":
         raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
     m = (1.0 + epsilon) / 2.0

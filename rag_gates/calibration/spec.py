@@ -209,7 +209,7 @@ class GateSpec(BaseModel):
     delta: float = Field(..., gt=0.0, lt=1.0, description="The probability it may fail.")
     family: int = Field(1, ge=1, description="Gates certified together, each at "
                         "delta / family, so the guarantee holds for this one picked from them.")
-    bound: Literal["exact", "wsr", "binomial"]
+    bound: Literal["exact", "exact-random", "wsr", "binomial"]
     n: int = Field(..., ge=1, description="Certification questions.")
     unscored: int = Field(0, ge=0, description="Certification questions the gate could not "
                           "score (counted as retrieved: fail closed).")

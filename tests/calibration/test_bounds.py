@@ -210,3 +210,35 @@ def test_smallest_sample_the_exact_test_certifies(eps: float, clean_n: int,
     assert exact_p_values(clean_n, eps)[0, 0] <= 0.1 < exact_p_values(clean_n - 1, eps)[0, 0]
     assert exact_p_values(one_harm_n, eps)[1, 0] <= 0.1 \
         < exact_p_values(one_harm_n - 1, eps)[1, 0]
+
+
+@pytest.mark.parametrize(("harm", "help_"), [(0.02, 0.0), (0.05, 0.03), (0.3, 0.28)])
+def test_randomised_exact_coverage(harm: float, help_: float) -> None:
+    """The randomised test (u uniform, independent of the counts) at the null's boundary:
+    rejects in at most delta of 4,000 samples of 188 plus 0.015 (three standard errors),
+    including the Bernoulli case where the deterministic test is conservative; and it
+    rejects at least as often as the deterministic one (a larger u only raises p)."""
+    rng = np.random.default_rng(19)
+    eps = harm - help_
+    h, g = _trinomial_counts(rng, 188, harm, help_, 4000)
+    u = rng.random(4000)
+    randomised = exact_rejects(h, g, 188, eps, 0.1, u)
+    assert randomised.mean() <= 0.1 + 0.015
+    assert np.all(randomised >= exact_rejects(h, g, 188, eps, 0.1))
+
+
+def test_randomised_exact_spends_the_level_the_deterministic_one_cannot() -> None:
+    """188 questions, epsilon 0.02, one harm and no help: P(Bin(188, .02) <= 1) = .109, so
+    the deterministic test never rejects; the randomised one rejects for small enough u,
+    and at the boundary (harm rate .02, no help) its error stays below delta while the
+    deterministic test's is .023 (it rejects only zero harms)."""
+    assert not bool(exact_rejects(1, 0, 188, 0.02, 0.1))
+    assert bool(exact_rejects(1, 0, 188, 0.02, 0.1, 0.5))
+    assert not bool(exact_rejects(1, 0, 188, 0.02, 0.1, 1.0))
+    rng = np.random.default_rng(23)
+    h = rng.binomial(188, 0.02, size=40000)
+    g = np.zeros_like(h)
+    deterministic = exact_rejects(h, g, 188, 0.02, 0.1).mean()
+    randomised = exact_rejects(h, g, 188, 0.02, 0.1, rng.random(40000)).mean()
+    assert deterministic == pytest.approx(0.98 ** 188, abs=0.004)
+    assert deterministic + 0.03 < randomised <= 0.1 + 0.005

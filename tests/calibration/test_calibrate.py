@@ -117,6 +117,22 @@ def test_the_cascade_is_fitted_on_one_half_and_certified_on_the_other(
     assert other.cascade != fit
 
 
+def test_the_randomised_exact_bound_is_reproducible_from_the_seed(
+        model: ModelIdentity) -> None:
+    """bound="exact-random" draws its uniform from the seed: the same seed gives the same
+    threshold, and it skips at least as much as the deterministic test with that seed
+    (a smaller u can only lower a p-value)."""
+    records = synthetic_records(300)
+    kw: dict[str, object] = {"max_loss": 0.05, "model": model, "retriever": "-",
+                             "gates": ["good"]}
+    a = calibrate(records, bound="exact-random", seed=3, **kw)  # type: ignore[arg-type]
+    b = calibrate(records, bound="exact-random", seed=3, **kw)  # type: ignore[arg-type]
+    fixed = calibrate(records, bound="exact", seed=3, **kw)     # type: ignore[arg-type]
+    assert a.row("good").threshold == b.row("good").threshold
+    assert a.row("good").observed_skip_rate >= fixed.row("good").observed_skip_rate
+    assert a.best.bound == "exact-random"
+
+
 def test_unscorable_rows_count_as_retrieve(model: ModelIdentity) -> None:
     """The rows the gate could not score (None, NaN) are never skipped, even where the
     score would be lowest: the skip rate counts only scored rows below the threshold."""

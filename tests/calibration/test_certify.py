@@ -81,14 +81,15 @@ def test_batch_equals_one_at_a_time() -> None:
     loss = np.where(rng.random((20, 150)) < scores * 0.3, 1.0,
                     np.where(rng.random((20, 150)) < 0.05, -1.0, 0.0))
     pos, ok, _ = cut_table(scores)
-    for bound in ("wsr", "binomial", "exact"):
-        batch = certified_cut(pos, loss, ok, epsilon=0.05, delta=0.1, bound=bound)
-        single = [_one(list(scores[d]), list(loss[d]), epsilon=0.05, delta=0.1, bound=bound)
-                  for d in range(20)]
+    u = rng.random(20)
+    for bound in ("wsr", "binomial", "exact", "exact-random"):
+        batch = certified_cut(pos, loss, ok, epsilon=0.05, delta=0.1, bound=bound, u=u)
+        single = [_one(list(scores[d]), list(loss[d]), epsilon=0.05, delta=0.1, bound=bound,
+                       u=u[d:d + 1]) for d in range(20)]
         assert batch.tolist() == single
 
 
-@pytest.mark.parametrize("bound", ["wsr", "binomial", "exact"])
+@pytest.mark.parametrize("bound", ["wsr", "binomial", "exact", "exact-random"])
 def test_the_guarantee_holds_on_a_synthetic_population(bound: str) -> None:
     """A population whose skip risk grows with the score (harm probability rises, a few
     helps): over 600 calibration draws of 200, the chosen threshold's true risk exceeds
@@ -104,7 +105,7 @@ def test_the_guarantee_holds_on_a_synthetic_population(bound: str) -> None:
     draws = np.stack([rng.choice(size, n, replace=False) for _ in range(600)])
     pos, ok, ranked = cut_table(pop_scores[draws])
     cut = certified_cut(pos, pop_loss[draws], ok, epsilon=eps, delta=delta,
-                        bound=bound)  # type: ignore[arg-type]
+                        bound=bound, u=rng.random(600))  # type: ignore[arg-type]
     t = np.where(cut == 0, -np.inf, np.take_along_axis(ranked, np.minimum(cut, n - 1)[:, None],
                                                         axis=1)[:, 0])
     t = np.where(cut >= n, np.inf, t)
