@@ -10,19 +10,25 @@ them; the chosen threshold's accuracy drop against always retrieving is judged o
 pool ("pool") and on the questions not drawn ("test half", which adds its own sampling
 noise). A draw *violates* when the drop exceeds epsilon. Rules compared:
 
-* ``wsr`` / ``binomial``: :func:`rag_gates.calibration.calibrate`'s certification (Learn-then-
-  Test fixed-sequence testing with the betting test on the signed loss, or the exact binomial
-  tail on the harm count), delta 0.1 (the library's own vectorised functions:
-  ``cut_table``, ``certified_cut``, ``fit_logistic``; every configuration's first draw is
-  checked against ``calibrate()`` itself).
+* ``exact`` / ``exact-random`` / ``wsr`` / ``binomial``:
+  :func:`rag_gates.calibration.calibrate`'s certification (Learn-then-Test fixed-sequence
+  testing with the exact unconditional test on the harm and help counts, deterministic or
+  randomised with one uniform per draw, the betting test on the signed loss, or the exact
+  binomial tail on the harm count), delta 0.1 (the library's own vectorised functions:
+  ``cut_table``, ``certified_cut``, ``fit_composite``, ``fit_cascade``; every
+  configuration's first draw is checked against ``calibrate()`` itself). ``*-fw``: each
+  of the 6 rows at delta / 6, as ``calibrate()`` does by default so that the best row keeps
+  the guarantee.
 * ``empirical``: the largest skip whose calibration drop is at most epsilon (what a tolerance
   on ``eval-gate``'s accuracy curve does).
 * ``eval-gate``: ``eval-gate``'s own rule (best calibration accuracy, fewest retrievals among
   ties; ``rag_gates.eval.gate_eval.calibrate``), which ignores epsilon.
 
-The composite is the library's: a logistic combination of the four gates fitted (label:
-closed-book answer wrong) on one half of the calibration draw and certified on the
-other; the uncertified rules choose its threshold on the same certification half.
+The composites are the library's, fitted on one half of the calibration draw and certified
+on the other: ``weighted`` (a logistic combination of the four gates, label closed-book
+answer wrong) and ``cascade`` (:func:`~rag_gates.calibration.calibrate.fit_cascade`: the
+pair, order and band chosen on the fitting half, refitted per epsilon); the uncertified
+rules choose their threshold on the same certification half.
 
 Pools: (a) tb11 (``benchmarks/results/testbed/gates-tb11``): evaluation + calibration facts,
 376 with both labels; (b) PopQA 500 with the embedded model (``benchmarks/results/eval``).
@@ -47,15 +53,21 @@ from numpy.typing import NDArray
 from rag_gates._io import write_text_atomic
 from rag_gates.calibration import CalibrationRecord, ModelIdentity, calibrate
 from rag_gates.calibration.bounds import clopper_pearson
-from rag_gates.calibration.calibrate import _weighted_scores, fit_composite
-from rag_gates.calibration.certify import Bound, certified_cut, cut_table
+from rag_gates.calibration.calibrate import (
+    _weighted_scores,
+    cascade_scores,
+    fit_cascade,
+    fit_composite,
+    random_u,
+)
+from rag_gates.calibration.certify import BOUNDS, certified_cut, cut_table, empirical_cut
 from rag_gates.eval.runner import read_records
 
 ROOT = Path(__file__).resolve().parent / "results"
 GATES = ("answer-logprob", "first-token-prob", "quco", "cbdr")
 COMPOSITE = "weighted(" + ",".join(GATES) + ")"
-BOUNDS: tuple[Bound, ...] = ("wsr", "binomial")
-RULES = (*BOUNDS, "wsr-fw", "binomial-fw", "empirical", "eval-gate")
+CASCADE = "cascade(" + ",".join(GATES) + ")"
+RULES = (*BOUNDS, *(f"{b}-fw" for b in BOUNDS), "empirical", "eval-gate")
 
 
 @dataclass
@@ -127,11 +139,10 @@ def _uncertified_cuts(pos: NDArray[np.int64], loss: NDArray[np.float64],
     np.put_along_axis(sorted_loss, pos, loss, axis=1)
     drop = np.concatenate([np.zeros((draws, 1)), np.cumsum(sorted_loss, axis=1)], 1) / n
     index = np.arange(n + 1)[None, :]
-    empirical = np.where(ok & (drop <= epsilon + 1e-12), index, 0).max(axis=1)
     masked = np.where(ok, drop, np.inf)
     best = masked.min(axis=1, keepdims=True)
     best_acc = np.where(ok & (masked <= best + 1e-12), index, 0).max(axis=1)
-    return {"empirical": empirical, "eval-gate": best_acc}
+    return {"empirical": empirical_cut(pos, loss, ok, epsilon), "eval-gate": best_acc}
 
 
 def _judge(scores: NDArray[np.float64], loss: NDArray[np.float64],
@@ -165,6 +176,37 @@ def _composite(pool: Pool, cal: NDArray[np.int64]) -> tuple[NDArray[np.float64],
     return cert_scores, pool_scores, cal[:, half:]
 
 
+def _cascade(pool: Pool, cal: NDArray[np.int64], epsilon: float
+             ) -> tuple[NDArray[np.float64], NDArray[np.float64], NDArray[np.int64],
+                        dict[str, Any]]:
+    """As :func:`_composite` for the cascade chosen at ``epsilon`` on the fitting half; also
+    how often each (cheap, expensive) pair was chosen and the mean expensive share."""
+    draws, n = cal.shape
+    half = n // 2
+    x_all = np.stack([pool.scores[g] for g in GATES])
+    cert_scores = np.empty((draws, n - half))
+    pool_scores = np.empty((draws, pool.size))
+    pairs: dict[str, int] = {}
+    shares = []
+    for d in range(draws):
+        fit_rows, cert_rows = cal[d, :half], cal[d, half:]
+        fit = fit_cascade(list(GATES), x_all[:, fit_rows], pool.loss[fit_rows],
+                          pool.closed[fit_rows], epsilon)
+        if fit is None:
+            cert_scores[d] = math.nan
+            pool_scores[d] = math.nan
+            continue
+        cheap, expensive = fit.cheap.gates[0], fit.expensive.gates[0]
+        key = f"{cheap}>{expensive}"
+        pairs[key] = pairs.get(key, 0) + 1
+        shares.append(fit.expensive_share)
+        pool_scores[d] = cascade_scores(fit, pool.scores[cheap], pool.scores[expensive])
+        cert_scores[d] = pool_scores[d, cert_rows]
+    info = {"pairs": {k: v / draws for k, v in sorted(pairs.items(), key=lambda kv: -kv[1])},
+            "mean_expensive_share_fit": float(np.mean(shares)) if shares else None}
+    return cert_scores, pool_scores, cal[:, half:], info
+
+
 def _summary(eps: float, cut: NDArray[np.int64], drop_pool: NDArray[np.float64],
              skip_pool: NDArray[np.float64], drop_test: NDArray[np.float64] | None,
              skip_test: NDArray[np.float64] | None) -> dict[str, Any]:
@@ -183,13 +225,23 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
     rng = np.random.default_rng([seed, n, pool.size])
     perms = np.stack([rng.permutation(pool.size) for _ in range(draws)])
     cal, test = perms[:, :n], perms[:, n:]
+    # The randomised exact test's uniform per draw; draw 0 uses calibrate()'s (seed 0), so
+    # the check against calibrate() covers it too.
+    u = rng.random(draws)
+    u[0] = random_u(0)
     out: dict[str, Any] = {}
-    columns: dict[str, tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]] = {}
+    Column = tuple[NDArray[np.float64], NDArray[np.int64], NDArray[np.float64]]
+    columns: dict[str, dict[float, Column]] = {}
     for g in GATES:
-        columns[g] = (pool.scores[g][cal], cal, np.broadcast_to(pool.scores[g], (draws,
-                                                                                 pool.size)))
+        same = (pool.scores[g][cal], cal, np.broadcast_to(pool.scores[g], (draws, pool.size)))
+        columns[g] = dict.fromkeys(epsilons, same)
     comp_cert, comp_pool, comp_rows = _composite(pool, cal)
-    columns[COMPOSITE] = (comp_cert, comp_rows, comp_pool)
+    columns[COMPOSITE] = dict.fromkeys(epsilons, (comp_cert, comp_rows, comp_pool))
+    columns[CASCADE] = {}
+    cascade_info: dict[str, Any] = {}
+    for eps in epsilons:
+        c_cert, c_pool, c_rows, cascade_info[str(eps)] = _cascade(pool, cal, eps)
+        columns[CASCADE][eps] = (c_cert, c_rows, c_pool)
     family = len(columns)
     has_test = test.shape[1] > 0
     # raw[eps][rule][gate] = (cut, certified lower skip bound, drops and skips) per draw
@@ -202,18 +254,19 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
             lower_cache[(k, m)] = clopper_pearson(k, m, 1 - delta)[0] if k else 0.0
         return lower_cache[(k, m)]
 
-    for gate, (cal_scores, rows, pool_scores) in columns.items():
-        loss = pool.loss[rows]
-        pos, ok, ranked = cut_table(cal_scores)
-        test_scores = np.take_along_axis(pool_scores, test, axis=1)
-        test_loss = pool.loss[test]
+    for gate, per_eps_columns in columns.items():
         per_gate: dict[str, Any] = {}
         for eps in epsilons:
+            cal_scores, rows, pool_scores = per_eps_columns[eps]
+            loss = pool.loss[rows]
+            pos, ok, ranked = cut_table(cal_scores)
+            test_scores = np.take_along_axis(pool_scores, test, axis=1)
+            test_loss = pool.loss[test]
             cuts: dict[str, NDArray[np.int64]] = {
-                b: certified_cut(pos, loss, ok, epsilon=eps, delta=delta, bound=b)
+                b: certified_cut(pos, loss, ok, epsilon=eps, delta=delta, bound=b, u=u)
                 for b in BOUNDS}
             cuts.update({f"{b}-fw": certified_cut(pos, loss, ok, epsilon=eps,
-                                                   delta=delta / family, bound=b)
+                                                   delta=delta / family, bound=b, u=u)
                          for b in BOUNDS})
             cuts.update(_uncertified_cuts(pos, loss, ok, eps))
             per_eps: dict[str, Any] = {}
@@ -227,11 +280,11 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
                 raw[eps][rule][gate] = (cut, np.array([lower(int(k), m) for k in cut]),
                                         drop_pool, skip_pool, drop_test, skip_test)
             per_gate[str(eps)] = per_eps
-            if gate in GATES:
-                _check_against_calibrate(pool, cal[0], gate, eps, delta,
-                                         {b: float(_thresholds(ranked[:1], cuts[b][:1])[0])
-                                          for b in BOUNDS})
+            _check_against_calibrate(pool, cal[0], gate, eps, delta,
+                                     {b: float(_thresholds(ranked[:1], cuts[b][:1])[0])
+                                      for b in BOUNDS})
         out[gate] = per_gate
+    out["cascade_fits"] = cascade_info
     # "best": per draw, the gate with the highest certified skip rate (the lower end of its
     # Clopper-Pearson interval, as CalibrationReport.best ranks them), judged like the others.
     best: dict[str, Any] = {}
@@ -261,11 +314,15 @@ def run_config(pool: Pool, n: int, draws: int, epsilons: list[float], delta: flo
 
 def _check_against_calibrate(pool: Pool, rows: NDArray[np.int64], gate: str, eps: float,
                              delta: float, expected: dict[str, float]) -> None:
-    """The vectorised path gives calibrate()'s threshold on the same questions and order."""
+    """The vectorised path gives calibrate()'s threshold on the same questions and order
+    (for a composite: the same fit on the same half, certified at the same delta)."""
+    composite = gate not in GATES
+    names = list(GATES) if composite else [gate]
     records = [CalibrationRecord(
         id=pool.ids[i], question=pool.questions[i], closed_book_correct=bool(pool.closed[i]),
         retrieved_correct=bool(pool.closed[i] + pool.loss[i]),
-        scores={gate: None if math.isnan(pool.scores[gate][i]) else pool.scores[gate][i]})
+        scores={g: None if math.isnan(pool.scores[g][i]) else pool.scores[g][i]
+                for g in names})
         for i in rows]
     # calibrate() permutes with its seed; hand it the identity order by pre-permuting.
     inverse = np.argsort(np.random.default_rng(0).permutation(len(records)))
@@ -273,8 +330,8 @@ def _check_against_calibrate(pool: Pool, rows: NDArray[np.int64], gate: str, eps
     for bound in BOUNDS:
         report = calibrate(records, max_loss=eps, delta=delta, bound=bound,
                            model=ModelIdentity(name="mc", fingerprint="mc"), retriever="-",
-                           gates=[gate], composite=False)
-        got = report.rows[0].threshold
+                           gates=names, composite=composite, family_wise=False)
+        got = report.row(gate).threshold
         want = expected[bound]
         if not ((got is None and want == -math.inf) or got == want):
             raise AssertionError(f"{pool.name} {gate} eps={eps} {bound}: calibrate() gives "
@@ -327,7 +384,7 @@ def main() -> None:
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"),
         "machine": {"python": platform.python_version(), "numpy": np.__version__},
         "draws": args.draws, "delta": args.delta, "epsilons": args.epsilons,
-        "gates": [*GATES, COMPOSITE, "best"], "rules": list(RULES), "pools": {}}
+        "gates": [*GATES, COMPOSITE, CASCADE, "best"], "rules": list(RULES), "pools": {}}
     for pool in load_pools():
         entry: dict[str, Any] = {"size": pool.size, **oracle(pool, args.epsilons),
                                  "n_cal": {}}
@@ -354,7 +411,7 @@ def table(result: dict[str, Any]) -> str:
     lines = [f"{result['draws']} draws per row, delta {result['delta']}; "
              "viol = share of draws whose accuracy drop on the whole pool exceeds epsilon; "
              "skip = mean share of retrievals skipped on the test half (- : no test half); "
-             "*-fw = each of the 5 rows certified at delta / 5; best = per draw the row with "
+             "*-fw = each of the 6 rows certified at delta / 6; best = per draw the row with "
              "the highest certified skip rate."]
     for name, pool in result["pools"].items():
         lines.append(f"\n### {name} ({pool['size']} questions; oracle skip "
@@ -372,7 +429,7 @@ def table(result: dict[str, Any]) -> str:
                         skip = r["mean_skip_test"]
                         cells.append(f"{r['violation_pool']:.3f} / "
                                      f"{'-' if skip is None else f'{skip:.3f}'}")
-                    short = "weighted" if gate.startswith("weighted(") else gate
+                    short = gate.split("(")[0]
                     lines.append(f"| {n} | {eps} | {short} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 

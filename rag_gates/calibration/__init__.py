@@ -33,6 +33,7 @@ from rag_gates.calibration.load import (
 from rag_gates.calibration.records import CalibrationRecord, read_records, write_records
 from rag_gates.calibration.spec import (
     ASSUMPTION,
+    CascadeFit,
     GateSpec,
     ModelIdentity,
     RateInterval,
@@ -41,7 +42,7 @@ from rag_gates.calibration.spec import (
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
 
 __all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
-           "CalibrationReport", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
+           "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
            "ModelIdentity", "RateInterval", "SpecModelMismatchError", "WeightedFit",
            "available_core_gates", "calibrate", "load_gate", "read_records", "register_gate",
            "skip_curve", "write_records"]

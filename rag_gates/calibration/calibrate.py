@@ -8,14 +8,17 @@ same distribution, same model, retriever and corpus):
 :data:`~rag_gates.calibration.spec.ASSUMPTION`.
 
 How: Learn-then-Test fixed-sequence testing (:mod:`rag_gates.calibration.certify`) over the
-thresholds from "retrieve always" upward, with one of two tests
-(:mod:`rag_gates.calibration.bounds`): ``"binomial"`` (exact tail on the count of skipped
-questions retrieval would have fixed; conservative) or ``"wsr"`` (a betting test on the
-signed loss, which also counts the skipped questions where retrieval would have misled).
+thresholds from "retrieve always" upward, with one of three tests
+(:mod:`rag_gates.calibration.bounds`): ``"exact"`` (the default: an exact unconditional
+test on the counts of skipped questions retrieval would have fixed and would have misled),
+``"binomial"`` (exact tail on the first count only; conservative) or ``"wsr"`` (a betting
+test on the signed loss).
 A gate that could not score a question (None / NaN) never skips it (fail closed).
-The composite (a :class:`~rag_gates.gate.Weighted` logistic combination of the gates,
-predicting "closed-book answer wrong") is fitted on one half of the questions and certified
-on the other, never both on the same rows.
+Two composites are fitted on one half of the questions and certified on the other, never
+both on the same rows: a :class:`~rag_gates.gate.Weighted` logistic combination of the
+gates (predicting "closed-book answer wrong"), and a :class:`~rag_gates.gate.Cascade`
+(:func:`fit_cascade`: which gate asks first, which decides in the band, and the band,
+chosen on the fitting half).
 
 Example:
     >>> from rag_gates.calibration import calibrate, read_records, ModelIdentity
@@ -30,18 +33,18 @@ from __future__ import annotations
 import math
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates.calibration.bounds import clopper_pearson
-from rag_gates.calibration.certify import Bound, certified_cut, cut_table
-from rag_gates.calibration.fit import fit_logistic, usable_score
+from rag_gates.calibration.bounds import EXACT_MAX_N, clopper_pearson
+from rag_gates.calibration.certify import BOUNDS, Bound, certified_cut, cut_table, empirical_cut
+from rag_gates.calibration.fit import cascade_band, fit_logistic, usable_score
 from rag_gates.calibration.records import CalibrationRecord
 from rag_gates.calibration.spec import (
     ASSUMPTION,
+    CascadeFit,
     GateSpec,
     ModelIdentity,
     RateInterval,
@@ -51,11 +54,15 @@ from rag_gates.calibration.spec import (
 )
 from rag_gates.errors import CalibrationError
 
-__all__ = ["MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate", "fit_composite",
-           "skip_curve"]
+__all__ = ["CASCADE_SHARES", "MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate",
+           "cascade_scores", "fit_cascade", "fit_composite", "random_u", "skip_curve"]
 
 MIN_QUESTIONS = 30
 """Fewer calibration questions than this are refused: no bound certifies anything useful."""
+
+CASCADE_SHARES = (0.1, 0.25, 0.5)
+"""The band widths :func:`fit_cascade` tries: the share of fitting rows nearest the cheap
+gate's own threshold that go to the expensive gate."""
 
 
 class GateRow(BaseModel):
@@ -115,6 +122,8 @@ class CalibrationReport(BaseModel):
                         "the guarantee holds for any one picked from them (Bonferroni).")
     composite: WeightedFit | None = None
     composite_name: str | None = None
+    cascade: CascadeFit | None = None
+    cascade_name: str | None = None
     options: dict[str, object] = Field(default_factory=dict)
 
     def row(self, gate: str) -> GateRow:
@@ -139,6 +148,7 @@ class CalibrationReport(BaseModel):
         """The spec of one gate of this report (its threshold, guarantee and provenance)."""
         row = self.row(gate)
         composite = self.composite if gate == self.composite_name else None
+        cascade = self.cascade if gate == self.cascade_name else None
         retrieval = RateInterval(observed=1.0 - row.skip_rate.observed,
                                  lower=1.0 - row.skip_rate.upper,
                                  upper=1.0 - row.skip_rate.lower)
@@ -152,7 +162,7 @@ class CalibrationReport(BaseModel):
         else:
             note = f"no threshold certified: always retrieve. {row.note}".strip()
         return GateSpec(
-            gate=gate, composite=composite, options=dict(self.options),
+            gate=gate, composite=composite, cascade=cascade, options=dict(self.options),
             threshold=row.threshold, certified=row.certified,
             epsilon=self.epsilon, delta=self.delta, family=self.family, bound=self.bound,
             n=row.n,
@@ -172,6 +182,7 @@ class _Column:
     closed: NDArray[np.float64]
     n_fit: int = 0
     fit: WeightedFit | None = None
+    cascade: CascadeFit | None = None
     note: str = ""
 
 
@@ -181,8 +192,12 @@ def _check(records: Sequence[CalibrationRecord], max_loss: float, delta: float,
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not 0.0 < float(value) < 1.0:
             raise CalibrationError(f"{what} must lie strictly between 0 and 1, got {value!r}")
-    if bound not in ("wsr", "binomial"):
-        raise CalibrationError(f"bound must be 'wsr' or 'binomial', got {bound!r}")
+    if bound not in BOUNDS:
+        raise CalibrationError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
+    if bound in ("exact", "exact-random") and len(records) > EXACT_MAX_N:
+        raise CalibrationError(
+            f"{len(records)} calibration questions: the exact bound tabulates up to "
+            f"{EXACT_MAX_N}; pass bound='wsr' (the betting test has no limit)")
     if len(records) < MIN_QUESTIONS:
         raise CalibrationError(
             f"{len(records)} calibration questions; at least {MIN_QUESTIONS} are needed (a "
@@ -220,9 +235,9 @@ def _gate_names(records: Sequence[CalibrationRecord], gates: Sequence[str] | Non
 
 
 def _columns(records: Sequence[CalibrationRecord], names: list[str], composite: bool,
-             seed: int) -> dict[str, _Column]:
+             seed: int, epsilon: float) -> dict[str, _Column]:
     """Each gate's certification column (all rows, in a seeded random order), plus the
-    composite's (fitted on one half, certified on the other)."""
+    composites' (fitted on the first half of that order, certified on the second)."""
     rng = np.random.default_rng(seed)
     order = rng.permutation(len(records))
     ordered = [records[i] for i in order]
@@ -231,22 +246,87 @@ def _columns(records: Sequence[CalibrationRecord], names: list[str], composite: 
     table = {g: np.array([_score(r.scores.get(g)) for r in ordered]) for g in names}
     out = {g: _Column(table[g], loss, closed) for g in names}
     usable = [g for g in names if np.isfinite(table[g]).any()]
-    if composite and len(usable) >= 2:
-        name = f"weighted({','.join(usable)})"
-        half = len(ordered) // 2
-        fit_rows, cert_rows = np.arange(half), np.arange(half, len(ordered))
-        fit = fit_composite(usable, np.stack([table[g][fit_rows] for g in usable]),
-                            closed[fit_rows])
-        if fit is None:
-            out[name] = _Column(np.full(len(cert_rows), math.nan), loss[cert_rows],
-                                closed[cert_rows], n_fit=half,
-                                note="the composite could not be fitted: in its fitting half "
-                                     "the closed-book answers are all right or all wrong")
-        else:
-            x_cert = np.stack([table[g][cert_rows] for g in usable])
-            out[name] = _Column(_weighted_scores(fit, x_cert), loss[cert_rows],
-                                closed[cert_rows], n_fit=half, fit=fit)
+    if not composite or len(usable) < 2:
+        return out
+    half = len(ordered) // 2
+    fit_rows, cert_rows = np.arange(half), np.arange(half, len(ordered))
+    x_fit = np.stack([table[g][fit_rows] for g in usable])
+    x_cert = np.stack([table[g][cert_rows] for g in usable])
+    one_class = ("the composite could not be fitted: in its fitting half the closed-book "
+                 "answers are all right or all wrong")
+    unfitted = _Column(np.full(len(cert_rows), math.nan), loss[cert_rows], closed[cert_rows],
+                       n_fit=half, note=one_class)
+    fit = fit_composite(usable, x_fit, closed[fit_rows])
+    out[f"weighted({','.join(usable)})"] = unfitted if fit is None else _Column(
+        _weighted_scores(fit, x_cert), loss[cert_rows], closed[cert_rows], n_fit=half, fit=fit)
+    cascade = fit_cascade(usable, x_fit, loss[fit_rows], closed[fit_rows], epsilon)
+    if cascade is None:
+        out[f"cascade({','.join(usable)})"] = unfitted
+    else:
+        i, j = usable.index(cascade.cheap.gates[0]), usable.index(cascade.expensive.gates[0])
+        out[f"cascade({','.join(usable)})"] = _Column(
+            cascade_scores(cascade, x_cert[i], x_cert[j]), loss[cert_rows], closed[cert_rows],
+            n_fit=half, cascade=cascade)
     return out
+
+
+def cascade_scores(fit: CascadeFit, cheap: NDArray[np.float64],
+                   expensive: NDArray[np.float64]) -> NDArray[np.float64]:
+    """The cascade's score per row from its two gates' raw scores (NaN = unscored): the
+    deciding gate's probability minus ``inner_threshold``, what the loaded
+    :class:`~rag_gates.gate.Cascade` of two one-gate :class:`~rag_gates.gate.Weighted`
+    returns. NaN where the cheap gate could not score, or it passed on and the expensive
+    gate could not (the cascade then retrieves)."""
+    p_cheap = _weighted_scores(fit.cheap, np.asarray(cheap, dtype=np.float64)[None, :])
+    p_exp = _weighted_scores(fit.expensive, np.asarray(expensive, dtype=np.float64)[None, :])
+    in_band = (p_cheap >= fit.band[0]) & (p_cheap <= fit.band[1])
+    out: NDArray[np.float64] = np.where(in_band, p_exp, p_cheap) - fit.inner_threshold
+    return out
+
+
+def fit_cascade(names: list[str], x_fit: NDArray[np.float64], loss_fit: NDArray[np.float64],
+                closed_fit: NDArray[np.float64], epsilon: float,
+                shares: Sequence[float] = CASCADE_SHARES) -> CascadeFit | None:
+    """Choose a cascade on its fitting rows only: every ordered pair (cheap, expensive) of
+    the gates, each on a one-gate logistic scale (probability that the closed-book answer
+    is wrong), and a band holding each of ``shares`` of the rows nearest the cheap gate's
+    own cut (the largest skip whose observed drop on these rows is at most ``epsilon``).
+    The candidate that skips most on these rows at drop <= epsilon wins (ties: fewer
+    expensive calls). None when the rows hold one closed-book class."""
+    n = x_fit.shape[1]
+    rows = {g: x_fit[i] for i, g in enumerate(names)}
+    scales = {g: fit_composite([g], rows[g][None, :], closed_fit) for g in names}
+    fitted = {g: f for g, f in scales.items() if f is not None}
+    probs = {g: _weighted_scores(f, rows[g][None, :]) for g, f in fitted.items()}
+    loss = loss_fit[None, :]
+
+    def skip(score: NDArray[np.float64]) -> tuple[int, float]:
+        """The empirical cut and its threshold (inf: everything scored is skipped)."""
+        pos, ok, ranked = cut_table(score[None, :])
+        cut = int(empirical_cut(pos, loss, ok, epsilon)[0])
+        scored = int(np.isfinite(score).sum())
+        return cut, float(ranked[0, cut]) if cut < scored else math.inf
+
+    best: tuple[tuple[int, float], CascadeFit] | None = None
+    for cheap, p_cheap in probs.items():
+        finite = p_cheap[np.isfinite(p_cheap)]
+        anchor = min(skip(p_cheap)[1], float(finite.max()))    # the cheap gate's own cut
+        for expensive in probs:
+            if expensive == cheap:
+                continue
+            for share in shares:
+                lo, hi = cascade_band(finite.tolist(), anchor, share)
+                in_band = (p_cheap >= lo) & (p_cheap <= hi)
+                fit = CascadeFit(cheap=fitted[cheap], expensive=fitted[expensive],
+                                 band=[lo, hi], fit_rows=n,
+                                 expensive_share=float(in_band.mean()),
+                                 chosen_by=f"largest skip at observed drop <= {epsilon:g} "
+                                           f"on the {n} fitting rows")
+                key = (skip(cascade_scores(fit, rows[cheap], rows[expensive]))[0],
+                       -fit.expensive_share)
+                if best is None or key > best[0]:
+                    best = (key, fit)
+    return None if best is None else best[1]
 
 
 def fit_composite(names: list[str], x_fit: NDArray[np.float64],
@@ -286,13 +366,19 @@ def _auroc(scores: NDArray[np.float64], wrong: NDArray[np.float64]) -> float | N
     return float((greater + 0.5 * ties) / (pos.size * neg.size))
 
 
-def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bound
-             ) -> GateRow:
+def random_u(seed: int) -> float:
+    """The uniform draw of the randomised exact test (``bound="exact-random"``) for a
+    seed: independent of the data, reproducible from the report's ``seed``."""
+    return float(np.random.default_rng([seed, 1]).random())
+
+
+def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bound,
+             seed: int = 0) -> GateRow:
     n = column.scores.size
     unscored = int(np.isnan(column.scores).sum())
     pos, ok, ranked = cut_table(column.scores[None, :])
     cut = int(certified_cut(pos, column.loss[None, :], ok, epsilon=epsilon, delta=delta,
-                            bound=bound)[0])
+                            bound=bound, u=np.array([random_u(seed)]))[0])
     auroc = _auroc(column.scores, 1.0 - column.closed)
     note = column.note
     if unscored == n and not note:
@@ -317,7 +403,7 @@ def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bo
 
 
 def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
-              delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+              delta: float = 0.1, bound: Bound = "exact",
               model: ModelIdentity, retriever: str, gates: Sequence[str] | None = None,
               composite: bool = True, seed: int = 0, family_wise: bool = True,
               options: dict[str, object] | None = None) -> CalibrationReport:
@@ -329,14 +415,20 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
         max_loss: epsilon, the accuracy drop against always retrieving the threshold may
             cost, in (0, 1).
         delta: the probability that the guarantee fails, in (0, 1).
-        bound: ``"wsr"`` (betting test on the signed loss; tighter) or ``"binomial"``
-            (exact tail on the harm count; conservative).
+        bound: ``"exact"`` (exact unconditional test on the counts of harms and helps,
+            up to :data:`~rag_gates.calibration.bounds.EXACT_MAX_N` questions),
+            ``"exact-random"`` (its randomised version: a uniform draw from ``seed``,
+            :func:`random_u`, spends the whole delta on discrete counts; another seed can
+            give another threshold), ``"wsr"`` (betting test on the signed loss, any n) or
+            ``"binomial"`` (exact tail on the harm count; conservative).
         model: the identity of the model that answered (:meth:`ModelIdentity.of`).
         retriever: one line describing the retriever and corpus behind the labels.
         gates: the gates to certify (default: every gate scored in the records).
-        composite: also fit and certify a Weighted composite of the gates (two or more).
-        seed: the random order the betting test reads the questions in, and the composite's
-            fit/certify split.
+        composite: also fit and certify the Weighted and Cascade composites of the gates
+            (two or more), each fitted on one half of the questions and certified on the
+            other.
+        seed: the random order the betting test reads the questions in, the composites'
+            fit/certify split, and the randomised exact test's uniform draw.
         family_wise: certify each of the G rows (gates and composite) at ``delta / G``, so
             that the one :attr:`CalibrationReport.best` picks keeps the guarantee at
             ``delta`` (Bonferroni). With False each row holds at ``delta`` on its own, and
@@ -357,25 +449,30 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
     """
     _check(records, max_loss, delta, bound)
     names = _gate_names(records, gates)
-    columns = _columns(records, names, composite, seed)
+    columns = _columns(records, names, composite, seed, float(max_loss))
     family = len(columns) if family_wise else 1
-    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound)
+    rows = [_certify(col, name, float(max_loss), float(delta) / family, bound, seed)
             for name, col in columns.items()]
-    fitted = next(((n, c.fit) for n, c in columns.items() if c.n_fit), (None, None))
+    weighted = next(((n, c.fit) for n, c in columns.items() if n.startswith("weighted(")),
+                    (None, None))
+    cascade = next(((n, c.cascade) for n, c in columns.items() if n.startswith("cascade(")),
+                   (None, None))
     return CalibrationReport(rows=rows, epsilon=float(max_loss), delta=float(delta),
                              bound=bound, questions=len(records), model=model,
                              retriever=retriever, seed=seed, family=family,
-                             composite=fitted[1],
-                             composite_name=fitted[0], options=dict(options or {}))
+                             composite=weighted[1], composite_name=weighted[0],
+                             cascade=cascade[1], cascade_name=cascade[0],
+                             options=dict(options or {}))
 
 
 def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequence[float], *,
-               delta: float = 0.1, bound: Literal["wsr", "binomial"] = "wsr",
+               delta: float = 0.1, bound: Bound = "exact",
                seed: int = 0) -> list[tuple[float, float]]:
     """``(epsilon, skip rate at the certified threshold on the certification rows)`` for
     each epsilon: the price of the guarantee, for a plot. ``gate`` is a gate scored in the
-    records, or the composite's name (``weighted(A,B,...)``, fitted as :func:`calibrate`
-    does with the same ``seed``).
+    records, or a composite's name (``weighted(A,B,...)`` or ``cascade(A,B,...)``, fitted
+    as :func:`calibrate` does with the same ``seed``; the cascade is refitted at each
+    epsilon, as calibrate() would choose it).
 
     Example:
         >>> skip_curve(records, "answer-logprob", [0.01, 0.02, 0.05])   # doctest: +SKIP
@@ -384,15 +481,15 @@ def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequen
     if not epsilons:
         return []
     _check(records, float(epsilons[0]), delta, bound)
-    composite = gate.startswith("weighted(")
+    composite = gate.startswith(("weighted(", "cascade("))
     names = _gate_names(records, None) if composite else _gate_names(records, [gate])
-    columns = _columns(records, names, composite, seed)
-    if gate not in columns:
-        raise CalibrationError(f"no gate {gate!r} to certify; available: "
-                               f"{', '.join(columns)}")
     out = []
     for eps in epsilons:
         _check(records, float(eps), delta, bound)
-        row = _certify(columns[gate], gate, float(eps), delta, bound)
+        columns = _columns(records, names, composite, seed, float(eps))
+        if gate not in columns:
+            raise CalibrationError(f"no gate {gate!r} to certify; available: "
+                                   f"{', '.join(columns)}")
+        row = _certify(columns[gate], gate, float(eps), delta, bound, seed)
         out.append((float(eps), row.observed_skip_rate))
     return out

@@ -32,11 +32,17 @@ from typing import Literal
 import numpy as np
 from numpy.typing import NDArray
 
-from rag_gates.calibration.bounds import binomial_max_harms, wsr_log_capital
+from rag_gates.calibration.bounds import (
+    EXACT_MAX_N,
+    binomial_max_harms,
+    exact_rejects,
+    wsr_log_capital,
+)
 
-__all__ = ["Bound", "certified_cut", "cut_table"]
+__all__ = ["BOUNDS", "Bound", "certified_cut", "cut_table", "empirical_cut"]
 
-Bound = Literal["wsr", "binomial"]
+Bound = Literal["exact", "exact-random", "wsr", "binomial"]
+BOUNDS: tuple[Bound, ...] = ("exact", "exact-random", "wsr", "binomial")
 
 
 def cut_table(scores: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[np.bool_],
@@ -59,8 +65,8 @@ def cut_table(scores: NDArray[np.float64]) -> tuple[NDArray[np.int64], NDArray[n
 
 
 def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray[np.bool_],
-                  *, epsilon: float, delta: float, bound: Bound, block: int = 32
-                  ) -> NDArray[np.int64]:
+                  *, epsilon: float, delta: float, bound: Bound, block: int = 32,
+                  u: NDArray[np.float64] | None = None) -> NDArray[np.int64]:
     """The certified cut (number of lowest-scoring rows skipped) of each draw.
 
     Args:
@@ -69,8 +75,13 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         loss: ``(D, n)`` the signed loss of skipping each row, in {-1, 0, 1}.
         ok: ``(D, n + 1)`` which cuts are allowed (:func:`cut_table`).
         epsilon, delta: the risk bound and the error probability.
-        bound: ``"binomial"`` (exact tail on the harm count) or ``"wsr"`` (betting test on
-            the signed loss).
+        bound: ``"exact"`` (exact unconditional test on the harm and help counts),
+            ``"exact-random"`` (its randomised version: needs ``u``), ``"binomial"`` (exact
+            tail on the harm count) or ``"wsr"`` (betting test on the signed loss).
+        u: ``(D,)`` for ``"exact-random"``: one uniform draw per calibration draw,
+            independent of the data, shared by every threshold of that draw (each test in
+            the sequence is then valid on its own, which is all fixed-sequence testing
+            needs).
     """
     pos = np.asarray(pos)
     loss = np.asarray(loss, dtype=np.float64)
@@ -84,8 +95,24 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         # certifies anything, and the sequence stops before it starts.
         fails = ok & (harms > kmax)
         return _last_allowed_before(ok, fails)
+    if bound in ("exact", "exact-random"):
+        if n > EXACT_MAX_N:
+            raise ValueError(f"the exact bound tabulates up to {EXACT_MAX_N} certification "
+                             f"questions, got {n}: use bound='wsr'")
+        if bound == "exact-random" and (u is None or np.shape(u) != (draws,)):
+            raise ValueError(f"bound 'exact-random' needs u: one uniform draw per row of "
+                             f"loss ({draws}), independent of the data")
+        sorted_loss = np.zeros((draws, n))
+        np.put_along_axis(sorted_loss, pos, loss, axis=-1)
+        zero = np.zeros((draws, 1), dtype=np.int64)
+        harms = np.concatenate([zero, np.cumsum(sorted_loss > 0, axis=-1)], -1)
+        helps = np.concatenate([zero, np.cumsum(sorted_loss < 0, axis=-1)], -1)
+        rejected = exact_rejects(harms, helps, n, epsilon, delta,
+                                 1.0 if u is None or bound == "exact" else
+                                 np.asarray(u, dtype=np.float64)[:, None])
+        return _last_allowed_before(ok, ok & ~rejected)
     if bound != "wsr":
-        raise ValueError(f"bound must be 'wsr' or 'binomial', got {bound!r}")
+        raise ValueError(f"bound must be one of {', '.join(BOUNDS)}, got {bound!r}")
     m = (1.0 + epsilon) / 2.0
     threshold = math.log(1.0 / delta)
     fails = np.zeros((draws, n + 1), dtype=bool)
@@ -104,6 +131,20 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
             if open_.size == 0:
                 break
     return _last_allowed_before(ok, fails)
+
+
+def empirical_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray[np.bool_],
+                  epsilon: float) -> NDArray[np.int64]:
+    """Per draw, the largest allowed cut whose observed drop (mean loss over all rows) is
+    at most ``epsilon``: no guarantee (what a tolerance on an accuracy curve does); used to
+    *choose* a composite on rows that are not certified on."""
+    draws, n = loss.shape
+    sorted_loss = np.zeros((draws, n))
+    np.put_along_axis(sorted_loss, pos, loss, axis=1)
+    drop = np.concatenate([np.zeros((draws, 1)), np.cumsum(sorted_loss, axis=1)], 1) / n
+    out: NDArray[np.int64] = np.where(ok & (drop <= epsilon + 1e-12), np.arange(n + 1),
+                                      0).max(axis=1)
+    return out
 
 
 def _last_allowed_before(ok: NDArray[np.bool_], fails: NDArray[np.bool_]) -> NDArray[np.int64]:

@@ -29,7 +29,7 @@ from pydantic import JsonValue
 from rag_gates._text import check_text
 from rag_gates.calibration.spec import GateSpec, ModelIdentity
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
-from rag_gates.gate import UNDECIDED_SCORE, Gate, Weighted, parse_gate_expression
+from rag_gates.gate import UNDECIDED_SCORE, Cascade, Gate, Weighted, parse_gate_expression
 from rag_gates.types import GateDecision
 
 __all__ = ["CertifiedGate", "GateContext", "available_core_gates", "load_gate",
@@ -242,7 +242,15 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
         return CertifiedGate(None, spec, source=source)
     ctx = GateContext(lm=lm, corpus=corpus, probe=probe, options=dict(spec.options))
     inner: Gate
-    if spec.composite is not None:
+    if spec.cascade is not None:
+        # Each sub-gate on its fitted one-gate probability scale, both at the same inner
+        # threshold, so the Cascade's margin is the score calibrate() certified.
+        tiers = [Weighted([_build(f.gates[0], ctx, None)], f.weights, f.bias, center=f.center,
+                          scale=f.scale, threshold=spec.cascade.inner_threshold)
+                 for f in (spec.cascade.cheap, spec.cascade.expensive)]
+        inner = Cascade(tiers[0], tiers[1], (spec.cascade.band[0], spec.cascade.band[1]),
+                        name=spec.gate)
+    elif spec.composite is not None:
         fit = spec.composite
         subs = [_build(g, ctx, None) for g in fit.gates]
         inner = Weighted(subs, fit.weights, fit.bias, center=fit.center, scale=fit.scale,

@@ -22,13 +22,13 @@ import platform
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
 from rag_gates._io import write_text_atomic
 from rag_gates.errors import CalibrationError
 
-__all__ = ["ASSUMPTION", "SPEC_FORMAT", "GateSpec", "ModelIdentity", "RateInterval",
-           "WeightedFit", "package_versions"]
+__all__ = ["ASSUMPTION", "SPEC_FORMAT", "CascadeFit", "GateSpec", "ModelIdentity",
+           "RateInterval", "WeightedFit", "package_versions"]
 
 SPEC_FORMAT = "rag-gates/gate-spec/1"
 
@@ -133,6 +133,38 @@ class WeightedFit(BaseModel):
                           "threshold was certified on the others.")
 
 
+class CascadeFit(BaseModel):
+    """A fitted :class:`~rag_gates.gate.Cascade` composite: each of its two gates on a
+    one-gate logistic scale (the probability that the closed-book answer is wrong, fitted
+    on the fitting rows), the cheap gate deciding unless its probability lies in ``band``,
+    where the expensive gate decides. Its score is the deciding probability minus
+    ``inner_threshold`` (the Cascade's margin); the certified threshold is on that score.
+    """
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    cheap: WeightedFit
+    expensive: WeightedFit
+    band: list[float] = Field(..., min_length=2, max_length=2,
+                              description="[lo, hi] on the cheap gate's probability.")
+    inner_threshold: float = Field(0.5, gt=0.0, lt=1.0,
+                                   description="Both sub-gates' threshold (the margin's zero).")
+    fit_rows: int = Field(..., ge=0, description="Rows the pair, order, band and scales were "
+                          "chosen on; the threshold was certified on the others.")
+    expensive_share: float = Field(..., ge=0.0, le=1.0, description="Share of the fitting "
+                                   "rows on which the expensive gate was asked.")
+    chosen_by: str = Field("", description="How the pair and band were chosen.")
+
+    @model_validator(mode="after")
+    def _check(self) -> CascadeFit:
+        if len(self.cheap.gates) != 1 or len(self.expensive.gates) != 1:
+            raise ValueError("a cascade's cheap and expensive fits hold one gate each")
+        if not (math.isfinite(self.band[0]) and math.isfinite(self.band[1])
+                and self.band[0] <= self.band[1]):
+            raise ValueError(f"cascade band must be finite lo <= hi, got {self.band}")
+        return self
+
+
 def package_versions() -> dict[str, str]:
     """rag-gates, numpy and Python versions, as recorded in a spec."""
     from importlib.metadata import PackageNotFoundError, version
@@ -166,6 +198,7 @@ class GateSpec(BaseModel):
     gate: str = Field(..., min_length=1, description="Gate name or expression (a composite's "
                       "name when ``composite`` is set).")
     composite: WeightedFit | None = Field(None, description="A fitted Weighted composite.")
+    cascade: CascadeFit | None = Field(None, description="A fitted Cascade composite.")
     options: dict[str, Any] = Field(default_factory=dict,
                                     description="Keyword options of the gate's factory "
                                                 "(e.g. the prompt's dataset).")
@@ -176,7 +209,7 @@ class GateSpec(BaseModel):
     delta: float = Field(..., gt=0.0, lt=1.0, description="The probability it may fail.")
     family: int = Field(1, ge=1, description="Gates certified together, each at "
                         "delta / family, so the guarantee holds for this one picked from them.")
-    bound: Literal["wsr", "binomial"]
+    bound: Literal["exact", "exact-random", "wsr", "binomial"]
     n: int = Field(..., ge=1, description="Certification questions.")
     unscored: int = Field(0, ge=0, description="Certification questions the gate could not "
                           "score (counted as retrieved: fail closed).")
@@ -197,7 +230,9 @@ class GateSpec(BaseModel):
 
     def payload_checksum(self) -> str:
         """The checksum this spec's content should carry."""
-        body = self.model_dump(mode="json", exclude={"checksum"})
+        # A spec without a cascade hashes as it did before the field existed.
+        skip = {"checksum"} | ({"cascade"} if self.cascade is None else set())
+        body = self.model_dump(mode="json", exclude=skip)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return _sha(text)
 

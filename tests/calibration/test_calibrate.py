@@ -7,6 +7,7 @@ import json
 import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from rag_gates.calibration import (
@@ -48,7 +49,8 @@ def test_a_tighter_epsilon_skips_less(model: ModelIdentity) -> None:
     curve = skip_curve(records, "good", [0.01, 0.02, 0.05, 0.1], delta=0.1, bound="wsr")
     rates = [r for _, r in curve]
     assert rates == sorted(rates) and rates[-1] > rates[0]
-    report = calibrate(records, max_loss=0.05, model=model, retriever="-", gates=["good"])
+    report = calibrate(records, max_loss=0.05, model=model, retriever="-", gates=["good"],
+                       bound="wsr")
     assert report.family == 1
     assert curve[2][1] == report.row("good").observed_skip_rate
 
@@ -58,9 +60,10 @@ def test_picking_the_best_of_several_gates_divides_delta(model: ModelIdentity) -
     spec records the family. Without it each row holds at delta alone."""
     records = synthetic_records(600)
     report = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-")
-    assert report.family == 3 and {r.delta for r in report.rows} == {0.1 / 3}
+    # good, noise, the weighted and the cascade composites.
+    assert report.family == 4 and {r.delta for r in report.rows} == {0.1 / 4}
     spec = report.best
-    assert spec.delta == 0.1 and spec.family == 3 and "each of 3 gates" in spec.note
+    assert spec.delta == 0.1 and spec.family == 4 and "each of 4 gates" in spec.note
     alone = calibrate(records, max_loss=0.05, delta=0.1, model=model, retriever="-",
                       family_wise=False)
     assert alone.family == 1 and {r.delta for r in alone.rows} == {0.1}
@@ -80,6 +83,54 @@ def test_the_composite_is_fitted_on_one_half_and_certified_on_the_other(
     assert abs(report.composite.weights[0]) > abs(report.composite.weights[1])
     spec = report.spec_for(name)
     assert spec.composite == report.composite and spec.n == 200
+
+
+def test_the_cascade_is_fitted_on_one_half_and_certified_on_the_other(
+        model: ModelIdentity) -> None:
+    """The cascade (pair, order, band, each gate's logistic scale) is chosen on the fitting
+    half only: relabelling every certification-half question leaves the fit unchanged,
+    relabelling the fitting half changes it; the row is certified on the other half."""
+    records = synthetic_records(400)
+    report = calibrate(records, max_loss=0.05, model=model, retriever="-")
+    name = "cascade(good,noise)"
+    row = report.row(name)
+    fit = report.cascade
+    assert fit is not None and report.cascade_name == name
+    assert row.n_fit == fit.fit_rows == 200 and row.n == 200
+    assert {fit.cheap.gates[0], fit.expensive.gates[0]} == {"good", "noise"}
+    assert fit.band[0] <= fit.band[1]
+    spec = report.spec_for(name)
+    assert spec.cascade == fit and spec.composite is None and spec.n == 200
+    # Which rows were the fitting half: calibrate's seeded order, first half.
+    order = np.random.default_rng(0).permutation(len(records))
+    fit_ids = {records[i].id for i in order[:200]}
+
+    def flipped(rows: set[str]) -> list[CalibrationRecord]:
+        return [r.model_copy(update={"closed_book_correct": not r.closed_book_correct,
+                                     "retrieved_correct": not r.retrieved_correct})
+                if r.id in rows else r for r in records]
+
+    cert_ids = {r.id for r in records} - fit_ids
+    same = calibrate(flipped(cert_ids), max_loss=0.05, model=model, retriever="-")
+    assert same.cascade == fit
+    other = calibrate(flipped(fit_ids), max_loss=0.05, model=model, retriever="-")
+    assert other.cascade != fit
+
+
+def test_the_randomised_exact_bound_is_reproducible_from_the_seed(
+        model: ModelIdentity) -> None:
+    """bound="exact-random" draws its uniform from the seed: the same seed gives the same
+    threshold, and it skips at least as much as the deterministic test with that seed
+    (a smaller u can only lower a p-value)."""
+    records = synthetic_records(300)
+    kw: dict[str, object] = {"max_loss": 0.05, "model": model, "retriever": "-",
+                             "gates": ["good"]}
+    a = calibrate(records, bound="exact-random", seed=3, **kw)  # type: ignore[arg-type]
+    b = calibrate(records, bound="exact-random", seed=3, **kw)  # type: ignore[arg-type]
+    fixed = calibrate(records, bound="exact", seed=3, **kw)     # type: ignore[arg-type]
+    assert a.row("good").threshold == b.row("good").threshold
+    assert a.row("good").observed_skip_rate >= fixed.row("good").observed_skip_rate
+    assert a.best.bound == "exact-random"
 
 
 def test_unscorable_rows_count_as_retrieve(model: ModelIdentity) -> None:
@@ -197,6 +248,20 @@ def test_other_files_are_refused(tmp_path: Path) -> None:
     (tmp_path / "eval.json").write_text(json.dumps({"gate": "quco", "threshold": 0.3}))
     with pytest.raises(CalibrationError, match="not a rag-gates gate spec"):
         GateSpec.load(tmp_path / "eval.json")
+
+
+def test_a_cascade_spec_round_trips_and_its_band_is_sealed(tmp_path: Path,
+                                                           model: ModelIdentity) -> None:
+    report = calibrate(synthetic_records(400), max_loss=0.05, model=model, retriever="-")
+    assert report.cascade_name is not None
+    spec = report.spec_for(report.cascade_name)
+    path = spec.save(tmp_path / "cascade.json")
+    assert GateSpec.load(path) == spec and GateSpec.load(path).cascade == report.cascade
+    data = json.loads(path.read_text())
+    data["cascade"]["band"][1] += 0.1                      # widen the band by hand
+    path.write_text(json.dumps(data))
+    with pytest.raises(CalibrationError, match="checksum mismatch"):
+        GateSpec.load(path)
 
 
 def test_a_spec_without_checksum_is_refused(tmp_path: Path, model: ModelIdentity) -> None:

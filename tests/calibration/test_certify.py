@@ -33,6 +33,22 @@ def test_the_sequence_stops_at_the_first_failure() -> None:
     loss = [1.0] * 10 + [-1.0] * 60 + [0.0] * 30
     assert _one(scores, loss, epsilon=0.05, delta=0.1, bound="binomial") == 1
     assert _one(scores, loss, epsilon=0.05, delta=0.1, bound="wsr") < 10
+    assert _one(scores, loss, epsilon=0.05, delta=0.1, bound="exact") < 10
+
+
+def test_exact_counts_the_helps_the_binomial_ignores() -> None:
+    """200 rows at epsilon .02: the lowest 100 scores hold 3 harms and 4 helps (net -1).
+    The binomial allows one harm in 200 (P(Bin(200, .02) <= 1) = .089) and stops before the
+    second; the exact test sees the helps and skips all 100 (then 10 harms stop it)."""
+    scores = list(range(200))
+    low = [0.0] * 100
+    for i in (10, 30, 50):
+        low[i] = 1.0
+    for i in (5, 20, 25, 40):
+        low[i] = -1.0
+    loss = low + [1.0] * 10 + [0.0] * 90
+    assert _one(scores, loss, epsilon=0.02, delta=0.1, bound="binomial") == 30
+    assert _one(scores, loss, epsilon=0.02, delta=0.1, bound="exact") == 100
 
 
 def test_a_cut_never_splits_tied_scores() -> None:
@@ -47,14 +63,16 @@ def test_unscored_rows_are_never_skipped() -> None:
     every loss is zero and everything else is skipped."""
     scores = [float(i) for i in range(80)] + [float("nan")] * 20
     loss = [0.0] * 100
-    assert _one(scores, loss, epsilon=0.05, delta=0.1, bound="binomial") == 80
-    assert _one(scores, loss, epsilon=0.05, delta=0.1, bound="wsr") == 80
+    for bound in ("binomial", "wsr", "exact"):
+        assert _one(scores, loss, epsilon=0.05, delta=0.1, bound=bound) == 80
 
 
 def test_too_few_rows_certify_nothing() -> None:
     """With 30 clean rows, (1 - .05)^30 = .21 > .1: not even 'retrieve always' upward passes."""
     assert _one(list(range(30)), [0.0] * 30, epsilon=0.05, delta=0.1, bound="binomial") == 0
     assert _one(list(range(30)), [0.0] * 30, epsilon=0.05, delta=0.1, bound="wsr") == 0
+    # The exact test: .95^30 = .21 too (with no help, the worst null has no help either).
+    assert _one(list(range(30)), [0.0] * 30, epsilon=0.05, delta=0.1, bound="exact") == 0
 
 
 def test_batch_equals_one_at_a_time() -> None:
@@ -63,14 +81,15 @@ def test_batch_equals_one_at_a_time() -> None:
     loss = np.where(rng.random((20, 150)) < scores * 0.3, 1.0,
                     np.where(rng.random((20, 150)) < 0.05, -1.0, 0.0))
     pos, ok, _ = cut_table(scores)
-    for bound in ("wsr", "binomial"):
-        batch = certified_cut(pos, loss, ok, epsilon=0.05, delta=0.1, bound=bound)
-        single = [_one(list(scores[d]), list(loss[d]), epsilon=0.05, delta=0.1, bound=bound)
-                  for d in range(20)]
+    u = rng.random(20)
+    for bound in ("wsr", "binomial", "exact", "exact-random"):
+        batch = certified_cut(pos, loss, ok, epsilon=0.05, delta=0.1, bound=bound, u=u)
+        single = [_one(list(scores[d]), list(loss[d]), epsilon=0.05, delta=0.1, bound=bound,
+                       u=u[d:d + 1]) for d in range(20)]
         assert batch.tolist() == single
 
 
-@pytest.mark.parametrize("bound", ["wsr", "binomial"])
+@pytest.mark.parametrize("bound", ["wsr", "binomial", "exact", "exact-random"])
 def test_the_guarantee_holds_on_a_synthetic_population(bound: str) -> None:
     """A population whose skip risk grows with the score (harm probability rises, a few
     helps): over 600 calibration draws of 200, the chosen threshold's true risk exceeds
@@ -86,7 +105,7 @@ def test_the_guarantee_holds_on_a_synthetic_population(bound: str) -> None:
     draws = np.stack([rng.choice(size, n, replace=False) for _ in range(600)])
     pos, ok, ranked = cut_table(pop_scores[draws])
     cut = certified_cut(pos, pop_loss[draws], ok, epsilon=eps, delta=delta,
-                        bound=bound)  # type: ignore[arg-type]
+                        bound=bound, u=rng.random(600))  # type: ignore[arg-type]
     t = np.where(cut == 0, -np.inf, np.take_along_axis(ranked, np.minimum(cut, n - 1)[:, None],
                                                         axis=1)[:, 0])
     t = np.where(cut >= n, np.inf, t)

@@ -8,6 +8,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from rag_gates.calibration import (
@@ -71,7 +72,7 @@ def test_a_loaded_spec_decides_at_the_certified_threshold(tiny: Any,
         assert d.retrieve == (score >= spec.threshold)
         skipped += not d.retrieve
         assert d.evidence["spec"] == {"name": str(first_token_spec), "epsilon": 0.2,
-                                      "delta": 0.1, "bound": "wsr", "n": len(QUESTIONS),
+                                      "delta": 0.1, "bound": "exact", "n": len(QUESTIONS),
                                       "threshold": spec.threshold, "certified": True}
         assert "certified threshold" in d.reason
     assert skipped / len(QUESTIONS) == pytest.approx(spec.skip_rate.observed)
@@ -244,6 +245,36 @@ def test_a_composite_spec_loads_as_the_fitted_weighted_gate(tmp_path: Path) -> N
         assert d.score == pytest.approx(1 / (1 + math.exp(-z)))
         if spec.threshold is not None:
             assert d.retrieve == (d.score >= spec.threshold)
+
+
+def test_a_cascade_spec_loads_as_a_working_cascade(tmp_path: Path) -> None:
+    """The loaded gate is a Cascade of the two fitted one-gate scales: the cheap gate
+    decides outside the band, the expensive one inside (and only there is it called), and
+    the score compared with the certified threshold is the one calibrate() certified."""
+    from rag_gates.calibration.calibrate import cascade_scores
+    from rag_gates.gate import Cascade
+
+    model = ModelIdentity(name="m", fingerprint="1" * 64)
+    records = _word_records()
+    report = calibrate(records, max_loss=0.1, model=model, retriever="-")
+    name = "cascade(long-words,vowels)"
+    spec = report.spec_for(name)
+    assert spec.cascade is not None and spec.composite is None
+    BUILT.clear()
+    gate = load_gate(spec.save(tmp_path / "c.json"), allow_other_model=True)
+    assert isinstance(gate.inner, Cascade) and gate.name == name
+    fit = spec.cascade
+    want = cascade_scores(fit, np.array([r.scores[fit.cheap.gates[0]] for r in records]),
+                          np.array([r.scores[fit.expensive.gates[0]] for r in records]))
+    called = 0
+    for q, w in zip(WORDY, want, strict=True):
+        d = gate.decide(q)
+        assert d.score == pytest.approx(w, abs=1e-12)
+        called += bool(d.evidence["expensive_called"])
+        if spec.threshold is not None:
+            assert d.retrieve == (d.score >= spec.threshold)
+    # Some questions fall outside the band: the expensive gate was not asked for them.
+    assert 0 < called < len(WORDY) or fit.band[0] == fit.band[1]
 
 
 def test_an_unknown_gate_or_missing_corpus_is_a_clear_error(tmp_path: Path) -> None:
