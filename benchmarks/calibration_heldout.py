@@ -2,12 +2,13 @@
 
 `rag-gates calibrate --limit N` certifies on the first N questions of ``--data``; the work
 directory may hold records of later questions too (kept, unused). This script applies every
-row of the certification table (its threshold; the composite with its fitted weights) to
-those later questions and reports the skip rate and the accuracy drop against always
-retrieving there, next to what the table promised (the certified skip rate: the lower end
-of its interval; the drop: at most epsilon, with probability 1 - delta over the draw of
-the certification questions). One held-out set is one draw: a drop above epsilon here is
-not by itself a broken guarantee, but a drop far above it would be worth a look.
+row of the certification table (its threshold; the composites with their fitted weights,
+band and pair) to those later questions and reports the skip rate and the accuracy drop
+against always retrieving there, next to what the table promised (the certified skip rate:
+the lower end of its interval; the drop: at most epsilon, with probability 1 - delta over
+the draw of the certification questions). One held-out set is one draw: a drop above
+epsilon here is not by itself a broken guarantee, but a drop far above it would be worth a
+look.
 
     python benchmarks/calibration_heldout.py benchmarks/results/calibrate/sample-200 \\
         --data examples/data/calibration_questions.jsonl \\
@@ -20,8 +21,12 @@ import argparse
 import json
 from pathlib import Path
 
+import numpy as np
+
 from rag_gates.calibration import read_records
+from rag_gates.calibration.calibrate import cascade_scores
 from rag_gates.calibration.fit import LogisticFit
+from rag_gates.calibration.spec import CascadeFit
 
 
 def judge(run: Path, data: Path) -> dict[str, object]:
@@ -42,6 +47,11 @@ def judge(run: Path, data: Path) -> dict[str, object]:
                               center=composite["center"], scale=composite["scale"],
                               rows=composite["fit_rows"], positives=0)
             scores = fit.predict([[r.scores[g] for r in later] for g in composite["gates"]])
+        elif report.get("cascade") and row["gate"] == report.get("cascade_name"):
+            cascade = CascadeFit(**report["cascade"])
+            scores = list(cascade_scores(
+                cascade, np.array([r.scores[cascade.cheap.gates[0]] for r in later]),
+                np.array([r.scores[cascade.expensive.gates[0]] for r in later])))
         else:
             scores = [r.scores[row["gate"]] for r in later]
         # A gate retrieves when its score >= threshold: a lower score skips.

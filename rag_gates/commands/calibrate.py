@@ -617,9 +617,23 @@ def _table(report: Any) -> Table:
     return table
 
 
+#: ``--bound`` values: ``auto`` and the bounds of :mod:`rag_gates.calibration.certify`.
+BOUND_CHOICES = ("auto", "exact", "exact-random", "wsr", "binomial")
+
+
+def resolve_bound(bound: str, n: int) -> Literal["exact", "exact-random", "wsr", "binomial"]:
+    """``auto``: the exact test where it is tabulated (up to ``EXACT_MAX_N`` questions; the
+    tightest deterministic bound), the betting bound above; any other name as given."""
+    from rag_gates.calibration.bounds import EXACT_MAX_N
+
+    if bound == "auto":
+        return "exact" if n <= EXACT_MAX_N else "wsr"
+    return cast(Literal["exact", "exact-random", "wsr", "binomial"], bound)
+
+
 def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "default",
                     gates: str = "auto", max_loss: float = 0.05, delta: float = 0.1,
-                    bound: Literal["wsr", "binomial"] = "wsr", k: int = 3,
+                    bound: str = "auto", k: int = 3,
                     max_new_tokens: int = 32, limit: int | None = None,
                     threads: int | None = None, work_dir: Path | None = None,
                     seed: int = 0) -> Any:
@@ -630,8 +644,8 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         raise ValueError(f"--max-loss must be in (0, 1), got {max_loss}")
     if not 0 < delta < 1:
         raise ValueError(f"--delta must be in (0, 1), got {delta}")
-    if bound not in ("wsr", "binomial"):
-        raise ValueError(f"--bound must be wsr or binomial, got {bound!r}")
+    if bound not in BOUND_CHOICES:
+        raise ValueError(f"--bound must be one of {', '.join(BOUND_CHOICES)}, got {bound!r}")
     requested = parse_gate_list(gates)
     check_model_spec(model)
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
@@ -658,7 +672,7 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
                data: Path, corpus: Path | QdrantCollection, out: Path, model: str,
                requested: list[str] | None, max_loss: float, delta: float,
-               bound: Literal["wsr", "binomial"], k: int, max_new_tokens: int,
+               bound: str, k: int, max_new_tokens: int,
                threads: int | None, work_dir: Path | None, seed: int) -> Any:
     """:func:`run_calibration` once its input is checked: load, answer, certify, write."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
@@ -717,7 +731,11 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
         console.print(f"{kept[0]} records of questions beyond --limit kept in the work dir, "
                       f"not used ({len(questions)} of the {len(every)} questions of --data "
                       "used)", highlight=False)
-    report = calibrate(records, max_loss=max_loss, delta=delta, bound=bound, model=identity,
+    chosen = resolve_bound(bound, len(records))
+    if chosen != bound:
+        console.print(f"bound: {chosen} ({len(records)} certification questions)",
+                      highlight=False)
+    report = calibrate(records, max_loss=max_loss, delta=delta, bound=chosen, model=identity,
                        retriever=description, gates=sorted(built), seed=seed,
                        options=options)
     console.print(_table(report))
@@ -762,8 +780,11 @@ def calibrate_command(
     delta: Annotated[float, typer.Option(
         help="The probability the guarantee fails, in (0, 1).")] = 0.1,
     bound: Annotated[str, typer.Option(
-        help="wsr (betting bound on the signed loss; tighter) or binomial (exact tail on the "
-             "harm count; conservative).")] = "wsr",
+        help="auto (exact up to 600 certification questions, wsr above), exact (exact test "
+             "on the counts of harms and helps; the tightest deterministic one), exact-random "
+             "(its randomised version: tighter still, the threshold depends on --seed), wsr "
+             "(betting bound on the signed loss) or binomial (exact tail on the harm count; "
+             "conservative). docs/calibration.md compares them.")] = "auto",
     k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
     max_new_tokens: Annotated[int, typer.Option(min=1, max=1024,
                                                 help="Answer length budget.")] = 32,
@@ -786,7 +807,7 @@ def calibrate_command(
     try:
         run_calibration(data=data, corpus=corpus, out=out, model=model, gates=gates,
                         max_loss=max_loss, delta=delta,
-                        bound=cast(Literal["wsr", "binomial"], bound),  # checked inside
+                        bound=bound,  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,

@@ -29,7 +29,8 @@ def _invoke(*args: str) -> Any:
     (["--delta", "0"], "--delta must be in (0, 1)"),
     (["--gates", "answer-logprob,nope"], "unknown gate(s) nope"),
     (["--model", "/nonexistent/model"], "not a directory"),
-    (["--bound", "hoeffding"], "--bound must be wsr or binomial"),
+    (["--bound", "hoeffding"],
+     "--bound must be one of auto, exact, exact-random, wsr, binomial"),
 ])
 def test_bad_options_fail_before_the_model_loads(args: list[str], message: str,
                                                  tmp_path: Path) -> None:
@@ -109,11 +110,18 @@ def test_calibrates_writes_a_loadable_spec_and_resumes(tiny_dir: Path, tiny_inpu
     assert (tmp_path / "gate.png").is_file()
     spec = GateSpec.load(out)
     assert spec.n > 0 and spec.model.name == lm.model_id
+    # --bound auto: the exact test, tabulated up to 600 certification questions, and said.
+    assert "bound: exact (40 certification questions)" in " ".join(result.output.split())
+    assert spec.bound == "exact"
     gate = load_gate(out, lm=lm)
     assert gate.decide("Who wrote Hamlet?").evidence["spec"]["epsilon"] == 0.2
     before = (tmp_path / "gate-work" / "records.jsonl").read_text()
     again = _invoke(*args)
     assert again.exit_code == 0, again.output
+    assert (tmp_path / "gate-work" / "records.jsonl").read_text() == before
+    randomised = _invoke(*args, "--bound", "exact-random")  # the records are reused
+    assert randomised.exit_code == 0, randomised.output
+    assert GateSpec.load(out).bound == "exact-random"
     assert (tmp_path / "gate-work" / "records.jsonl").read_text() == before
     changed = _invoke(*args[:-2], "--max-loss", "0.2", "--gates", "answer-logprob")
     assert changed.exit_code == 2 and "another gates" in " ".join(changed.output.split())
