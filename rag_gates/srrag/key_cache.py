@@ -124,7 +124,11 @@ def policy_keys(keys: Any, questions: Sequence[str], *, cache_keys: bool | None 
         if cached is not None:
             return cached
         vectors = np.ascontiguousarray(_compute(keys, questions), dtype="<f4")
-        _write(path, identity, vectors)
+        if np.isfinite(vectors).all():
+            _write(path, identity, vectors)
+        else:  # a broken model's keys: refused by the datastore, and never kept
+            logger.warning("SR-RAG key cache: the keys are not finite (a NaN or inf weight?); "
+                           "not caching them")
     return vectors
 
 

@@ -221,3 +221,22 @@ def test_concurrent_threads_leave_a_valid_cache(tiny: Any, home: Path, tmp_path:
     np.testing.assert_array_equal(_vectors(load_default_policy(tiny, labels=labels)),
                                   _vectors(policies[0]))
     assert forwards.calls == 0 and len(_cache_files(home)) == 1
+
+
+def test_keys_that_are_not_finite_are_refused_and_never_cached(home: Path,
+                                                               tmp_path: Path) -> None:
+    import torch
+
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.srrag.policy import PolicyKeyError
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    model, tok = tiny_model_and_tokenizer(seed=2)
+    with torch.no_grad():
+        model.model.embed_tokens.weight.fill_(float("nan"))
+    broken = HFWhiteBoxLM(model, tok, model_id="tiny-broken")
+    labels = _labels(tmp_path / "p.jsonl", broken)
+    for _ in range(2):  # the second load computes again: nothing broken was kept
+        with pytest.raises(PolicyKeyError, match="not finite"):
+            load_default_policy(broken, labels=labels)
+    assert not (home / "srrag" / "key-cache").exists() or not _cache_files(home)
