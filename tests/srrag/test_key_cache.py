@@ -203,6 +203,10 @@ def test_concurrent_processes_leave_a_valid_cache(tiny: Any, home: Path, tmp_pat
     # One computed, the other waited for it and read its keys (fresh processes both).
     assert sorted(calls == 0 for _, calls in counts) == [False, True]
     assert len(_cache_files(home)) == 1
+    # A fresh process started after them: no forward pass at all.
+    later = subprocess.run([sys.executable, "-c", _WORKER, str(labels)], env=env,
+                           capture_output=True, text=True, timeout=300, check=True)
+    assert later.stdout.split() == [str(len(ENTRIES)), "0"]
     cached = _vectors(load_default_policy(tiny, labels=labels))
     assert forwards.calls == 0
     computed = _vectors(load_default_policy(tiny, labels=labels, cache_keys=False))
