@@ -34,6 +34,8 @@ CASES = {
     "bench --methods selective@quco|nosuch": ["bench", "--dataset", "popqa", "--methods",
                                               "no-rag,selective@quco|nosuch", "--out",
                                               "{tmp}/out"],
+    "bench --methods cbdr@2": ["bench", "--dataset", "popqa", "--methods", "no-rag,cbdr@2",
+                               "--out", "{tmp}/out"],
 }
 SIX = ["Ed Wood was an American filmmaker.", "Scott Derrickson is an American director.",
        "Steven Spielberg directed Jaws.", "Washington is the capital of the United States.",
@@ -45,9 +47,12 @@ def _cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+CODE = ROOT  # the tree whose CLI runs (--code: another checkout, for a before/after pair)
+
+
 def _env(home: Path) -> dict[str, str]:
-    paths = [str(ROOT), str(ROOT / "integrations" / "langchain"),
-             str(ROOT / "integrations" / "llama-index")]
+    paths = [str(CODE), str(CODE / "integrations" / "langchain"),
+             str(CODE / "integrations" / "llama-index")]
     return dict(os.environ, RAG_GATES_HOME=str(home), OMP_NUM_THREADS="1",
                 MKL_NUM_THREADS="1", TOKENIZERS_PARALLELISM="false",
                 PYTHONPATH=os.pathsep.join(paths))
@@ -55,7 +60,7 @@ def _env(home: Path) -> dict[str, str]:
 
 def _timed(args: list[str], env: dict[str, str]) -> tuple[float, float, int, str, str]:
     cpu, start = _cpu(), time.perf_counter()
-    done = subprocess.run([sys.executable, "-m", "rag_gates.cli", *args], cwd=ROOT, env=env,
+    done = subprocess.run([sys.executable, "-m", "rag_gates.cli", *args], cwd=CODE, env=env,
                           capture_output=True, text=True, check=False)
     return (time.perf_counter() - start, _cpu() - cpu, done.returncode, done.stdout,
             done.stderr)
@@ -107,11 +112,19 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--repeat", type=int, default=5)
+    parser.add_argument("--no-index", action="store_true",
+                        help="only the refusals (the index builds convert the model: minutes)")
+    parser.add_argument("--code", type=Path, default=ROOT,
+                        help="the checkout whose CLI runs (default: this one)")
     args = parser.parse_args()
+    global CODE
+    CODE = args.code.resolve()
     load = os.getloadavg()[0]
     payload = {"command": " ".join(["python", "benchmarks/cli_fail_fast.py", *sys.argv[1:]]),
+               "code": str(CODE),
                "cpus": os.cpu_count(), "load_before": round(load, 2),
-               "refusals": refusals(args.repeat), "index_build": index_builds(),
+               "refusals": refusals(args.repeat),
+               "index_build": [] if args.no_index else index_builds(),
                "load_after": round(os.getloadavg()[0], 2)}
     args.out.write_text(json.dumps(payload, indent=2) + "\n", encoding="utf-8")
     print(json.dumps(payload, indent=2))

@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any
 
-__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "write_text_atomic"]
+__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "write_bytes_atomic",
+           "write_text_atomic"]
 
 logger = logging.getLogger(__name__)
 
@@ -21,10 +22,19 @@ def write_text_atomic(path: Path, text: str) -> None:
     sees a half-written file and an interruption leaves the old one in place. The temporary
     file is this call's own, so two processes writing the same file at once both succeed
     (the last rename wins) instead of renaming each other's half-written file."""
+    _write_atomic(path, "w", text)
+
+
+def write_bytes_atomic(path: Path, data: bytes) -> None:
+    """:func:`write_text_atomic` for bytes."""
+    _write_atomic(path, "wb", data)
+
+
+def _write_atomic(path: Path, mode: str, data: str | bytes) -> None:
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            handle.write(text)
+        with os.fdopen(fd, mode, encoding=None if "b" in mode else "utf-8") as handle:
+            handle.write(data)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

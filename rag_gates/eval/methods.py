@@ -306,9 +306,16 @@ def check_method_name(name: str, methods: dict[str, Callable[[MethodContext], Me
     if base not in methods:
         raise ValueError(f"unknown method {name!r}; valid names: {', '.join(sorted(methods))}")
     factory = methods[base]
-    if option is not None and not getattr(factory, "accepts_option", False):
+    check_method_option(base, option, accepts=bool(getattr(factory, "accepts_option", False)),
+                        validate=getattr(factory, "validate_option", None))
+
+
+def check_method_option(base: str, option: str | None, *, accepts: bool,
+                        validate: Callable[[str | None], object] | None) -> None:
+    """Raise ValueError for an ``@option`` given to a method that takes none, or one that
+    ``validate`` (the method's model-free parser) refuses."""
+    if option is not None and not accepts:
         raise ValueError(f"method {base!r} takes no @option; drop '@{option}'")
-    validate = getattr(factory, "validate_option", None)
     if validate is not None:
         validate(option)
 

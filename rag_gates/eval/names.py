@@ -4,7 +4,9 @@ A run that names a gate, method, dataset or retriever that does not exist should
 well under a second with the valid names, not after the model has loaded and answered every
 question. The registered names come from the entry points' *names* (no plugin is imported:
 importing them pulls in torch and the frameworks, about 10 s); a method's option is checked
-by its own model-free ``validate_option`` (which imports that one plugin).
+by its own model-free ``validate_option``: for the methods shipped with rag-gates, from
+:data:`rag_gates.eval.plugins.options.METHOD_OPTIONS` without importing their plugins (so
+``cbdr@2`` is refused before torch loads); a third-party method's plugin is imported to ask it.
 
 Example:
     >>> check_dataset("popqa")
@@ -126,9 +128,11 @@ def check_gate_names(text: str) -> None:
 def check_methods(names: Iterable[str]) -> None:
     """Raise ValueError unless every name is a registered method, with an ``@OPTION`` only
     where the method takes one and that its ``validate_option`` accepts (``selective@GATE``:
-    every gate of the expression registered). Only the plugins of methods given an option
-    are imported."""
-    from rag_gates.eval.methods import split_method_name
+    every gate of the expression registered). No shipped plugin is imported (their options
+    are :data:`~rag_gates.eval.plugins.options.METHOD_OPTIONS`'s); a third-party method's is,
+    to ask its ``validate_option``."""
+    from rag_gates.eval.methods import check_method_option, split_method_name
+    from rag_gates.eval.plugins.options import METHOD_OPTIONS
 
     known = method_names()
     given = list(names)
@@ -145,10 +149,20 @@ def check_methods(names: Iterable[str]) -> None:
                 raise ValueError("selective needs a gate: selective@GATE, e.g. "
                                  "selective@first-token-prob or selective@quco&cbdr")
             check_gate_names(option)
+        elif base in _shipped_plugin_methods():
+            validate = METHOD_OPTIONS.get(base)
+            check_method_option(base, option, accepts=validate is not None, validate=validate)
         elif option is not None or base not in BUILTIN_METHOD_NAMES:
             from rag_gates.eval.methods import available_method, check_method_name
 
             check_method_name(name, {base: available_method(base)})
+
+
+def _shipped_plugin_methods() -> set[str]:
+    """The methods registered by rag-gates' own plugins (read from the entry points' values,
+    importing nothing)."""
+    return {ep.name for ep in entry_points(group="rag_gates.methods")
+            if ep.value.startswith("rag_gates.eval.plugins.")}
 
 
 def names_help(kind: str) -> str:

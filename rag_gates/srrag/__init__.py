@@ -10,7 +10,8 @@
   build-policy``);
 * :class:`SelfRoutingGate`: retrieve when ``p_M * p_D >= tau`` (or one factor alone);
 * :class:`SRRAGPipeline`: retrieve and answer, or verbalize and answer;
-* :func:`load_default_policy`: the policy shipped for the embedded model (its own labels);
+* :func:`load_default_policy`: the policy shipped for the embedded model (its own labels;
+  their keys cached on disk after the first load, :mod:`rag_gates.srrag.key_cache`);
 * :class:`SKRGate`: the SKR baseline (kNN over MiniLM question embeddings, same labels);
 * the two-stage training data (:func:`export_stage1`, :func:`export_stage2_dpo`, ``rag-gates
   srrag export``): SFT and DPO records for TRL from the labels.

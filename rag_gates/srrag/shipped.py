@@ -1,8 +1,11 @@
 """The source policy shipped for the embedded SmolLM2-135M-Instruct, and how to find a user's own.
 
 The package carries the *labels* (question, preferred source), not the keys: the keys are the
-model's own hidden states, recomputed when the policy is loaded (one forward pass per
-question, a few seconds), so the datastore always matches the model that asks. The labels
+model's own hidden states, computed for the model that loads the policy (one forward pass per
+question: minutes for the shipped file on a CPU), so the datastore always matches the model
+that asks. They are cached under ``$RAG_GATES_HOME/srrag/key-cache`` keyed by the weights'
+fingerprint, the labelled questions and the key function (:mod:`rag_gates.srrag.key_cache`), so a
+later load with the same model and file, in any process, skips the model. The labels
 come from ``rag-gates srrag label`` on training rows (offset 500, held apart from the
 questions every benchmark uses; the header's ``made_with`` names the command and how many
 rows); ``benchmarks/srrag_ship_policy.py`` writes the file from a labels JSONL, with the
@@ -118,13 +121,22 @@ def _entries(where: Path, lines: Iterable[str]) -> Iterable[PolicyEntry]:
 
 
 def load_default_policy(lm: Any, *, k: int | None = None,
-                        labels: str | Path | None = None) -> SourcePolicy:
+                        labels: str | Path | None = None,
+                        cache_keys: bool | None = None) -> SourcePolicy:
     """A labels file (``labels``) keyed by ``lm``'s hidden states in an in-memory datastore;
     with no ``labels``, ``$RAG_GATES_SRRAG_POLICY`` (a built datastore: a directory, opened
     read-only so any number of processes share it, or a Qdrant URL) if set, else the
     shipped file. ``k``: the file's own (see :class:`ShippedLabelsHeader`) unless given. The
     policy carries the file's calibrated tau (``policy.tau``; None with another ``k``), which
     a :class:`SelfRoutingGate` over it uses unless given one.
+
+    The labels' keys are read from the key cache when it holds them for this model's weights
+    and these questions, else computed and cached (:mod:`rag_gates.srrag.key_cache`);
+    ``cache_keys=False`` (or ``$RAG_GATES_SRRAG_KEY_CACHE=0``) always computes them.
+
+    Example:
+        >>> policy = load_default_policy(lm)          # minutes the first time   # doctest: +SKIP
+        >>> policy = load_default_policy(lm)          # then the cached keys     # doctest: +SKIP
 
     Raises:
         PolicyMismatchError: the labels were made with another model than ``lm`` (its own
@@ -136,6 +148,7 @@ def load_default_policy(lm: Any, *, k: int | None = None,
         remote = where.startswith(("http://", "https://"))
         return SourcePolicy.open_existing(lm, path=None if remote else where,
                                           url=where if remote else None, k=k or DEFAULT_K)
+    from rag_gates.srrag.key_cache import policy_keys
     from rag_gates.srrag.policy import HiddenStateKeys
 
     labels = DEFAULT_POLICY_LABELS if labels is None else labels
@@ -145,9 +158,11 @@ def load_default_policy(lm: Any, *, k: int | None = None,
             f"{labels} holds {header.model_id!r}'s source labels, not {lm.model_id!r}'s: label "
             "your model's own questions (rag-gates srrag label), build a datastore (rag-gates "
             f"srrag build-policy) and set {POLICY_ENV} to it")
-    policy = SourcePolicy.open(HiddenStateKeys(lm), path=":memory:",
-                               k=k or header.k or DEFAULT_K)
-    policy.add_questions(entries)
+    keys = HiddenStateKeys(lm)
+    policy = SourcePolicy.open(keys, path=":memory:", k=k or header.k or DEFAULT_K)
+    if entries:
+        policy.add(entries, policy_keys(keys, [e.question for e in entries],
+                                         cache_keys=cache_keys))
     # The tau was calibrated with the file's own k: another k votes differently.
     policy.tau = header.tau if k is None or k == header.k else None
     return policy

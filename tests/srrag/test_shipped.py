@@ -28,6 +28,12 @@ ENTRIES = [
 ]
 
 
+@pytest.fixture(autouse=True)
+def _own_home(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key cache these loads write stays in the test's folder, not the user's."""
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+
+
 def test_the_shipped_file_is_smollm2s_training_labels() -> None:
     header, entries = read_policy_labels()
     assert header.model_id == "SmolLM2-135M-Instruct"

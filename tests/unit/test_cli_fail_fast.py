@@ -188,3 +188,76 @@ def test_every_command_that_loads_a_model_takes_threads() -> None:
         if loads and "threads" not in params:
             missing.append(" ".join(path))
     assert missing == []
+
+
+# ------------------------------------------------------- method options, before any import
+@pytest.mark.parametrize(("method", "message"), [
+    ("cbdr@2", "cbdr@2: the option is beta"),
+    ("quco@-1", "quco@-1: the option is tau_entity"),
+    ("srrag@1.5", "srrag@1.5: the option is tau"),
+])
+def test_an_out_of_range_method_option_fails_before_torch(tmp_path: Path, method: str,
+                                                          message: str) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, "bench", "--dataset", "popqa", "--n", "2",
+                                 "--methods", f"no-rag,{method}", "--out", str(out))
+    assert code == 2, output
+    assert message in output, output
+    nothing_loaded(output, home, out)
+
+
+# Every shipped method's option check, in one child process: the message, and whether torch
+# or transformers were imported to give it.
+CHECK_OPTIONS = ("import sys\n"
+                 "from rag_gates.eval.names import check_methods\n"
+                 "for name in sys.argv[1:]:\n"
+                 "    try:\n"
+                 "        check_methods([name])\n"
+                 "        print(name, 'ok')\n"
+                 "    except ValueError as exc:\n"
+                 "        print(name, 'refused:', exc)\n"
+                 "print('torch imported:', 'torch' in sys.modules, 'transformers imported:',\n"
+                 "      'transformers' in sys.modules)\n")
+BAD_OPTIONS = {
+    "cbdr-ce@nan": "cbdr-ce@nan: the option is beta",
+    "quco-no-runtime@x": "quco-no-runtime@x: the option is tau_entity",
+    "srrag-no-knn@-0.1": "srrag-no-knn@-0.1: the option is tau",
+    "srrag-knn-only@2": "srrag-knn-only@2: the option is tau",
+    "tokrag@0": "tokrag@0: the option is a fusion layer",
+    "cad@-1": "cad@-1: the option is alpha",
+    "deeprag-likelihood@inf": "deeprag-likelihood@inf: the option is a log-probability margin",
+    "deeprag-gate": "deeprag-gate needs a gate",
+    "genread@3": "method 'genread' takes no @option; drop '@3'",
+    "skr@0.5": "method 'skr' takes no @option",
+}
+GOOD_OPTIONS = ["cbdr@0.9", "quco@20", "srrag@0.2", "srrag-knn-only", "tokrag@authors-0",
+                "cad@1", "deeprag-likelihood@-1.5", "deeprag-gate@quco", "genread", "skr"]
+
+
+def test_every_shipped_method_option_is_checked_without_torch() -> None:
+    env = dict(os.environ, OMP_NUM_THREADS="1")
+    done = subprocess.run([sys.executable, "-c", CHECK_OPTIONS, *BAD_OPTIONS, *GOOD_OPTIONS],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600,
+                          check=False)
+    lines = done.stdout.splitlines()
+    assert done.returncode == 0, done.stderr
+    for (name, message), line in zip(BAD_OPTIONS.items(), lines, strict=False):
+        assert line.startswith(f"{name} refused:") and message in line, line
+    assert lines[len(BAD_OPTIONS):-1] == [f"{name} ok" for name in GOOD_OPTIONS]
+    assert lines[-1] == "torch imported: False transformers imported: False"
+
+
+def test_the_option_table_is_what_the_plugins_use() -> None:
+    """The early check (no plugin imported) and the plugins' own validate_option are one
+    table: a shipped method's option is checked the same before and after it loads."""
+    from importlib.metadata import entry_points
+
+    from rag_gates.eval.plugins.options import METHOD_OPTIONS
+
+    shipped = [ep for ep in entry_points(group="rag_gates.methods")
+               if ep.value.startswith("rag_gates.eval.plugins.")]
+    assert {ep.name for ep in shipped} >= set(METHOD_OPTIONS)
+    for ep in shipped:
+        factory = ep.load()
+        assert getattr(factory, "validate_option", None) is METHOD_OPTIONS.get(ep.name), ep.name
+        assert bool(getattr(factory, "accepts_option", False)) == (ep.name in METHOD_OPTIONS)

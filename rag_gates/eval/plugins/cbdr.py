@@ -15,7 +15,6 @@ Gate: ``cbdr`` (the probe alone). The probe is :func:`~rag_gates.cbdr.shipped.lo
 from __future__ import annotations
 
 import os
-from functools import partial
 from typing import Any
 
 from rag_gates.cbdr.gate import CBDRGate
@@ -23,7 +22,7 @@ from rag_gates.cbdr.pipeline import CBDRPipeline
 from rag_gates.cbdr.rerank import CrossEncoderReranker
 from rag_gates.cbdr.shipped import load_default_probe
 from rag_gates.eval.methods import MethodContext, need_retriever
-from rag_gates.eval.plugins import unit_interval_option
+from rag_gates.eval.plugins.options import METHOD_OPTIONS, parse_beta
 
 __all__ = ["CANDIDATES", "RERANKER_ENV", "cbdr_ce_method", "cbdr_gate",
            "cbdr_method", "parse_beta"]
@@ -31,12 +30,6 @@ __all__ = ["CANDIDATES", "RERANKER_ENV", "cbdr_ce_method", "cbdr_gate",
 #: Passages retrieved for the reranker to choose the top-k from.
 CANDIDATES = 10
 RERANKER_ENV = "RAG_GATES_CBDR_RERANKER"
-
-
-def parse_beta(option: str | None, method: str = "cbdr") -> float | None:
-    """The beta of ``cbdr@BETA`` / ``cbdr-ce@BETA``; None without an option (the probe's
-    calibrated beta, read when the probe loads)."""
-    return None if option is None else unit_interval_option(option, method, "beta", 0.0)
 
 
 def _pipeline(ctx: MethodContext, base: str, reranker: Any = None) -> CBDRPipeline:
@@ -63,9 +56,9 @@ def cbdr_ce_method(ctx: MethodContext) -> CBDRPipeline:
 
 cbdr_method.accepts_option = True  # type: ignore[attr-defined]
 cbdr_ce_method.accepts_option = True  # type: ignore[attr-defined]
-# Checked by the method registry before any model is loaded (see check_method_name).
-cbdr_method.validate_option = parse_beta  # type: ignore[attr-defined]
-cbdr_ce_method.validate_option = partial(parse_beta, method="cbdr-ce")  # type: ignore[attr-defined]
+# Checked before any model is loaded, and before this module is imported (options.py).
+cbdr_method.validate_option = METHOD_OPTIONS["cbdr"]  # type: ignore[attr-defined]
+cbdr_ce_method.validate_option = METHOD_OPTIONS["cbdr-ce"]  # type: ignore[attr-defined]
 
 
 def cbdr_gate(ctx: MethodContext, threshold: float | None = None) -> CBDRGate:

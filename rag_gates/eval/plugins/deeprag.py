@@ -26,8 +26,8 @@ from typing import Any
 
 from rag_gates.deeprag import DEMONSTRATION, DeepRAG, DeepRAGConfig, DeepRAGPrompt
 from rag_gates.deeprag.train import PROMPT_FILE
-from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
-from rag_gates.eval.plugins import number_option
+from rag_gates.eval.methods import MethodContext, need_retriever
+from rag_gates.eval.plugins.options import METHOD_OPTIONS, parse_threshold, validate_gate
 from rag_gates.gate import Gate
 
 __all__ = ["PROMPT_FILE", "bench_prompt", "deeprag_always", "deeprag_gate", "deeprag_likelihood",
@@ -71,24 +71,10 @@ def deeprag_never(ctx: MethodContext) -> DeepRAG:
     return _agent(ctx, "deeprag-never", mode="never")
 
 
-def parse_threshold(option: str | None) -> float:
-    """The ``T`` of ``deeprag-likelihood@T`` (default 0: the likelier marker wins)."""
-    return number_option(option, "deeprag-likelihood",
-                         "a log-probability margin (e.g. 0 or -1.5)", 0.0)
-
-
 def deeprag_likelihood(ctx: MethodContext) -> DeepRAG:
     """Retrieve when the retrieve marker is likelier than the direct one by ``T``."""
     name = "deeprag-likelihood" if ctx.option is None else f"deeprag-likelihood@{ctx.option}"
     return _agent(ctx, name, mode="likelihood", threshold=parse_threshold(ctx.option))
-
-
-def validate_gate(option: str | None) -> None:
-    """``deeprag-gate@GATE`` needs a gate; its expression is checked without a model."""
-    if not option:
-        raise ValueError("deeprag-gate needs a gate: deeprag-gate@GATE, e.g. deeprag-gate@quco "
-                         "or deeprag-gate@cbdr:0.4")
-    SelectiveRetrievalMethod.validate_option(option)
 
 
 def deeprag_gate(ctx: MethodContext) -> DeepRAG:
@@ -102,6 +88,6 @@ def deeprag_gate(ctx: MethodContext) -> DeepRAG:
 
 
 deeprag_likelihood.accepts_option = True  # type: ignore[attr-defined]
-deeprag_likelihood.validate_option = parse_threshold  # type: ignore[attr-defined]
+deeprag_likelihood.validate_option = METHOD_OPTIONS["deeprag-likelihood"]  # type: ignore[attr-defined]
 deeprag_gate.accepts_option = True  # type: ignore[attr-defined]
-deeprag_gate.validate_option = validate_gate  # type: ignore[attr-defined]
+deeprag_gate.validate_option = METHOD_OPTIONS["deeprag-gate"]  # type: ignore[attr-defined]

@@ -18,19 +18,16 @@ rarity threshold 0.01205 is ``tau_entity = 1 / 0.01205 - 1 = 82``.
 
 from __future__ import annotations
 
-from functools import partial
 from typing import Any
 
 from rag_gates.eval.methods import MethodContext, need_retriever
-from rag_gates.eval.plugins import number_option
+from rag_gates.eval.plugins.options import BENCH_TAU_ENTITY, METHOD_OPTIONS, parse_tau_entity
 from rag_gates.quco.gate import QuCoGate
 from rag_gates.quco.pipeline import QuCoPipeline
 
 __all__ = ["BENCH_TAU_ENTITY", "parse_tau_entity", "quco_gate", "quco_method",
            "quco_no_precheck", "quco_no_runtime"]
 
-#: tau_entity for the dataset-paragraph index (calibrated on PopQA; see the module docstring).
-BENCH_TAU_ENTITY = 82.0
 
 
 def _stats(ctx: MethodContext) -> Any:
@@ -40,18 +37,6 @@ def _stats(ctx: MethodContext) -> Any:
     if ctx.dataset and is_testbed(ctx.dataset):  # count in what the testbed model saw
         return load_corpus_stats(testbed=testbed_dir(ctx.dataset))
     return load_corpus_stats()
-
-
-def parse_tau_entity(option: str | None, method: str = "quco") -> float:
-    """The ``tau_entity`` of ``quco@TAU_ENTITY`` (default :data:`BENCH_TAU_ENTITY`): a count
-    >= 0, else a ValueError that says what the option is.
-
-    Example:
-        >>> parse_tau_entity("20"), parse_tau_entity(None)
-        (20.0, 82.0)
-    """
-    return number_option(option, method, "tau_entity (an entity count)", BENCH_TAU_ENTITY,
-                         low=0.0)
 
 
 def _pipeline(ctx: MethodContext, base: str, **overrides: Any) -> QuCoPipeline:
@@ -83,8 +68,8 @@ def quco_no_runtime(ctx: MethodContext) -> QuCoPipeline:
 for _name, _factory in (("quco", quco_method), ("quco-no-precheck", quco_no_precheck),
                        ("quco-no-runtime", quco_no_runtime)):
     _factory.accepts_option = True  # type: ignore[attr-defined]
-    # Checked by the method registry before any model is loaded (see check_method_name).
-    _factory.validate_option = partial(parse_tau_entity, method=_name)  # type: ignore[attr-defined]
+    # Checked before any model is loaded, and before this module is imported (options.py).
+    _factory.validate_option = METHOD_OPTIONS[_name]  # type: ignore[attr-defined]
 
 
 def quco_gate(ctx: MethodContext, threshold: float | None = None) -> QuCoGate:

@@ -33,7 +33,12 @@ import os
 from typing import Any, Literal
 
 from rag_gates.eval.methods import MethodContext, SelectiveRetrievalMethod, need_retriever
-from rag_gates.eval.plugins import unit_interval_option
+from rag_gates.eval.plugins.options import (
+    KNN_ONLY_TAU,
+    METHOD_OPTIONS,
+    parse_knn_only_tau,
+    parse_tau,
+)
 from rag_gates.srrag.gate import DEFAULT_TAU, RoutingMode, SelfRoutingGate
 from rag_gates.srrag.pipeline import SRRAGPipeline
 from rag_gates.srrag.policy import (
@@ -53,8 +58,6 @@ __all__ = ["BENCH_TAU", "COLLECTION_ENV", "KNN_ONLY_TAU", "POLICY_ENV", "SKR_POL
 
 #: The paper's tau (Llama-2-7B); not yet calibrated for the embedded model.
 BENCH_TAU = DEFAULT_TAU
-#: ``p_D`` alone: retrieve when the neighbours' majority prefers retrieval.
-KNN_ONLY_TAU = 0.5
 SKR_POLICY_ENV = "RAG_GATES_SRRAG_SKR_POLICY"
 COLLECTION_ENV = "RAG_GATES_SRRAG_COLLECTION"
 
@@ -75,21 +78,6 @@ def _close_clients() -> None:
     for client in _CLIENTS.values():
         client.close()
     _CLIENTS.clear()
-
-
-def parse_tau(option: str | None, method: str = "srrag") -> float | None:
-    """The tau of ``srrag@TAU``, a number in [0, 1]; None without an option (the gate's
-    default: the policy's calibrated tau, else :data:`BENCH_TAU`)."""
-    return None if option is None else unit_interval_option(option, method, "tau", BENCH_TAU)
-
-
-def _parse_no_knn_tau(option: str | None) -> float | None:
-    return parse_tau(option, "srrag-no-knn")
-
-
-def _parse_knn_only_tau(option: str | None) -> float:
-    # Default: the neighbours' majority, as the srrag-knn-only gate.
-    return unit_interval_option(option, "srrag-knn-only", "tau", KNN_ONLY_TAU)
 
 
 def _client(env: str, keys: Literal["hidden", "embedding"]) -> tuple[Any, str, str]:
@@ -143,13 +131,13 @@ def srrag_method(ctx: MethodContext) -> SRRAGPipeline:
 def srrag_knn_only_method(ctx: MethodContext) -> SRRAGPipeline:
     """SR-RAG with the kNN policy alone: ``p_D >= tau``."""
     return _pipeline(ctx, _name("srrag-knn-only", ctx),
-                     _gate(ctx, _parse_knn_only_tau(ctx.option), "policy"))
+                     _gate(ctx, parse_knn_only_tau(ctx.option), "policy"))
 
 
 def srrag_no_knn_method(ctx: MethodContext) -> SRRAGPipeline:
     """SR-RAG without the kNN policy: ``p_M >= tau``."""
     return _pipeline(ctx, _name("srrag-no-knn", ctx),
-                     _gate(ctx, _parse_no_knn_tau(ctx.option), "model"))
+                     _gate(ctx, parse_tau(ctx.option, "srrag-no-knn"), "model"))
 
 
 def genread_method(ctx: MethodContext) -> SRRAGPipeline:
@@ -167,10 +155,10 @@ def skr_method(ctx: MethodContext) -> SelectiveRetrievalMethod:
 srrag_method.accepts_option = True  # type: ignore[attr-defined]
 srrag_no_knn_method.accepts_option = True  # type: ignore[attr-defined]
 srrag_knn_only_method.accepts_option = True  # type: ignore[attr-defined]
-# Checked by the method registry before any model is loaded (see check_method_name).
-srrag_method.validate_option = parse_tau  # type: ignore[attr-defined]
-srrag_no_knn_method.validate_option = _parse_no_knn_tau  # type: ignore[attr-defined]
-srrag_knn_only_method.validate_option = _parse_knn_only_tau  # type: ignore[attr-defined]
+# Checked before any model is loaded, and before this module is imported (options.py).
+srrag_method.validate_option = METHOD_OPTIONS["srrag"]  # type: ignore[attr-defined]
+srrag_no_knn_method.validate_option = METHOD_OPTIONS["srrag-no-knn"]  # type: ignore[attr-defined]
+srrag_knn_only_method.validate_option = METHOD_OPTIONS["srrag-knn-only"]  # type: ignore[attr-defined]
 
 
 def srrag_gate(ctx: MethodContext, threshold: float | None = None) -> SelfRoutingGate:

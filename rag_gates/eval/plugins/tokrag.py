@@ -22,40 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
-from rag_gates.eval.plugins import number_option
+from rag_gates.eval.plugins.options import METHOD_OPTIONS, parse_alpha, parse_tokrag_option
 from rag_gates.retrieval.recorded import retrieve_recorded
 from rag_gates.types import TraceRecorder
 
 __all__ = ["TwoStreamMethod", "adacad_method", "cad_method", "parse_alpha",
            "parse_tokrag_option", "tokrag_method"]
-
-_TOKRAG_OPTIONS = ("a fusion layer (an integer >= 1), 'paper', 'authors' or "
-                   "'authors-LAYER' (LAYER an integer >= 0)")
-
-
-def parse_tokrag_option(option: str | None) -> tuple[str | None, int | None]:
-    """(judge, layer) of ``tokrag@OPTION``: None for the config's default."""
-    if option is None:
-        return None, None
-    if option == "paper":
-        return "paper", None
-    if option == "authors":
-        return "authors-qa", None
-    judge, minimum, text = "paper", 1, option
-    if option.startswith("authors-"):
-        judge, minimum, text = "authors-qa", 0, option.removeprefix("authors-")
-    if not text.isdigit() or int(text) < minimum:
-        raise ValueError(f"tokrag@{option}: the option is {_TOKRAG_OPTIONS}")
-    return judge, int(text)
-
-
-def parse_alpha(option: str | None) -> float:
-    """The weight of ``cad@ALPHA`` (default: the CAD paper's 0.5)."""
-    from rag_gates.tokrag.cad import DEFAULT_CAD_ALPHA, check_alpha
-
-    return check_alpha(number_option(option, "cad", "alpha (0 = standard RAG)",
-                                     DEFAULT_CAD_ALPHA, low=0.0))
-
 
 class TwoStreamMethod:
     """Retrieve once (as ``single``), then answer with a two-stream decoder."""
@@ -96,8 +68,10 @@ def cad_method(ctx: MethodContext) -> TwoStreamMethod:
     """Context-aware decoding; ``cad@ALPHA`` sets the weight."""
     from rag_gates.tokrag.cad import CADDecoder
 
-    return TwoStreamMethod(ctx, _name("cad", ctx),
-                           CADDecoder(ctx.lm, parse_alpha(ctx.option), dataset=ctx.dataset))
+    alpha = parse_alpha(ctx.option)
+    decoder = CADDecoder(ctx.lm, dataset=ctx.dataset) if alpha is None else CADDecoder(
+        ctx.lm, alpha, dataset=ctx.dataset)
+    return TwoStreamMethod(ctx, _name("cad", ctx), decoder)
 
 
 def adacad_method(ctx: MethodContext) -> TwoStreamMethod:
@@ -109,6 +83,6 @@ def adacad_method(ctx: MethodContext) -> TwoStreamMethod:
 
 tokrag_method.accepts_option = True  # type: ignore[attr-defined]
 cad_method.accepts_option = True  # type: ignore[attr-defined]
-# Checked by the method registry before any model is loaded (see check_method_name).
-tokrag_method.validate_option = parse_tokrag_option  # type: ignore[attr-defined]
-cad_method.validate_option = parse_alpha  # type: ignore[attr-defined]
+# Checked before any model is loaded, and before this module is imported (options.py).
+tokrag_method.validate_option = METHOD_OPTIONS["tokrag"]  # type: ignore[attr-defined]
+cad_method.validate_option = METHOD_OPTIONS["cad"]  # type: ignore[attr-defined]

@@ -1,0 +1,191 @@
+"""The SR-RAG policy keys of a labels file, cached on disk so a second load skips the model.
+
+:func:`~rag_gates.srrag.shipped.load_default_policy` keys every labelled question by the
+model's hidden state: one forward pass per question, minutes for the shipped file on a CPU,
+paid by every process that loads it. :func:`policy_keys` computes them once and keeps them in
+``$RAG_GATES_HOME/srrag/key-cache/`` (default ``~/.cache/rag-gates/...``), one file per
+combination of what the keys depend on (:func:`cache_identity`): the model's weights
+fingerprint (:meth:`~rag_gates.calibration.ModelIdentity.of`), the SHA-256 of the labelled
+questions in their order (what the keys are computed from: a label whose source is edited keeps
+its key, a question edited, added or moved misses), the key function (model id, layer, layers,
+routing prompt, size, batch size), the torch version and :data:`KEY_CACHE_VERSION`.
+
+A file is a JSON header line (that identity, the shape, and the SHA-256 of the vectors that
+follow) and the float32 vectors. It is written atomically (a reader sees the old file or the
+new one), under an exclusive lock so that of several processes loading at once one computes
+and the others wait for its file. A file whose header, size or checksum does not match is
+never used: the keys are recomputed and it is rewritten, with a warning naming it. Fail
+closed: a cache that cannot be read, locked or written changes no decision, the keys are
+computed (and a log line says why). ``RAG_GATES_SRRAG_KEY_CACHE=0`` (or ``cache_keys=False``)
+turns the cache off.
+
+Example:
+    >>> keys = HiddenStateKeys(lm)                                      # doctest: +SKIP
+    >>> vectors = policy_keys(keys, [e.question for e in entries])     # doctest: +SKIP
+    >>> vectors.shape                                                   # doctest: +SKIP
+    (450, 576)
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import os
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from pydantic import JsonValue
+
+__all__ = ["KEY_CACHE_ENV", "KEY_CACHE_VERSION", "LOCK_WAIT_S", "cache_enabled",
+           "cache_identity", "key_cache_dir", "policy_keys"]
+
+logger = logging.getLogger(__name__)
+
+#: Bump when the key computation changes (routing prompt layout, pooling, dtype): every
+#: cached file then misses and is recomputed.
+KEY_CACHE_VERSION = 1
+KEY_CACHE_ENV = "RAG_GATES_SRRAG_KEY_CACHE"
+_FORMAT = "rag-gates/srrag-keys/1"
+_OFF = {"0", "false", "no", "off"}
+#: How long a process waits for another one computing the same keys before computing them
+#: itself (the shipped file takes minutes on a busy CPU).
+LOCK_WAIT_S = 1800.0
+
+
+def key_cache_dir() -> Path:
+    """``$RAG_GATES_HOME/srrag/key-cache`` (default ``~/.cache/rag-gates/srrag/key-cache``)."""
+    from rag_gates.lm.defaults import rag_gates_home
+
+    return rag_gates_home() / "srrag" / "key-cache"
+
+
+def cache_enabled(cache_keys: bool | None = None) -> bool:
+    """``cache_keys`` if given, else on unless ``$RAG_GATES_SRRAG_KEY_CACHE`` is 0/false/off."""
+    if cache_keys is not None:
+        return cache_keys
+    return os.environ.get(KEY_CACHE_ENV, "").strip().lower() not in _OFF
+
+
+def cache_identity(keys: Any, questions: Sequence[str]) -> dict[str, JsonValue] | None:
+    """Everything the cached vectors depend on, or None when the model's weights cannot be
+    fingerprinted (a model known only by name could change under the same name: no cache)."""
+    from rag_gates.calibration.spec import ModelIdentity
+
+    lm = getattr(keys, "lm", None)
+    model = ModelIdentity.of(lm) if lm is not None else None
+    if model is None or model.kind != "weights":
+        return None
+    import torch
+
+    asked = hashlib.sha256(json.dumps(list(questions)).encode()).hexdigest()
+    return {"version": KEY_CACHE_VERSION, "weights": model.fingerprint, "questions": asked,
+            "key_function": dict(keys.identity),
+            "batch_size": int(getattr(keys, "batch_size", 0)), "torch": torch.__version__}
+
+
+def policy_keys(keys: Any, questions: Sequence[str], *, cache_keys: bool | None = None) -> Any:
+    """``keys.keys(questions)`` as a float32 ``[n, dim]`` array, from the cache when a whole
+    file for this identity is there, else computed and cached (see the module docstring)."""
+    np = _numpy()
+    if not cache_enabled(cache_keys):
+        return _compute(keys, questions)
+    try:
+        identity = cache_identity(keys, questions)
+    except Exception as exc:  # a model whose weights cannot be read: keys still computable
+        logger.warning("SR-RAG key cache: cannot fingerprint the model (%s: %s); computing "
+                       "the keys without the cache", type(exc).__name__, exc)
+        return _compute(keys, questions)
+    if identity is None:
+        logger.info("SR-RAG key cache: the model has no weights to fingerprint; computing "
+                    "the keys without the cache")
+        return _compute(keys, questions)
+    digest = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:32]
+    path = key_cache_dir() / f"{digest}.keys"
+    shape = (len(questions), int(keys.dim))
+    cached = _read(path, identity, shape)
+    if cached is not None:
+        return cached
+    from rag_gates._io import append_locked
+    from rag_gates.errors import FileInUseError
+
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = append_locked(path.with_suffix(".lock"), wait_s=LOCK_WAIT_S, on_wait=lambda: (
+            logger.info("SR-RAG key cache: another process is computing %s; waiting for it",
+                        path)))
+    except (OSError, FileInUseError) as exc:
+        logger.warning("SR-RAG key cache: cannot lock %s (%s: %s); computing the keys without "
+                       "the cache", path, type(exc).__name__, exc)
+        return _compute(keys, questions)
+    with lock:
+        cached = _read(path, identity, shape)  # the process we waited for wrote it
+        if cached is not None:
+            return cached
+        vectors = np.ascontiguousarray(_compute(keys, questions), dtype="<f4")
+        if np.isfinite(vectors).all():
+            _write(path, identity, vectors)
+        else:  # a broken model's keys: refused by the datastore, and never kept
+            logger.warning("SR-RAG key cache: the keys are not finite (a NaN or inf weight?); "
+                           "not caching them")
+    return vectors
+
+
+def _compute(keys: Any, questions: Sequence[str]) -> Any:
+    np = _numpy()
+    vectors = keys.keys(list(questions))
+    vectors = vectors.numpy() if hasattr(vectors, "numpy") else vectors
+    return np.asarray(vectors, dtype=np.float32)
+
+
+def _read(path: Path, identity: dict[str, JsonValue], shape: tuple[int, int]) -> Any | None:
+    """The vectors of a whole, matching cache file; None when there is none, and (with a
+    warning) when it is damaged or another's."""
+    np = _numpy()
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        return None
+    except OSError as exc:
+        logger.warning("SR-RAG key cache: cannot read %s (%s: %s); recomputing the keys",
+                       path, type(exc).__name__, exc)
+        return None
+    head, newline, body = data.partition(b"\n")
+    try:
+        header = json.loads(head) if newline else None
+    except ValueError:
+        header = None
+    problem = None
+    if not isinstance(header, dict) or header.get("format") != _FORMAT:
+        problem = "not a key-cache file"
+    elif header.get("identity") != identity:
+        problem = "written for other keys"
+    elif header.get("shape") != list(shape) or len(body) != shape[0] * shape[1] * 4:
+        problem = f"{len(body)} bytes of vectors, {shape[0]}x{shape[1]} float32 expected"
+    elif hashlib.sha256(body).hexdigest() != header.get("sha256"):
+        problem = "its checksum does not match its vectors"
+    if problem is not None:
+        logger.warning("SR-RAG key cache: %s is damaged (%s); recomputing the keys", path,
+                       problem)
+        return None
+    return np.frombuffer(body, dtype="<f4").reshape(shape).astype(np.float32)
+
+
+def _write(path: Path, identity: dict[str, JsonValue], vectors: Any) -> None:
+    from rag_gates._io import write_bytes_atomic
+
+    body = vectors.tobytes()
+    header = {"format": _FORMAT, "identity": identity, "shape": list(vectors.shape),
+              "dtype": "float32-le", "sha256": hashlib.sha256(body).hexdigest()}
+    try:
+        write_bytes_atomic(path, json.dumps(header).encode() + b"\n" + body)
+    except OSError as exc:
+        logger.warning("SR-RAG key cache: cannot write %s (%s: %s); the keys are used "
+                       "without being cached", path, type(exc).__name__, exc)
+
+
+def _numpy() -> Any:
+    from rag_gates._optional import require
+
+    return require("numpy", "qdrant")
