@@ -16,10 +16,12 @@ closed-book answer to decide and skips retrieval, that answer is the reply (one
 generation).
 
     .venv/bin/python examples/llama_index_calibrated.py
+    .venv/bin/python examples/llama_index_calibrated.py --spec gate.json   # a spec you calibrated
 """
 
 from __future__ import annotations
 
+import argparse
 import json
 from pathlib import Path
 
@@ -38,10 +40,14 @@ SPEC = DATA / "calibration_gate.json"
 
 
 def main() -> None:
+    parser = argparse.ArgumentParser(description="Serve sample questions with a gate spec.")
+    parser.add_argument("--spec", type=Path, default=SPEC,
+                        help="a spec `rag-gates calibrate` wrote (default: the committed one)")
+    path = parser.parse_args().spec
     lm = load_default_lm()
-    gate = load_gate(SPEC, lm=lm)  # refused if the spec was calibrated for another model
+    gate = load_gate(path, lm=lm)  # refused if the spec was calibrated for another model
     spec = gate.spec
-    print(f"{SPEC.name}: {spec.gate} at threshold {spec.threshold}, epsilon {spec.epsilon}, "
+    print(f"{path.name}: {spec.gate} at threshold {spec.threshold}, epsilon {spec.epsilon}, "
           f"delta {spec.delta} ({spec.bound}, n={spec.n})")
     bm25 = BM25Retriever.from_passages(read_corpus(DATA / "calibration_corpus.jsonl"))
     # The answer budget the spec was calibrated with, so a skip can reuse the gate's answer.
