@@ -43,8 +43,8 @@ from rag_gates.types import GateDecision
 __all__ = ["GATE_GRAMMAR", "MAX_EXPRESSION_CHARS", "MAX_EXPRESSION_DEPTH",
            "MAX_EXPRESSION_TERMS", "MAX_WEIGHTS_FILE_BYTES", "UNDECIDED_SCORE", "AllOf",
            "AnyOf", "BaseGate", "Cascade", "Gate", "Weighted", "check_in_range", "check_threshold",
-           "decision_margin", "is_gate_expression", "json_safe", "out_of_range",
-           "parse_gate_expression"]
+           "decision_margin", "is_gate_expression", "json_safe", "logistic_combination",
+           "out_of_range", "parse_gate_expression"]
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
@@ -569,10 +569,26 @@ class Weighted(_Composite):
         fault = self._fault(decisions, evidence)
         if fault is not None:
             return fault
-        z = self.bias + sum(w * (d.score - c) / s for w, d, c, s in
-                            zip(self.weights, decisions, self.center, self.scale, strict=True))
+        p, z = logistic_combination([d.score for d in decisions], self.weights, self.bias,
+                                    self.center, self.scale)
         evidence["logit"] = z
-        return 1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0, evidence
+        return p, evidence
+
+
+def logistic_combination(scores: Sequence[float], weights: Sequence[float], bias: float,
+                         center: Sequence[float], scale: Sequence[float]) -> tuple[float, float]:
+    """``(sigmoid(z), z)`` with ``z = bias + sum_i w_i (s_i - center_i) / scale_i``: the one
+    implementation of :class:`Weighted`'s score. Calibration scores composites with it too,
+    because a certified threshold is one of the calibration rows' own scores: a score
+    computed one ulp lower in serving would skip that whole tie group uncertified.
+
+    Example:
+        >>> logistic_combination([2.0], [1.0], 0.0, [2.0], [1.0])
+        (0.5, 0.0)
+    """
+    z = bias + sum(w * (x - c) / s for w, x, c, s in
+                   zip(weights, scores, center, scale, strict=True))
+    return (1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0), z
 
 
 # --- The gate-expression grammar (``rag-gates bench`` / ``eval-gate`` names) ---------------

@@ -53,6 +53,7 @@ from rag_gates.calibration.spec import (
     utc_now,
 )
 from rag_gates.errors import CalibrationError
+from rag_gates.gate import logistic_combination
 
 __all__ = ["CASCADE_SHARES", "MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate",
            "cascade_scores", "fit_cascade", "fit_composite", "random_u", "skip_curve"]
@@ -345,13 +346,15 @@ def fit_composite(names: list[str], x_fit: NDArray[np.float64],
 
 
 def _weighted_scores(fit: WeightedFit, x: NDArray[np.float64]) -> NDArray[np.float64]:
-    """The composite's probability per row (NaN where a sub-gate could not score): what
-    :class:`~rag_gates.gate.Weighted` computes from the same numbers."""
-    z = fit.bias + ((x.T - np.asarray(fit.center)) / np.asarray(fit.scale)) @ np.asarray(
-        fit.weights)
-    with np.errstate(over="ignore", invalid="ignore"):
-        p = np.where(z > -700, 1.0 / (1.0 + np.exp(-np.clip(z, -700.0, 700.0))), 0.0)
-    out: NDArray[np.float64] = np.where(np.isfinite(x).all(axis=0), p, math.nan)
+    """The composite's probability per row (NaN where a sub-gate could not score), by the
+    served :class:`~rag_gates.gate.Weighted` gate's own arithmetic, bit for bit: the
+    certified threshold is one of these values, and a tie group scored one ulp lower in
+    serving would be skipped without having been certified."""
+    x = np.asarray(x, dtype=np.float64)
+    out = np.full(x.shape[1], math.nan)
+    for j in np.nonzero(np.isfinite(x).all(axis=0))[0]:
+        out[j] = logistic_combination(x[:, j].tolist(), fit.weights, fit.bias, fit.center,
+                                      fit.scale)[0]
     return out
 
 
