@@ -631,6 +631,14 @@ def resolve_bound(bound: str, n: int) -> Literal["exact", "exact-random", "wsr",
     return cast(Literal["exact", "exact-random", "wsr", "binomial"], bound)
 
 
+def questions_needed(epsilon: float, delta: float) -> int:
+    """The fewest certification questions with which a skip can be certified when no
+    question's answer gets better by skipping (no help): even with no harm among them, the
+    chance ``(1 - epsilon)^n`` of seeing none at the null's edge must be at most ``delta``,
+    and every valid test's p-value is at least that chance."""
+    return math.ceil(math.log(delta) / math.log1p(-epsilon))
+
+
 def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "default",
                     gates: str = "auto", max_loss: float = 0.05, delta: float = 0.1,
                     bound: str = "auto", k: int = 3,
@@ -748,6 +756,14 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                f"questions, at least {100 * spec.skip_rate.lower:.1f}% on new ones like them"
                if spec.certified else f"{spec.gate}: no threshold certified: always retrieve")
     console.print(f"best: {verdict} -> {out}", highlight=False)
+    needed = questions_needed(report.epsilon, report.delta / report.family)
+    if not spec.certified and len(records) < needed:
+        console.print(
+            f"too few questions? With no help among them, any bound needs at least {needed} "
+            f"questions to certify a skip at --max-loss {report.epsilon:g} (delta "
+            f"{report.delta:g} over {report.family} rows); you gave {len(records)}. Add "
+            "questions, or raise --max-loss (docs/calibration.md, 'The three bounds')",
+            highlight=False)
     console.print(f"records: {work / 'records.jsonl'}"
                   + (f"; plot: {plot.path}" if plot.path else ""), highlight=False)
     console.print(f'serve it: load_gate("{out}", lm=lm) (rag_gates.calibration)',

@@ -452,3 +452,25 @@ def test_the_docs_qdrant_snippet_and_command_run(tiny_dir: Path, tiny_inputs: tu
     assert result.exit_code == 0, result.output
     retriever = GateSpec.load(tmp_path / "gate.json").retriever
     assert f"Qdrant collection 'docs' at {tmp_path / 'my-qdrant'} (30 points" in retriever
+
+
+def test_too_few_questions_to_certify_says_how_many_are_needed(
+        tiny_dir: Path, tiny_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """40 questions cannot certify a skip at epsilon 0.01 whatever the bound (0.99^40 is
+    0.67): the run says so and how many would be needed, instead of a bare 'always
+    retrieve'."""
+    from rag_gates.calibration import GateSpec
+    from rag_gates.commands.calibrate import questions_needed
+
+    data, corpus = tiny_inputs
+    out = tmp_path / "gate.json"
+    result = _invoke("--data", str(data), "--corpus", str(corpus), "--out", str(out),
+                     "--k", "1", "--model", str(tiny_dir), "--gates", "answer-logprob",
+                     "--max-new-tokens", "4", "--max-loss", "0.01", "--delta", "0.1")
+    assert result.exit_code == 0, result.output
+    spec = GateSpec.load(out)
+    assert not spec.certified
+    needed = questions_needed(0.01, 0.1 / spec.family)
+    assert needed > 40 and 0.99 ** needed <= 0.1 / spec.family < 0.99 ** (needed - 1)
+    text = " ".join(result.output.split())
+    assert f"needs at least {needed} questions" in text and "you gave 40" in text
