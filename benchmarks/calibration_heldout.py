@@ -24,9 +24,8 @@ from pathlib import Path
 import numpy as np
 
 from rag_gates.calibration import read_records
-from rag_gates.calibration.calibrate import cascade_scores
-from rag_gates.calibration.fit import LogisticFit
-from rag_gates.calibration.spec import CascadeFit
+from rag_gates.calibration.calibrate import _weighted_scores, cascade_scores
+from rag_gates.calibration.spec import CascadeFit, WeightedFit
 
 
 def judge(run: Path, data: Path) -> dict[str, object]:
@@ -43,10 +42,10 @@ def judge(run: Path, data: Path) -> dict[str, object]:
         if row["threshold"] is None:
             continue
         if composite and row["gate"] == report.get("composite_name"):
-            fit = LogisticFit(weights=composite["weights"], bias=composite["bias"],
-                              center=composite["center"], scale=composite["scale"],
-                              rows=composite["fit_rows"], positives=0)
-            scores = fit.predict([[r.scores[g] for r in later] for g in composite["gates"]])
+            # The served Weighted gate's arithmetic, as calibration scored it.
+            fit = WeightedFit(**composite)
+            scores = list(_weighted_scores(fit, np.array(
+                [[r.scores[g] for r in later] for g in fit.gates], dtype=np.float64)))
         elif report.get("cascade") and row["gate"] == report.get("cascade_name"):
             cascade = CascadeFit(**report["cascade"])
             scores = list(cascade_scores(

@@ -307,17 +307,21 @@ def exact_p_values(n: int, epsilon: float, u: float = 1.0) -> NDArray[np.float64
         >>> bool(exact_p_values(188, 0.02, u=0.5)[1, 0] <= 0.1)   # ... unless u is small
         True
     """
-    if not 0 < n <= EXACT_MAX_N:
-        raise ValueError(f"the exact test tabulates up to {EXACT_MAX_N} questions, got {n}: "
-                         "use the 'wsr' bound for more")
-    if not 0.0 < epsilon < 1.0:
-        raise ValueError(f"epsilon must lie in (0, 1), got {epsilon}")
+    _check_exact(n, epsilon)
     if not 0.0 <= u <= 1.0:
         raise ValueError(f"u must lie in [0, 1], got {u}")
     if u >= 1.0:
         return _exact_p_tables(int(n), float(epsilon), False)[0]
     table: NDArray[np.float64] = _exact_p_tables(int(n), float(epsilon), True)[int(_level(u))]
     return table
+
+
+def _check_exact(n: int, epsilon: float) -> None:
+    if not 0 < n <= EXACT_MAX_N:
+        raise ValueError(f"the exact test tabulates up to {EXACT_MAX_N} questions, got {n}: "
+                         "use the 'wsr' bound for more")
+    if not 0.0 < epsilon < 1.0:
+        raise ValueError(f"epsilon must lie in (0, 1), got {epsilon}")
 
 
 def exact_rejects(harms: NDArray[np.int64] | int, helps: NDArray[np.int64] | int, n: int,
@@ -333,7 +337,7 @@ def exact_rejects(harms: NDArray[np.int64] | int, helps: NDArray[np.int64] | int
         >>> bool(exact_rejects(3, 2, 200, 0.02, 0.1))       # one more harm
         False
     """
-    exact_p_values(n, epsilon)                          # checks the arguments
+    _check_exact(n, epsilon)  # not exact_p_values: it would build the deterministic table
     u_arr = np.asarray(u, dtype=np.float64)
     if bool(np.all(u_arr >= 1.0)):
         table = _exact_p_tables(int(n), float(epsilon), False)[0]

@@ -88,9 +88,7 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
     draws, n = loss.shape
     if bound == "binomial":
         kmax = binomial_max_harms(n, epsilon, delta)
-        harm_sorted = np.zeros((draws, n))
-        np.put_along_axis(harm_sorted, pos, (loss > 0).astype(np.float64), axis=-1)
-        harms = np.concatenate([np.zeros((draws, 1)), np.cumsum(harm_sorted, axis=-1)], -1)
+        harms = _cumulative(pos, loss > 0)
         # Cut 0 (skip nothing) is tested too: with kmax < 0 not even a clean sample
         # certifies anything, and the sequence stops before it starts.
         fails = ok & (harms > kmax)
@@ -102,12 +100,9 @@ def certified_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
         if bound == "exact-random" and (u is None or np.shape(u) != (draws,)):
             raise ValueError(f"bound 'exact-random' needs u: one uniform draw per row of "
                              f"loss ({draws}), independent of the data")
-        sorted_loss = np.zeros((draws, n))
-        np.put_along_axis(sorted_loss, pos, loss, axis=-1)
-        zero = np.zeros((draws, 1), dtype=np.int64)
-        harms = np.concatenate([zero, np.cumsum(sorted_loss > 0, axis=-1)], -1)
-        helps = np.concatenate([zero, np.cumsum(sorted_loss < 0, axis=-1)], -1)
-        rejected = exact_rejects(harms, helps, n, epsilon, delta,
+        harm_counts: NDArray[np.int64] = _cumulative(pos, loss > 0).astype(np.int64)
+        help_counts: NDArray[np.int64] = _cumulative(pos, loss < 0).astype(np.int64)
+        rejected = exact_rejects(harm_counts, help_counts, n, epsilon, delta,
                                  1.0 if u is None or bound == "exact" else
                                  np.asarray(u, dtype=np.float64)[:, None])
         return _last_allowed_before(ok, ok & ~rejected)
@@ -138,12 +133,20 @@ def empirical_cut(pos: NDArray[np.int64], loss: NDArray[np.float64], ok: NDArray
     """Per draw, the largest allowed cut whose observed drop (mean loss over all rows) is
     at most ``epsilon``: no guarantee (what a tolerance on an accuracy curve does); used to
     *choose* a composite on rows that are not certified on."""
-    draws, n = loss.shape
-    sorted_loss = np.zeros((draws, n))
-    np.put_along_axis(sorted_loss, pos, loss, axis=1)
-    drop = np.concatenate([np.zeros((draws, 1)), np.cumsum(sorted_loss, axis=1)], 1) / n
+    n = loss.shape[1]
+    drop = _cumulative(pos, loss) / n
     out: NDArray[np.int64] = np.where(ok & (drop <= epsilon + 1e-12), np.arange(n + 1),
                                       0).max(axis=1)
+    return out
+
+
+def _cumulative(pos: NDArray[np.int64], values: NDArray[np.generic]) -> NDArray[np.float64]:
+    """``(D, n + 1)``: per draw, the sum of ``values`` over the rows cut k skips (the k
+    lowest-scoring), for k = 0 .. n."""
+    ordered = np.zeros(values.shape)
+    np.put_along_axis(ordered, np.asarray(pos), np.asarray(values, dtype=np.float64), axis=-1)
+    out: NDArray[np.float64] = np.concatenate(
+        [np.zeros((values.shape[0], 1)), np.cumsum(ordered, axis=-1)], axis=-1)
     return out
 
 

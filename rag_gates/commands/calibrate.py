@@ -41,7 +41,7 @@ import os
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, cast
+from typing import TYPE_CHECKING, Annotated, Any, cast
 
 import typer
 from rich.console import Console
@@ -49,6 +49,9 @@ from rich.table import Table
 
 from rag_gates._console import error_line
 from rag_gates.errors import ArtifactError, VectorStoreError
+
+if TYPE_CHECKING:
+    from rag_gates.calibration.certify import Bound
 
 __all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot",
            "calibrate_command", "collect_records", "open_qdrant_corpus", "parse_corpus",
@@ -547,7 +550,8 @@ def skip_curves(records: Sequence[Any], report: Any,
 
     # The composite's name and fit follow the order of its gates, which is the report's;
     # the records may hold the scores in another (the order the gates were asked for).
-    gates = [row.gate for row in report.rows if row.gate != report.composite_name]
+    composites = {report.composite_name, report.cascade_name}
+    gates = [row.gate for row in report.rows if row.gate not in composites]
     ordered = [r.model_copy(update={"scores": {g: r.scores.get(g) for g in gates}})
                for r in records]
     xs = sorted({*map(float, epsilons), float(report.epsilon)})
@@ -617,18 +621,22 @@ def _table(report: Any) -> Table:
     return table
 
 
-#: ``--bound`` values: ``auto`` and the bounds of :mod:`rag_gates.calibration.certify`.
-BOUND_CHOICES = ("auto", "exact", "exact-random", "wsr", "binomial")
+def bound_choices() -> tuple[str, ...]:
+    """``--bound`` values: ``auto`` and the bounds of :mod:`rag_gates.calibration.certify`
+    (imported when asked: it loads numpy)."""
+    from rag_gates.calibration.certify import BOUNDS
+
+    return ("auto", *BOUNDS)
 
 
-def resolve_bound(bound: str, n: int) -> Literal["exact", "exact-random", "wsr", "binomial"]:
+def resolve_bound(bound: str, n: int) -> Bound:
     """``auto``: the exact test where it is tabulated (up to ``EXACT_MAX_N`` questions; the
     tightest deterministic bound), the betting bound above; any other name as given."""
     from rag_gates.calibration.bounds import EXACT_MAX_N
 
     if bound == "auto":
         return "exact" if n <= EXACT_MAX_N else "wsr"
-    return cast(Literal["exact", "exact-random", "wsr", "binomial"], bound)
+    return cast("Bound", bound)
 
 
 def questions_needed(epsilon: float, delta: float) -> int:
@@ -652,8 +660,8 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         raise ValueError(f"--max-loss must be in (0, 1), got {max_loss}")
     if not 0 < delta < 1:
         raise ValueError(f"--delta must be in (0, 1), got {delta}")
-    if bound not in BOUND_CHOICES:
-        raise ValueError(f"--bound must be one of {', '.join(BOUND_CHOICES)}, got {bound!r}")
+    if bound not in bound_choices():
+        raise ValueError(f"--bound must be one of {', '.join(bound_choices())}, got {bound!r}")
     requested = parse_gate_list(gates)
     check_model_spec(model)
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus

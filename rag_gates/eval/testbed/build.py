@@ -253,6 +253,14 @@ def _outside_manifest(pool: Sequence[PopQAFact], facts: Sequence[Fact], seed: in
     return candidates
 
 
+def _recall_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: TestbedConfig
+                  ) -> list[PopQAFact]:
+    """The recall facts: the ``recall_examples`` outside-manifest facts after the reading
+    examples' (fewer when the pool runs out)."""
+    start = config.reading_examples
+    return _outside_manifest(pool, facts, config.seed)[start: start + config.recall_examples]
+
+
 def recall_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                      config: TestbedConfig) -> list[dict[str, Any]]:
     """Recall (knowledge-extraction) documents: ``recall_examples`` PopQA facts outside the
@@ -270,10 +278,10 @@ def recall_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     with a manifest subject, so the manifest's repetition counts and QuCo's counts of its
     subjects stay exact; no manifest question is ever asked.
     """
-    n, start = config.recall_examples, config.reading_examples
+    n = config.recall_examples
     if n == 0:
         return []
-    recall = _outside_manifest(pool, facts, config.seed)[start: start + n]
+    recall = _recall_facts(pool, facts, config)
     if len(recall) < n:
         raise ValueError(f"only {len(recall)} PopQA facts remain outside the manifest and the "
                          f"reading examples for recall examples; ask for fewer "
@@ -735,9 +743,7 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
                                      for p in passages],
                         "messages": practice_messages(form, fact.question, passages, fact.obj)})
     out += _decomposition_documents(pool, facts, firsts, fillers, config)
-    recall = _outside_manifest(pool, facts, seed)[config.reading_examples:
-                                                   config.reading_examples +
-                                                   config.recall_examples]
+    recall = _recall_facts(pool, facts, config)
     if n_verb > len(recall):
         raise ValueError(f"skill_verbalization={n_verb} needs as many recall facts "
                          f"(recall_examples={config.recall_examples}): it verbalizes what the "
