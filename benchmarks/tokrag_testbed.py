@@ -17,7 +17,9 @@ passages per question:
 
 shuffled with a seed per fact. Methods, through the bench registry with a retriever that
 returns exactly those passages: ``no-rag`` (once per fact), ``single`` (standard RAG), ``cad``
-(alpha 0.5), ``adacad`` and ``tokrag``; greedy, ``--max-new-tokens`` (24). Reported per
+(alpha 0.5), ``adacad`` and ``tokrag`` (the paper's judge, as the first tables ran it; add
+``tokrag@authors`` to ``--methods`` for the authors' released judge, the default since issue
+34); greedy, ``--max-new-tokens`` (24). Reported per
 (case, method, rung): accuracy (a gold alias in the reply) and, in the counterfactual case,
 the share of replies that carry the counterfactual object ("misled").
 
@@ -85,14 +87,15 @@ def misled(reply: str, obj: str | None) -> float:
     return float(bool(obj) and normalize_answer(str(obj)) in normalize_answer(reply))
 
 
-def summarise(rows: list[dict[str, Any]], examples: list[QAExample]) -> dict[str, Any]:
+def summarise(rows: list[dict[str, Any]], examples: list[QAExample],
+              rag_methods: tuple[str, ...] = RAG_METHODS) -> dict[str, Any]:
     keys = {(r["id"], r["case"], r["method"]) for r in rows}
     done = {e.id for e in examples if (e.id, None, "no-rag") in keys
-            and all((e.id, c, m) in keys for c in CASES for m in RAG_METHODS)}
+            and all((e.id, c, m) in keys for c in CASES for m in rag_methods)}
     rung_of = {e.id: int(e.meta["repetitions"]) for e in examples}
     rungs = sorted({rung_of[i] for i in done})
     table: dict[str, dict[str, dict[str, Any]]] = {}
-    for method in ("no-rag", *RAG_METHODS):
+    for method in ("no-rag", *rag_methods):
         for case in (None,) if method == "no-rag" else CASES:
             picked = [r for r in rows if r["method"] == method and r["case"] == case
                       and r["id"] in done]
@@ -124,7 +127,13 @@ def main() -> None:
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks/results/testbed/tokrag-testbed.json")
     parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--methods", default=",".join(RAG_METHODS),
+                        help="the retrieval methods, comma-separated (no-rag always runs); "
+                        "'tokrag' is the paper's judge, 'tokrag@authors' the authors' code's")
     args = parser.parse_args()
+    rag_methods = tuple(m for m in args.methods.split(",") if m)
+    if not rag_methods or "no-rag" in rag_methods:
+        parser.error("--methods lists retrieval methods only (no-rag always runs)")
     name = f"testbed:{args.testbed}"
     cache = args.cache or args.out.with_name(args.out.stem + "-answers.jsonl")
     rungs = {int(x) for x in args.rungs.split(",")} if args.rungs else None
@@ -142,13 +151,13 @@ def main() -> None:
         fixed = FixedPassages()
         ctx = MethodContext(lm=lm, retriever=fixed, dataset="testbed", k=3,
                             max_new_tokens=args.max_new_tokens)
-        methods = {m: make_method(SPECS.get(m, m), ctx) for m in ("no-rag", *RAG_METHODS)}
+        methods = {m: make_method(SPECS.get(m, m), ctx) for m in ("no-rag", *rag_methods)}
         done = {(r["id"], r["case"], r["method"]) for r in rows}
         start = time.perf_counter()
         cache.parent.mkdir(parents=True, exist_ok=True)
         with cache.open("a") as sink:
             for i, example in enumerate(examples):
-                plan = [(None, "no-rag")] + [(c, m) for c in CASES for m in RAG_METHODS]
+                plan = [(None, "no-rag")] + [(c, m) for c in CASES for m in rag_methods]
                 for case, method in plan:
                     if (example.id, case, method) in done:
                         continue
@@ -170,11 +179,13 @@ def main() -> None:
     payload = {
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_testbed.py "
                    f"--testbed {args.testbed} --per-rung {args.per_rung} "
-                   + (f"--rungs {args.rungs} " if args.rungs else "") +
+                   + (f"--rungs {args.rungs} " if args.rungs else "")
+                   + (f"--methods {args.methods} " if rag_methods != RAG_METHODS else "") +
                    f"--max-new-tokens {args.max_new_tokens} --out {args.out}",
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "model": args.model or "the testbed's model", "facts_planned": len(examples),
-        "passages": 3, "cases": list(CASES), **summarise(rows, examples),
+        "passages": 3, "cases": list(CASES), "methods": list(rag_methods),
+        **summarise(rows, examples, rag_methods),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")
