@@ -19,6 +19,11 @@ closed: a cache that cannot be read, locked or written changes no decision, the 
 computed (and a log line says why). ``RAG_GATES_SRRAG_KEY_CACHE=0`` (or ``cache_keys=False``)
 turns the cache off.
 
+The directory does not grow without bound: a hit marks its file used (its modification time),
+and after each write only the :data:`KEY_CACHE_KEEP` most recently used files stay (each
+about 1 MB for the shipped labels); older ones, their lock files and temporary files left by
+a killed writer over a day old are removed, with a log line per file.
+
 Example:
     >>> keys = HiddenStateKeys(lm)                                      # doctest: +SKIP
     >>> vectors = policy_keys(keys, [e.question for e in entries])     # doctest: +SKIP
@@ -28,6 +33,7 @@ Example:
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -38,8 +44,8 @@ from typing import Any
 
 from pydantic import JsonValue
 
-__all__ = ["KEY_CACHE_ENV", "KEY_CACHE_VERSION", "LOCK_WAIT_S", "cache_enabled",
-           "cache_identity", "key_cache_dir", "policy_keys"]
+__all__ = ["KEY_CACHE_ENV", "KEY_CACHE_KEEP", "KEY_CACHE_VERSION", "LOCK_WAIT_S",
+           "cache_enabled", "cache_identity", "key_cache_dir", "policy_keys", "prune"]
 
 logger = logging.getLogger(__name__)
 
@@ -52,6 +58,11 @@ _OFF = {"0", "false", "no", "off"}
 #: How long a process waits for another one computing the same keys before computing them
 #: itself (the shipped file takes minutes on a busy CPU).
 LOCK_WAIT_S = 1800.0
+#: How many key files the cache keeps (the most recently used): one per model weights and
+#: labels file a user loads, so a few suffice; every extra one costs a forward pass per label.
+KEY_CACHE_KEEP = 8
+#: A temporary file older than this (seconds) is a killed writer's, never to be renamed.
+_STALE_TMP_S = 86400.0
 
 
 def key_cache_dir() -> Path:
@@ -106,6 +117,7 @@ def policy_keys(keys: Any, questions: Sequence[str], *, cache_keys: bool | None 
     shape = (len(questions), int(keys.dim))
     cached = _read(path, identity, shape)
     if cached is not None:
+        _touch(path)
         return cached
     from rag_gates._io import append_locked
     from rag_gates.errors import FileInUseError
@@ -125,7 +137,8 @@ def policy_keys(keys: Any, questions: Sequence[str], *, cache_keys: bool | None 
             return cached
         vectors = np.ascontiguousarray(_compute(keys, questions), dtype="<f4")
         if np.isfinite(vectors).all():
-            _write(path, identity, vectors)
+            if _write(path, identity, vectors):
+                prune(path.parent, keep=KEY_CACHE_KEEP)
         else:  # a broken model's keys: refused by the datastore, and never kept
             logger.warning("SR-RAG key cache: the keys are not finite (a NaN or inf weight?); "
                            "not caching them")
@@ -172,7 +185,54 @@ def _read(path: Path, identity: dict[str, JsonValue], shape: tuple[int, int]) ->
     return np.frombuffer(body, dtype="<f4").reshape(shape).astype(np.float32)
 
 
-def _write(path: Path, identity: dict[str, JsonValue], vectors: Any) -> None:
+def prune(directory: Path, keep: int = KEY_CACHE_KEEP) -> list[Path]:
+    """Remove all but the ``keep`` most recently used key files of ``directory`` (with their
+    lock files), and temporary files over a day old; returns what was removed. Best effort:
+    a file that cannot be removed stays (logged), and no error is raised."""
+    import time
+
+    if keep < 1:
+        raise ValueError(f"keep must be at least 1 (the file just written), got {keep}")
+
+    def age_order(file: Path) -> float:
+        try:
+            return -file.stat().st_mtime
+        except OSError:  # removed meanwhile by another process's prune
+            return 0.0
+
+    doomed = sorted(directory.glob("*.keys"), key=age_order)[keep:]
+    doomed += [f.with_suffix(".lock") for f in doomed if f.with_suffix(".lock").exists()]
+    now = time.time()
+    for tmp in directory.glob(".*.tmp"):
+        try:
+            if now - tmp.stat().st_mtime > _STALE_TMP_S:
+                doomed.append(tmp)
+        except OSError:
+            continue
+    removed = []
+    for file in doomed:
+        try:
+            file.unlink()
+        except FileNotFoundError:
+            continue
+        except OSError as exc:
+            logger.warning("SR-RAG key cache: cannot remove %s (%s: %s)", file,
+                           type(exc).__name__, exc)
+            continue
+        logger.info("SR-RAG key cache: removed %s (least recently used beyond %d files, or "
+                    "a stale temporary file)", file, keep)
+        removed.append(file)
+    return removed
+
+
+def _touch(path: Path) -> None:
+    """Mark a cache file used, so pruning keeps it; best effort (a read-only cache still
+    serves its files)."""
+    with contextlib.suppress(OSError):
+        os.utime(path)
+
+
+def _write(path: Path, identity: dict[str, JsonValue], vectors: Any) -> bool:
     from rag_gates._io import write_bytes_atomic
 
     body = vectors.tobytes()
@@ -183,6 +243,8 @@ def _write(path: Path, identity: dict[str, JsonValue], vectors: Any) -> None:
     except OSError as exc:
         logger.warning("SR-RAG key cache: cannot write %s (%s: %s); the keys are used "
                        "without being cached", path, type(exc).__name__, exc)
+        return False
+    return True
 
 
 def _numpy() -> Any:

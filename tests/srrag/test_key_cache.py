@@ -244,3 +244,36 @@ def test_keys_that_are_not_finite_are_refused_and_never_cached(home: Path,
         with pytest.raises(PolicyKeyError, match="not finite"):
             load_default_policy(broken, labels=labels)
     assert not (home / "srrag" / "key-cache").exists() or not _cache_files(home)
+
+
+def test_the_cache_keeps_the_most_recently_used_files(
+        tiny: Any, home: Path, tmp_path: Path, forwards: Forwards,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Every edited labels file is another cache file: beyond KEY_CACHE_KEEP the least
+    recently used go (a hit counts as use), with their locks and a killed writer's temp."""
+    from rag_gates.srrag import key_cache
+
+    monkeypatch.setattr(key_cache, "KEY_CACHE_KEEP", 2)
+    files = []
+    for i in range(3):  # three labels files, each another question set: three misses
+        edited = [*ENTRIES[:-1], ENTRIES[-1].model_copy(update={"question": f"Who wrote {i}?"})]
+        load_default_policy(tiny, labels=_labels(tmp_path / f"p{i}.jsonl", tiny, edited))
+        [new] = set(_cache_files(home)) - set(files)
+        files.append(new)
+        os.utime(new, (1_000_000 + i, 1_000_000 + i))  # written in this order, seconds apart
+        if i == 1:  # the first file is used again after the second was written
+            forwards.calls = 0
+            edited0 = [*ENTRIES[:-1], ENTRIES[-1].model_copy(update={"question": "Who wrote 0?"})]
+            load_default_policy(tiny, labels=_labels(tmp_path / "p0.jsonl", tiny, edited0))
+            assert forwards.calls == 0
+            assert files[1].with_suffix(".lock").exists()
+    stale = files[0].parent / f".{files[0].name}.x.tmp"
+    stale.write_bytes(b"torn")
+    os.utime(stale, (1_000, 1_000))
+    # The third write pruned down to two: the first (used after the second) and the third.
+    assert _cache_files(home) == sorted([files[0], files[2]])
+    assert not files[1].with_suffix(".lock").exists()
+    removed = key_cache.prune(files[0].parent, keep=2)
+    assert removed == [stale] and not stale.exists()
+    with pytest.raises(ValueError, match="at least 1"):
+        key_cache.prune(files[0].parent, keep=0)
