@@ -14,6 +14,9 @@ passages per question:
 * ``counterfactual``: the fact's counterfactual passage (the same form with a wrong object of
   the same relation, built with the testbed) in place of its own, plus the same two (the
   detriment case);
+* ``distractors``: the three best BM25 passages that are not about the fact, none of its own
+  (the paper's 100%-noise row: the model's own knowledge is all there is; tb12 on, tb5's
+  table ran ``--cases gold,counterfactual``);
 
 shuffled with a seed per fact. Methods, through the bench registry with a retriever that
 returns exactly those passages: ``no-rag`` (once per fact), ``single`` (standard RAG), ``cad``
@@ -50,7 +53,7 @@ from rag_gates.eval.methods import MethodContext, make_method
 from rag_gates.types import Passage, QAExample
 
 ROOT = Path(__file__).resolve().parent.parent
-CASES = ("gold", "counterfactual")
+CASES = ("gold", "counterfactual", "distractors")
 RAG_METHODS = ("single", "cad", "adacad", "tokrag")
 
 
@@ -70,15 +73,16 @@ def pick(examples: list[QAExample], per_rung: int,
 def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
                  seed: int) -> list[Passage]:
     others = [p for p in bm25.retrieve(example.question, 10)
-              if p.id != own.id and p.title != own.title][:2]
-    if case == "gold":
-        first = own
+              if p.id != own.id and p.title != own.title]
+    if case == "distractors":
+        chosen = others[:3]
+    elif case == "gold":
+        chosen = [own, *others[:2]]
     else:
         text = example.meta.get("counterfactual")
         if not text:
             raise ValueError(f"fact {example.id} has no counterfactual passage")
-        first = Passage(id=f"{own.id}-cf", title=own.title, text=str(text))
-    chosen = [first, *others]
+        chosen = [Passage(id=f"{own.id}-cf", title=own.title, text=str(text)), *others[:2]]
     random.Random(seed).shuffle(chosen)
     return chosen
 
@@ -88,15 +92,16 @@ def misled(reply: str, obj: str | None) -> float:
 
 
 def summarise(rows: list[dict[str, Any]], examples: list[QAExample],
-              rag_methods: tuple[str, ...] = RAG_METHODS) -> dict[str, Any]:
+              rag_methods: tuple[str, ...] = RAG_METHODS,
+              cases: tuple[str, ...] = CASES) -> dict[str, Any]:
     keys = {(r["id"], r["case"], r["method"]) for r in rows}
     done = {e.id for e in examples if (e.id, None, "no-rag") in keys
-            and all((e.id, c, m) in keys for c in CASES for m in rag_methods)}
+            and all((e.id, c, m) in keys for c in cases for m in rag_methods)}
     rung_of = {e.id: int(e.meta["repetitions"]) for e in examples}
     rungs = sorted({rung_of[i] for i in done})
     table: dict[str, dict[str, dict[str, Any]]] = {}
     for method in ("no-rag", *rag_methods):
-        for case in (None,) if method == "no-rag" else CASES:
+        for case in (None,) if method == "no-rag" else cases:
             picked = [r for r in rows if r["method"] == method and r["case"] == case
                       and r["id"] in done]
             if not picked:
@@ -127,6 +132,8 @@ def main() -> None:
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks/results/testbed/tokrag-testbed.json")
     parser.add_argument("--summary-only", action="store_true")
+    parser.add_argument("--cases", default=",".join(CASES),
+                        help="the passage cases, comma-separated (default: all three)")
     parser.add_argument("--methods", default=",".join(RAG_METHODS),
                         help="the retrieval methods, comma-separated (no-rag always runs); "
                         "'tokrag' is the paper's judge, 'tokrag@authors' the authors' code's")
@@ -134,6 +141,9 @@ def main() -> None:
     rag_methods = tuple(m for m in args.methods.split(",") if m)
     if not rag_methods or "no-rag" in rag_methods:
         parser.error("--methods lists retrieval methods only (no-rag always runs)")
+    cases = tuple(c for c in args.cases.split(",") if c)
+    if not cases or not set(cases) <= set(CASES):
+        parser.error(f"--cases takes some of {', '.join(CASES)}, got {args.cases!r}")
     name = f"testbed:{args.testbed}"
     cache = args.cache or args.out.with_name(args.out.stem + "-answers.jsonl")
     rungs = {int(x) for x in args.rungs.split(",")} if args.rungs else None
@@ -157,7 +167,7 @@ def main() -> None:
         cache.parent.mkdir(parents=True, exist_ok=True)
         with cache.open("a") as sink:
             for i, example in enumerate(examples):
-                plan = [(None, "no-rag")] + [(c, m) for c in CASES for m in rag_methods]
+                plan = [(None, "no-rag")] + [(c, m) for c in cases for m in rag_methods]
                 for case, method in plan:
                     if (example.id, case, method) in done:
                         continue
@@ -180,12 +190,13 @@ def main() -> None:
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_testbed.py "
                    f"--testbed {args.testbed} --per-rung {args.per_rung} "
                    + (f"--rungs {args.rungs} " if args.rungs else "")
-                   + (f"--methods {args.methods} " if rag_methods != RAG_METHODS else "") +
+                   + (f"--methods {args.methods} " if rag_methods != RAG_METHODS else "")
+                   + (f"--cases {args.cases} " if cases != CASES else "") +
                    f"--max-new-tokens {args.max_new_tokens} --out {args.out}",
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "model": args.model or "the testbed's model", "facts_planned": len(examples),
-        "passages": 3, "cases": list(CASES), "methods": list(rag_methods),
-        **summarise(rows, examples, rag_methods),
+        "passages": 3, "cases": list(cases), "methods": list(rag_methods),
+        **summarise(rows, examples, rag_methods, cases),
     }
     args.out.parent.mkdir(parents=True, exist_ok=True)
     tmp = args.out.with_suffix(".tmp")

@@ -6,7 +6,7 @@ import importlib.util
 from pathlib import Path
 from types import ModuleType
 
-from rag_gates.types import QAExample
+from rag_gates.types import Passage, QAExample
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -42,11 +42,42 @@ def test_a_fact_counts_once_every_chosen_method_answered_both_cases() -> None:
     rows += [{"id": "f1", "case": c, "method": m, "accuracy": 1.0, "misled": 0.0}
              for c in ("gold", "counterfactual") for m in methods
              if (c, m) != ("counterfactual", "tokrag@authors")]
-    table = script.summarise(rows, facts, methods)
+    two = ("gold", "counterfactual")
+    table = script.summarise(rows, facts, methods, two)
     assert table["facts_complete"] == 1 and table["rungs"] == [0]
     assert set(table["table"]) == {"no-rag", "single", "tokrag@authors"}
     cell = table["table"]["tokrag@authors"]["counterfactual"]
     assert cell == {"n": 1, "accuracy": 0.0, "accuracy_by_rung": {"0": 0.0},
                     "misled": 100.0, "misled_by_rung": {"0": 100.0}}
-    # With the default four methods, neither fact is complete (no cad, adacad or tokrag).
-    assert script.summarise(rows, facts)["facts_complete"] == 0
+    # With the default four methods, neither fact is complete (no cad, adacad or tokrag);
+    # with the default three cases neither is (no distractors answer).
+    assert script.summarise(rows, facts, cases=two)["facts_complete"] == 0
+    assert script.summarise(rows, facts, methods)["facts_complete"] == 0
+
+
+class _Ranked:
+    """A retriever returning fixed passages in rank order (the fact's own among them)."""
+
+    def __init__(self, passages: list[Passage]) -> None:
+        self.passages = passages
+
+    def retrieve(self, query: str, k: int) -> list[Passage]:
+        return self.passages[:k]
+
+
+def test_each_case_gets_three_passages_and_distractors_never_the_fact() -> None:
+    script = _script()
+    own = Passage(id="f0", title="Kaya Alp", text="Kaya Alp was born in Bursa.")
+    same_title = Passage(id="x", title="Kaya Alp", text="Kaya Alp, another passage.")
+    others = [Passage(id=f"o{i}", title=f"T{i}", text=f"text {i}") for i in range(4)]
+    bm25 = _Ranked([own, same_title, *others])
+    fact = QAExample(id="f0", dataset="testbed", question="Where was Kaya Alp born?",
+                     answers=["Bursa"], meta={"repetitions": 0,
+                                              "counterfactual": "Kaya Alp was born in Izmir."})
+    gold = script.passages_for(fact, "gold", own, bm25, seed=0)
+    cf = script.passages_for(fact, "counterfactual", own, bm25, seed=0)
+    noise = script.passages_for(fact, "distractors", own, bm25, seed=0)
+    assert sorted(p.id for p in gold) == ["f0", "o0", "o1"]
+    assert sorted(p.id for p in cf) == ["f0-cf", "o0", "o1"]
+    assert {p.text for p in cf} >= {"Kaya Alp was born in Izmir."}
+    assert sorted(p.id for p in noise) == ["o0", "o1", "o2"]
