@@ -112,14 +112,23 @@ def walk_gate_expression(text: str,
 def check_gate_names(text: str) -> None:
     """Raise ValueError unless ``text`` is a gate name, ``NAME:THRESHOLD`` or an expression
     whose every gate is registered (grammar: :data:`rag_gates.gate.GATE_GRAMMAR`); the
-    message lists the valid names. ``weighted(FILE)`` reads the file's gate names. Thresholds
-    are :func:`rag_gates.eval.gates.check_gate_expression`'s (it imports the gates' plugins to
-    read their ranges)."""
+    message lists the valid names. ``weighted(FILE)`` reads the file's gate names. The
+    threshold of a built-in or shipped gate is checked against its score scale here, importing
+    no plugin (:data:`~rag_gates.eval.plugins.options.SHIPPED_GATE_RANGES`); a third-party
+    gate's by :func:`rag_gates.eval.gates.check_gate_expression`, which imports it."""
+    from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
+    from rag_gates.eval.plugins.options import SHIPPED_GATE_RANGES
+    from rag_gates.gate import check_threshold
+
     known = gate_names()
+    ranges = {**SHIPPED_GATE_RANGES, "first-token-prob": FirstTokenProbGate.threshold_range,
+              "answer-logprob": AnswerLogprobGate.threshold_range}
 
     def check_leaf(name: str, threshold: float | None) -> float | None:
         if name not in known:
             raise _unknown("gate", name, known)
+        if threshold is not None and name in ranges:
+            check_threshold(name, threshold, ranges[name])
         return threshold
 
     walk_gate_expression(text, check_leaf)

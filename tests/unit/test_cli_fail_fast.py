@@ -121,7 +121,7 @@ def test_the_listed_builtin_names_are_the_registered_ones() -> None:
 
 @pytest.mark.parametrize("expression", ["quco", "cbdr:0.4", "quco&cbdr",
                                         "cascade(quco,first-token-prob,0.2,0.8)",
-                                        "(quco|answer-logprob:-1.2)&srrag"])
+                                        "(quco|answer-logprob:1.2)&srrag"])
 def test_a_valid_expression_passes(expression: str) -> None:
     check_gate_names(expression)
 
@@ -261,3 +261,33 @@ def test_the_option_table_is_what_the_plugins_use() -> None:
         factory = ep.load()
         assert getattr(factory, "validate_option", None) is METHOD_OPTIONS.get(ep.name), ep.name
         assert bool(getattr(factory, "accepts_option", False)) == (ep.name in METHOD_OPTIONS)
+
+
+@pytest.mark.parametrize(("command", "message"), [
+    (("eval-gate", "--gate", "cbdr:2"), "gate 'cbdr' at threshold 2.0"),
+    (("eval-gate", "--gate", "quco&srrag-knn-only:-0.5"), "gate 'srrag-knn-only' at threshold"),
+    (("eval-gate", "--gate", "first-token-prob:7"), "gate 'first-token-prob' at threshold 7.0"),
+    (("bench", "--methods", "no-rag,selective@skr:1.5"), "gate 'skr' at threshold 1.5"),
+])
+def test_an_out_of_range_gate_threshold_fails_before_torch(
+        tmp_path: Path, command: tuple[str, ...], message: str) -> None:
+    out = tmp_path / "out"
+    code, output, home = run_cli(tmp_path, *command, "--dataset", "popqa", "--n", "2",
+                                 "--out", str(out))
+    assert code == 2, output
+    assert message in output and "score scale" in output, output
+    nothing_loaded(output, home, out)
+
+
+def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
+    """The early check's score scales are the shipped gates' own: a threshold is refused the
+    same before and after its plugin loads."""
+    from importlib.metadata import entry_points
+
+    from rag_gates.eval.plugins.options import SHIPPED_GATE_RANGES
+
+    shipped = {ep.name: ep for ep in entry_points(group="rag_gates.gates")
+               if ep.value.startswith("rag_gates.eval.plugins.")}
+    assert set(shipped) == set(SHIPPED_GATE_RANGES)
+    for name, ep in shipped.items():
+        assert ep.load().threshold_range == SHIPPED_GATE_RANGES[name], name

@@ -25,15 +25,22 @@ from functools import partial
 
 from rag_gates.eval.plugins import number_option, unit_interval_option
 
-__all__ = ["BENCH_TAU_ENTITY", "KNN_ONLY_TAU", "METHOD_OPTIONS", "parse_alpha", "parse_beta",
-           "parse_knn_only_tau", "parse_tau", "parse_tau_entity", "parse_threshold",
-           "parse_tokrag_option", "validate_gate"]
+__all__ = ["BENCH_TAU_ENTITY", "KNN_ONLY_TAU", "METHOD_OPTIONS", "SHIPPED_GATE_RANGES",
+           "parse_alpha", "parse_beta", "parse_knn_only_tau", "parse_tau", "parse_tau_entity",
+           "parse_threshold", "parse_tokrag_option", "validate_gate"]
 
 #: QuCo's tau_entity for the dataset-paragraph index (calibrated on PopQA; see
 #: rag_gates.eval.plugins.quco).
 BENCH_TAU_ENTITY = 82.0
 #: SR-RAG's ``p_D`` alone: retrieve when the neighbours' majority prefers retrieval.
 KNN_ONLY_TAU = 0.5
+
+#: The score scale of every gate rag-gates' plugins register (their gate classes'
+#: ``threshold_range``; a test holds the two equal), so ``NAME:THRESHOLD`` is checked before
+#: a plugin, and the torch it imports, loads.
+SHIPPED_GATE_RANGES: dict[str, tuple[float, float]] = {
+    "quco": (0.0, 1.0), "cbdr": (0.0, 1.0), "srrag": (0.0, 1.0), "srrag-no-knn": (0.0, 1.0),
+    "srrag-knn-only": (0.0, 1.0), "skr": (0.0, 1.0)}
 
 _TOKRAG_OPTIONS = ("a fusion layer (an integer >= 1), 'paper', 'authors' or "
                    "'authors-LAYER' (LAYER an integer >= 0)")
