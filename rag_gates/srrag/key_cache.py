@@ -20,9 +20,10 @@ computed (and a log line says why). ``RAG_GATES_SRRAG_KEY_CACHE=0`` (or ``cache_
 turns the cache off.
 
 The directory does not grow without bound: a hit marks its file used (its modification time),
-and after each write only the :data:`KEY_CACHE_KEEP` most recently used files stay (each
-about 1 MB for the shipped labels); older ones, their lock files and temporary files left by
-a killed writer over a day old are removed, with a log line per file.
+and after each write only the :data:`KEY_CACHE_KEEP` (``$RAG_GATES_SRRAG_KEY_CACHE_KEEP``)
+most recently used files stay (each about 1 MB for the shipped labels); older ones, lock files
+no process holds whose key file is gone, and temporary files a killed writer left over a day
+ago are removed, with a log line per file (:func:`prune`).
 
 Example:
     >>> keys = HiddenStateKeys(lm)                                      # doctest: +SKIP
@@ -38,14 +39,16 @@ import hashlib
 import json
 import logging
 import os
+import time
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
 from pydantic import JsonValue
 
-__all__ = ["KEY_CACHE_ENV", "KEY_CACHE_KEEP", "KEY_CACHE_VERSION", "LOCK_WAIT_S",
-           "cache_enabled", "cache_identity", "key_cache_dir", "policy_keys", "prune"]
+__all__ = ["KEY_CACHE_ENV", "KEY_CACHE_KEEP", "KEY_CACHE_KEEP_ENV", "KEY_CACHE_VERSION",
+           "LOCK_WAIT_S", "cache_enabled", "cache_identity", "keep_files", "key_cache_dir",
+           "policy_keys", "prune"]
 
 logger = logging.getLogger(__name__)
 
@@ -61,6 +64,7 @@ LOCK_WAIT_S = 1800.0
 #: How many key files the cache keeps (the most recently used): one per model weights and
 #: labels file a user loads, so a few suffice; every extra one costs a forward pass per label.
 KEY_CACHE_KEEP = 8
+KEY_CACHE_KEEP_ENV = "RAG_GATES_SRRAG_KEY_CACHE_KEEP"
 #: A temporary file older than this (seconds) is a killed writer's, never to be renamed.
 _STALE_TMP_S = 86400.0
 
@@ -138,7 +142,7 @@ def policy_keys(keys: Any, questions: Sequence[str], *, cache_keys: bool | None 
         vectors = np.ascontiguousarray(_compute(keys, questions), dtype="<f4")
         if np.isfinite(vectors).all():
             if _write(path, identity, vectors):
-                prune(path.parent, keep=KEY_CACHE_KEEP)
+                prune(path.parent, protect=path)
         else:  # a broken model's keys: refused by the datastore, and never kept
             logger.warning("SR-RAG key cache: the keys are not finite (a NaN or inf weight?); "
                            "not caching them")
@@ -185,44 +189,81 @@ def _read(path: Path, identity: dict[str, JsonValue], shape: tuple[int, int]) ->
     return np.frombuffer(body, dtype="<f4").reshape(shape).astype(np.float32)
 
 
-def prune(directory: Path, keep: int = KEY_CACHE_KEEP) -> list[Path]:
-    """Remove all but the ``keep`` most recently used key files of ``directory`` (with their
-    lock files), and temporary files over a day old; returns what was removed. Best effort:
-    a file that cannot be removed stays (logged), and no error is raised."""
-    import time
+def prune(directory: Path, keep: int | None = None, *, protect: Path | None = None
+          ) -> list[Path]:
+    """Remove all but the ``keep`` (default :func:`keep_files`) most recently used key files
+    of ``directory``, never ``protect`` (the file just written); a lock file whose key file
+    is gone or removed here, when no process holds it; and temporary files over a day old.
+    Returns what was removed. Best effort: a file that cannot be removed stays (logged), and
+    no error is raised. A lock is removed only while this process holds it; a process that
+    opened it just before then locks a file no longer in the directory and may compute the
+    same keys beside a later one: duplicated work, never a wrong or torn file (writes are
+    atomic, and a reader checks what it reads)."""
+    from rag_gates._io import append_locked
+    from rag_gates.errors import FileInUseError
 
+    keep = keep_files() if keep is None else keep
     if keep < 1:
-        raise ValueError(f"keep must be at least 1 (the file just written), got {keep}")
+        raise ValueError(f"keep must be at least 1, got {keep}")
 
-    def age_order(file: Path) -> float:
+    def modified(file: Path) -> float | None:
         try:
-            return -file.stat().st_mtime
+            return file.stat().st_mtime
         except OSError:  # removed meanwhile by another process's prune
-            return 0.0
+            return None
 
-    doomed = sorted(directory.glob("*.keys"), key=age_order)[keep:]
-    doomed += [f.with_suffix(".lock") for f in doomed if f.with_suffix(".lock").exists()]
+    newest_first = sorted(directory.glob("*.keys"), key=lambda f: -(modified(f) or 0.0))
+    doomed = [f for f in newest_first if f != protect][keep - (protect is not None):]
     now = time.time()
     for tmp in directory.glob(".*.tmp"):
+        mtime = modified(tmp)
+        if mtime is not None and now - mtime > _STALE_TMP_S:
+            doomed.append(tmp)
+    removed = [f for f in doomed if _remove(f)]
+    for lock in directory.glob("*.lock"):
+        key_file = lock.with_suffix(".keys")
+        if key_file == protect or (key_file.exists() and key_file not in removed):
+            continue
         try:
-            if now - tmp.stat().st_mtime > _STALE_TMP_S:
-                doomed.append(tmp)
-        except OSError:
+            with append_locked(lock, wait_s=0.0):  # held by no one: nobody computes it now
+                if _remove(lock):
+                    removed.append(lock)
+        except (OSError, FileInUseError):
             continue
-    removed = []
-    for file in doomed:
-        try:
-            file.unlink()
-        except FileNotFoundError:
-            continue
-        except OSError as exc:
-            logger.warning("SR-RAG key cache: cannot remove %s (%s: %s)", file,
-                           type(exc).__name__, exc)
-            continue
-        logger.info("SR-RAG key cache: removed %s (least recently used beyond %d files, or "
-                    "a stale temporary file)", file, keep)
-        removed.append(file)
+    for file in removed:
+        logger.info("SR-RAG key cache: removed %s (beyond the %d most recently used files, "
+                    "its lock, or a stale temporary file)", file, keep)
     return removed
+
+
+def keep_files() -> int:
+    """How many key files the cache keeps: ``$RAG_GATES_SRRAG_KEY_CACHE_KEEP`` (an integer
+    >= 1), else :data:`KEY_CACHE_KEEP`; an unreadable value keeps the default, with a
+    warning."""
+    raw = os.environ.get(KEY_CACHE_KEEP_ENV, "").strip()
+    if not raw:
+        return KEY_CACHE_KEEP
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        logger.warning("SR-RAG key cache: %s=%r is not an integer >= 1; keeping %d files",
+                       KEY_CACHE_KEEP_ENV, raw, KEY_CACHE_KEEP)
+        return KEY_CACHE_KEEP
+    return value
+
+
+def _remove(file: Path) -> bool:
+    try:
+        file.unlink()
+    except FileNotFoundError:
+        return False
+    except OSError as exc:
+        logger.warning("SR-RAG key cache: cannot remove %s (%s: %s)", file,
+                       type(exc).__name__, exc)
+        return False
+    return True
 
 
 def _touch(path: Path) -> None:

@@ -10,6 +10,7 @@ import os
 import subprocess
 import sys
 import textwrap
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
@@ -249,12 +250,10 @@ def test_keys_that_are_not_finite_are_refused_and_never_cached(home: Path,
 def test_the_cache_keeps_the_most_recently_used_files(
         tiny: Any, home: Path, tmp_path: Path, forwards: Forwards,
         monkeypatch: pytest.MonkeyPatch) -> None:
-    """Every edited labels file is another cache file: beyond KEY_CACHE_KEEP the least
-    recently used go (a hit counts as use), with their locks and a killed writer's temp."""
-    from rag_gates.srrag import key_cache
-
-    monkeypatch.setattr(key_cache, "KEY_CACHE_KEEP", 2)
-    files = []
+    """Every edited labels file is another cache file: beyond the limit the least recently
+    used go (a hit counts as use), with their locks."""
+    monkeypatch.setenv("RAG_GATES_SRRAG_KEY_CACHE_KEEP", "2")
+    files: list[Path] = []
     for i in range(3):  # three labels files, each another question set: three misses
         edited = [*ENTRIES[:-1], ENTRIES[-1].model_copy(update={"question": f"Who wrote {i}?"})]
         load_default_policy(tiny, labels=_labels(tmp_path / f"p{i}.jsonl", tiny, edited))
@@ -267,13 +266,36 @@ def test_the_cache_keeps_the_most_recently_used_files(
             load_default_policy(tiny, labels=_labels(tmp_path / "p0.jsonl", tiny, edited0))
             assert forwards.calls == 0
             assert files[1].with_suffix(".lock").exists()
-    stale = files[0].parent / f".{files[0].name}.x.tmp"
-    stale.write_bytes(b"torn")
-    os.utime(stale, (1_000, 1_000))
     # The third write pruned down to two: the first (used after the second) and the third.
     assert _cache_files(home) == sorted([files[0], files[2]])
     assert not files[1].with_suffix(".lock").exists()
-    removed = key_cache.prune(files[0].parent, keep=2)
-    assert removed == [stale] and not stale.exists()
+    assert files[0].with_suffix(".lock").exists() and files[2].with_suffix(".lock").exists()
+
+
+def test_prune_removes_stale_temps_and_free_orphan_locks_only(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from rag_gates._io import append_locked
+    from rag_gates.srrag import key_cache
+
+    def file(name: str, age_s: float = 0.0) -> Path:
+        path = tmp_path / name
+        path.write_bytes(b"x")
+        os.utime(path, (time.time() - age_s, time.time() - age_s))
+        return path
+
+    keys = [file(f"k{i}.keys", age_s=10 * i) for i in range(3)]  # k0 newest
+    kept_lock = file("k0.lock")
+    stale_tmp, young_tmp = file(".k9.keys.a.tmp", age_s=2 * 86400), file(".k8.keys.b.tmp")
+    orphan_lock, held_lock = file("gone.lock"), file("busy.lock")  # no .keys beside either
+    with append_locked(held_lock):  # another writer computing "busy": its lock must stay
+        removed = key_cache.prune(tmp_path, keep=2, protect=keys[2])
+    # keep 2 = the protected (oldest) file plus the newest other one.
+    assert sorted(removed) == sorted([keys[1], stale_tmp, orphan_lock])
+    assert keys[0].exists() and keys[2].exists() and kept_lock.exists()
+    assert young_tmp.exists() and held_lock.exists()
     with pytest.raises(ValueError, match="at least 1"):
-        key_cache.prune(files[0].parent, keep=0)
+        key_cache.prune(tmp_path, keep=0)
+    monkeypatch.setenv("RAG_GATES_SRRAG_KEY_CACHE_KEEP", "x")
+    assert key_cache.keep_files() == key_cache.KEY_CACHE_KEEP
+    monkeypatch.setenv("RAG_GATES_SRRAG_KEY_CACHE_KEEP", "3")
+    assert key_cache.keep_files() == 3
