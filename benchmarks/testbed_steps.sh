@@ -85,9 +85,10 @@ e2e)
   $RG report $E --out $E/report --title "$TB end to end (300 evaluation facts)" ;;
 tokrag)
   # Both judges (issue 34): "tokrag" is the paper's as transcribed, "tokrag@authors" the
-  # released code's (the default).
+  # released code's (the default); the own-passage, counterfactual and distractors cases.
   .venv/bin/python benchmarks/tokrag_testbed.py --testbed $D --per-rung 25 \
-      --methods single,cad,adacad,tokrag,tokrag@authors --out benchmarks/results/testbed/tokrag-$TB.json ;;
+      --cases gold,counterfactual,distractors --methods single,cad,adacad,tokrag,tokrag@authors \
+      --out benchmarks/results/testbed/tokrag-$TB.json ;;
 deeprag)
   # Per-subquery knowledge boundary: each hop alone (closed book), then the two-hop questions.
   W=benchmarks/results/testbed/deeprag-$TB

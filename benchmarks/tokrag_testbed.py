@@ -14,9 +14,10 @@ passages per question:
 * ``counterfactual``: the fact's counterfactual passage (the same form with a wrong object of
   the same relation, built with the testbed) in place of its own, plus the same two (the
   detriment case);
-* ``distractors``: the three best BM25 passages that are not about the fact, none of its own
-  (the paper's 100%-noise row: the model's own knowledge is all there is; tb12 on, tb5's
-  table ran ``--cases gold,counterfactual``);
+* ``distractors`` (not by default; tb12 on): the three best BM25 passages that are not about
+  the fact and hold neither a gold alias nor the counterfactual object (a bridge passage about
+  the fact's object can hold the answer; each row records how many were passed over), the
+  paper's 100%-noise row: the model's own knowledge is all there is;
 
 shuffled with a seed per fact. Methods, through the bench registry with a retriever that
 returns exactly those passages: ``no-rag`` (once per fact), ``single`` (standard RAG), ``cad``
@@ -50,10 +51,12 @@ from rag_gates.answers import normalize_answer, score_answer
 from rag_gates.eval.corpus import load_retriever
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.eval.methods import MethodContext, make_method
+from rag_gates.eval.names import check_methods
 from rag_gates.types import Passage, QAExample
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("gold", "counterfactual", "distractors")
+DEFAULT_CASES = ("gold", "counterfactual")  # tb5's table; the testbed steps add distractors
 RAG_METHODS = ("single", "cad", "adacad", "tokrag")
 
 
@@ -71,12 +74,24 @@ def pick(examples: list[QAExample], per_rung: int,
 
 
 def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
-                 seed: int) -> list[Passage]:
+                 seed: int) -> tuple[list[Passage], int]:
+    """The case's three passages, shuffled, and how many ranked passages the distractors
+    case passed over for holding an answer (0 in the other cases)."""
     others = [p for p in bm25.retrieve(example.question, 10)
               if p.id != own.id and p.title != own.title]
     if case == "distractors":
-        chosen = others[:3]
-    elif case == "gold":
+        answers = [normalize_answer(str(a)) for a in (
+            *example.answers, example.meta.get("counterfactual_object")) if a]
+        clean = [p for p in others
+                 if not any(a and a in normalize_answer(p.text) for a in answers)]
+        chosen = clean[:3]
+        if len(chosen) < 3:
+            raise ValueError(f"fact {example.id}: fewer than 3 of BM25's top 10 passages "
+                             "hold no answer")
+        skipped = others.index(chosen[-1]) + 1 - 3
+        random.Random(seed).shuffle(chosen)
+        return chosen, skipped
+    if case == "gold":
         chosen = [own, *others[:2]]
     else:
         text = example.meta.get("counterfactual")
@@ -84,7 +99,7 @@ def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
             raise ValueError(f"fact {example.id} has no counterfactual passage")
         chosen = [Passage(id=f"{own.id}-cf", title=own.title, text=str(text)), *others[:2]]
     random.Random(seed).shuffle(chosen)
-    return chosen
+    return chosen, 0
 
 
 def misled(reply: str, obj: str | None) -> float:
@@ -93,7 +108,7 @@ def misled(reply: str, obj: str | None) -> float:
 
 def summarise(rows: list[dict[str, Any]], examples: list[QAExample],
               rag_methods: tuple[str, ...] = RAG_METHODS,
-              cases: tuple[str, ...] = CASES) -> dict[str, Any]:
+              cases: tuple[str, ...] = DEFAULT_CASES) -> dict[str, Any]:
     keys = {(r["id"], r["case"], r["method"]) for r in rows}
     done = {e.id for e in examples if (e.id, None, "no-rag") in keys
             and all((e.id, c, m) in keys for c in cases for m in rag_methods)}
@@ -115,7 +130,13 @@ def summarise(rows: list[dict[str, Any]], examples: list[QAExample],
                     str(k): round(100 * statistics.fmean(
                         r[name] for r in picked if rung_of[r["id"]] == k), 1) for k in rungs}
             table.setdefault(method, {})["closed book" if case is None else case] = cell
-    return {"facts_complete": len(done), "rungs": rungs, "table": table}
+    out: dict[str, Any] = {"facts_complete": len(done), "rungs": rungs, "table": table}
+    if "distractors" in cases:  # the same passages for every method of a fact
+        over = {r["id"]: int(r.get("passed_over", 0)) for r in rows
+                if r["case"] == "distractors" and r["id"] in done}
+        out["distractors_passed_over"] = {"facts": sum(v > 0 for v in over.values()),
+                                          "passages": sum(over.values())}
+    return out
 
 
 def main() -> None:
@@ -132,16 +153,21 @@ def main() -> None:
     parser.add_argument("--out", type=Path,
                         default=ROOT / "benchmarks/results/testbed/tokrag-testbed.json")
     parser.add_argument("--summary-only", action="store_true")
-    parser.add_argument("--cases", default=",".join(CASES),
-                        help="the passage cases, comma-separated (default: all three)")
+    parser.add_argument("--cases", default=",".join(DEFAULT_CASES),
+                        help=f"the passage cases, comma-separated, of {', '.join(CASES)} "
+                        "(default: the first two)")
     parser.add_argument("--methods", default=",".join(RAG_METHODS),
                         help="the retrieval methods, comma-separated (no-rag always runs); "
                         "'tokrag' is the paper's judge, 'tokrag@authors' the authors' code's")
     args = parser.parse_args()
-    rag_methods = tuple(m for m in args.methods.split(",") if m)
+    rag_methods = tuple(dict.fromkeys(m.strip() for m in args.methods.split(",") if m.strip()))
     if not rag_methods or "no-rag" in rag_methods:
         parser.error("--methods lists retrieval methods only (no-rag always runs)")
-    cases = tuple(c for c in args.cases.split(",") if c)
+    try:  # a misspelt method fails now, not after the model loads
+        check_methods([SPECS.get(m, m) for m in rag_methods])
+    except ValueError as exc:
+        parser.error(str(exc))
+    cases = tuple(dict.fromkeys(c.strip() for c in args.cases.split(",") if c.strip()))
     if not cases or not set(cases) <= set(CASES):
         parser.error(f"--cases takes some of {', '.join(CASES)}, got {args.cases!r}")
     name = f"testbed:{args.testbed}"
@@ -171,15 +197,17 @@ def main() -> None:
                 for case, method in plan:
                     if (example.id, case, method) in done:
                         continue
+                    skipped = 0
                     if case is not None:
-                        fixed.passages = passages_for(example, case, own[example.id], bm25,
-                                                      seed=i)
+                        fixed.passages, skipped = passages_for(example, case, own[example.id],
+                                                               bm25, seed=i)
                     t0 = time.perf_counter()
                     result = methods[method].answer(example.question)
                     row = {"id": example.id, "case": case, "method": method,
                            "rung": example.meta["repetitions"], "answer": result.answer,
                            "seconds": round(time.perf_counter() - t0, 3),
                            "misled": misled(result.answer, example.meta["counterfactual_object"]),
+                           **({"passed_over": skipped} if case == "distractors" else {}),
                            **score_answer(result.answer, example.answers, "popqa")}
                     rows.append(row)
                     sink.write(json.dumps(row) + "\n")
@@ -191,7 +219,7 @@ def main() -> None:
                    f"--testbed {args.testbed} --per-rung {args.per_rung} "
                    + (f"--rungs {args.rungs} " if args.rungs else "")
                    + (f"--methods {args.methods} " if rag_methods != RAG_METHODS else "")
-                   + (f"--cases {args.cases} " if cases != CASES else "") +
+                   + (f"--cases {args.cases} " if cases != DEFAULT_CASES else "") +
                    f"--max-new-tokens {args.max_new_tokens} --out {args.out}",
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "model": args.model or "the testbed's model", "facts_planned": len(examples),
