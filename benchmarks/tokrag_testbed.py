@@ -217,6 +217,7 @@ def main() -> None:
     payload = {
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_testbed.py "
                    f"--testbed {args.testbed} --per-rung {args.per_rung} "
+                   + (f"--model {args.model} " if args.model else "")
                    + (f"--rungs {args.rungs} " if args.rungs else "")
                    + (f"--methods {args.methods} " if rag_methods != RAG_METHODS else "")
                    + (f"--cases {args.cases} " if cases != DEFAULT_CASES else "") +
