@@ -58,6 +58,7 @@ ROOT = Path(__file__).resolve().parent.parent
 CASES = ("gold", "counterfactual", "distractors")
 DEFAULT_CASES = ("gold", "counterfactual")  # tb5's table; the testbed steps add distractors
 RAG_METHODS = ("single", "cad", "adacad", "tokrag")
+DEPTH = 30  # BM25 passages ranked per question (distractors are drawn from them)
 
 
 def pick(examples: list[QAExample], per_rung: int,
@@ -77,7 +78,9 @@ def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
                  seed: int) -> tuple[list[Passage], int]:
     """The case's three passages, shuffled, and how many ranked passages the distractors
     case passed over for holding an answer (0 in the other cases)."""
-    others = [p for p in bm25.retrieve(example.question, 10)
+    # 30 deep: a distractor must hold no answer, and on a few facts most of the top 10 do
+    # (bridge passages about the object); the first two, all the other cases use, are the same.
+    others = [p for p in bm25.retrieve(example.question, DEPTH)
               if p.id != own.id and p.title != own.title]
     if case == "distractors":
         answers = [normalize_answer(str(a)) for a in (
@@ -86,8 +89,8 @@ def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
                  if not any(a and a in normalize_answer(p.text) for a in answers)]
         chosen = clean[:3]
         if len(chosen) < 3:
-            raise ValueError(f"fact {example.id}: fewer than 3 of BM25's top 10 passages "
-                             "hold no answer")
+            raise ValueError(f"fact {example.id}: fewer than 3 of BM25's top {DEPTH} "
+                             "passages hold no answer")
         skipped = others.index(chosen[-1]) + 1 - 3
         random.Random(seed).shuffle(chosen)
         return chosen, skipped

@@ -88,6 +88,6 @@ def test_each_case_gets_three_passages_and_distractors_hold_no_answer(
     assert sorted(p.id for p in cf) == ["b", "f0-cf", "o0"] and over_cf == 0
     assert {p.text for p in cf} >= {"Kaya Alp was born in Izmir."}
     assert sorted(p.id for p in noise) == ["o0", "o1", "o2"] and over == 2
-    with pytest.raises(ValueError, match="fewer than 3"):
+    with pytest.raises(ValueError, match="fewer than 3 of BM25's top 30"):
         script.passages_for(fact, "distractors", own, _Ranked([own, bridge, *others[:2]]),
                             seed=0)
