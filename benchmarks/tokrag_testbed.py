@@ -83,17 +83,16 @@ def passages_for(example: QAExample, case: str, own: Passage, bm25: Any,
     others = [p for p in bm25.retrieve(example.question, DEPTH)
               if p.id != own.id and p.title != own.title]
     if case == "distractors":
-        answers = [normalize_answer(str(a)) for a in (
-            *example.answers, example.meta.get("counterfactual_object")) if a]
-        clean = [p for p in others
-                 if not any(a and a in normalize_answer(p.text) for a in answers)]
-        chosen = clean[:3]
-        if len(chosen) < 3:
+        answers = [n for n in (normalize_answer(str(a)) for a in (
+            *example.answers, example.meta.get("counterfactual_object")) if a) if n]
+        clean = [i for i, p in enumerate(others)
+                 if not any(a in normalize_answer(p.text) for a in answers)][:3]
+        if len(clean) < 3:
             raise ValueError(f"fact {example.id}: fewer than 3 of BM25's top {DEPTH} "
                              "passages hold no answer")
-        skipped = others.index(chosen[-1]) + 1 - 3
+        chosen = [others[i] for i in clean]
         random.Random(seed).shuffle(chosen)
-        return chosen, skipped
+        return chosen, clean[-1] + 1 - 3  # the ranked passages passed over
     if case == "gold":
         chosen = [own, *others[:2]]
     else:
