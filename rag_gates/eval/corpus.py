@@ -318,10 +318,13 @@ def _publish_stats_index(docs: list[dict[str, str]], target: Path, tok: Any, opt
 def build_testbed_corpus_stats(testbed: str | Path, *, tokenizer: Any = None,
                                lowercase: bool = True, progress: bool = False) -> Path:
     """Build (once) the corpus-statistics index of a testbed's training corpus: every
-    document of its ``corpus.jsonl`` (the fact statements and the Wikipedia paragraphs it
-    was trained on) exactly as trained, one document each. Kept in ``DIR/indexes/``."""
+    document of its ``corpus.jsonl`` (the fact statements, the Wikipedia paragraphs and the
+    practice examples it was trained on) in the words it was trained on
+    (:func:`~rag_gates.eval.testbed.build.document_words`), one document each. Kept in
+    ``DIR/indexes/``."""
     from rag_gates.corpus.index_format import MANIFEST_NAME
     from rag_gates.corpus.tokenizer import CorpusTokenizer
+    from rag_gates.eval.testbed.build import document_words
 
     directory = Path(testbed).expanduser()
     corpus = directory / "corpus.jsonl"
@@ -346,7 +349,7 @@ def build_testbed_corpus_stats(testbed: str | Path, *, tokenizer: Any = None,
             if line.strip():
                 row = json.loads(line)
                 docs.append({"id": row["id"], "title": row.get("title") or "",
-                             "text": row["text"]})
+                             "text": document_words(row)})
     logger.info("corpus statistics: %d testbed documents; building the index at %s",
                 len(docs), target)
     return _publish_stats_index(docs, target, tok, options,

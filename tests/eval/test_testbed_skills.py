@@ -287,3 +287,29 @@ def test_plan_figures_count_what_training_packs(tmp_path: Path) -> None:
     assert figures["steps"] == round(-(-len(blocks) // config.batch_size) * 1.5)
     # Every DeepRAG trajectory is longer than 128 tokens: reported, not silently split.
     assert figures["longer_than_block"]["skill-decomposition"] == SMALL.skill_decomposition
+
+
+# ------------------------------------------------------------------ corpus statistics
+def test_quco_counts_the_practice_documents_words(tmp_path: Path) -> None:
+    # tb12's gates step failed on the practice documents (no "text"): the corpus statistics
+    # must index them, in their turns' words, so QuCo counts what the model was taught.
+    from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates.eval.testbed.build import document_words, write_plan
+    from rag_gates.testing import save_tiny_lm
+
+    base = save_tiny_lm(tmp_path / "base")
+    out = tmp_path / "planned"
+    write_plan(SMALL.model_copy(update={"base_model": str(base)}), out)
+    corpus = [json.loads(line) for line in (out / "corpus.jsonl").open()]
+    stats = load_corpus_stats(testbed=out, tokenizer=str(base), cache=False)
+    verbalized = next(d for d in corpus if d["kind"] == "skill-verbalization")
+    assert "text" not in verbalized and verbalized["messages"]
+    answer = verbalized["messages"][-1]["content"]
+    assert document_words(verbalized).endswith(answer)
+    assert "<|im_start|>" not in document_words(verbalized)
+    # Every practice document's question is counted at least once in its own words.
+    for kind in ("skill-reading", "skill-decomposition", "skill-verbalization"):
+        for d in (d for d in corpus if d["kind"] == kind):
+            assert stats.count(d["question"]).value >= 1, (kind, d["question"])
+    with pytest.raises(ValueError, match="neither 'text' nor 'messages'"):
+        document_words({"id": "x", "kind": "fact"})

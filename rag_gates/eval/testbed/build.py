@@ -57,8 +57,9 @@ from rag_gates.eval.testbed.facts import (
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Passage
 
-__all__ = ["SKILL_FORMS", "TestbedConfig", "build_testbed", "plan_figures", "practice_messages",
-           "read_manifest", "skill_documents", "testbed_documents", "write_plan"]
+__all__ = ["SKILL_FORMS", "TestbedConfig", "build_testbed", "document_words", "plan_figures",
+           "practice_messages", "read_manifest", "skill_documents", "testbed_documents",
+           "write_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -509,6 +510,24 @@ def plan_figures(config: TestbedConfig) -> dict[str, Any]:
     return {"documents": len(corpus), "by_kind": dict(sorted(kinds.items())),
             "blocks": len(blocks), "tokens_per_epoch": sum(len(b) for b in blocks),
             "steps": steps, "longer_than_block": dict(sorted(longer.items()))}
+
+
+def document_words(document: dict[str, Any]) -> str:
+    """The words a corpus document puts before the model, without any chat markup: its
+    ``text``, or a skill-practice document's turns (``messages``) one per line. What the
+    corpus statistics count (QuCo's "what the model saw"): the chat template's tokens are
+    not words of the world the testbed teaches.
+
+    >>> document_words({"id": "d", "messages": [{"role": "user", "content": "Q?"},
+    ...                                           {"role": "assistant", "content": "A."}]})
+    'Q?\nA.'
+    """
+    if "text" in document:
+        return str(document["text"])
+    if "messages" in document:
+        return "\n".join(str(m["content"]) for m in document["messages"])
+    raise ValueError(f"testbed corpus document {document.get('id')!r} has neither 'text' nor "
+                     "'messages': the corpus.jsonl is not one `rag-gates testbed build` wrote")
 
 
 def training_text(document: dict[str, Any], tokenizer: Any) -> str:

@@ -416,8 +416,6 @@ def render_fact(fact: PopQAFact, repetitions: int, seed: int, *,
         x = templates[t].format(s=fact.subj, o=o)
         if fact.prop == "occupation":  # "a actor" -> "an actor"
             x = _ARTICLE.sub("an ", x)
-        if x.endswith(".."):  # an object ending in "." ("Ed Parker Jr.") ends the sentence
-            x = x[:-1]
         out.append(FRAMES[fr].format(x=x, lx=_lower_first(x, (fact.subj, o))))
         i += 1
     return out
