@@ -126,6 +126,23 @@ def test_tokrag_forms_are_the_real_decoder(planned: Path, tiny: Any) -> None:
         assert answer[form](question, [own]) == direct, form
 
 
+def test_tokrag_stream_form_is_the_decoders_rag_prompt_read_alone(planned: Path,
+                                                                   tiny: Any) -> None:
+    from rag_gates.prompts import qa_prompt
+    from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
+
+    question, _, own = _fact(planned)
+    seen = Prompts(tiny)
+    skills.form_answerers(seen, max_new_tokens=4)["tokrag-reference-stream"](question, [own])
+    reference = TokRAGDecoder(tiny, TokRAGConfig(passage_prefix=True), dataset="testbed")
+    assert [_text(p) for p in seen.prompts] == [[("user", reference.prompts(question,
+                                                                             [own])[0])]]
+    assert "[Reference]: " in seen.prompts[0]
+    # The default decoder's RAG stream is the `qa` form's prompt: no form of its own.
+    default = TokRAGDecoder(tiny, TokRAGConfig(), dataset="testbed")
+    assert default.prompts(question, [own])[0] == qa_prompt(question, [own])
+
+
 # ------------------------------------------------------------------ resumable rows
 def test_rows_resume_and_a_larger_n_adds_only_what_is_missing(planned: Path, tiny: Any,
                                                                tmp_path: Path) -> None:
@@ -190,6 +207,17 @@ def test_each_criterion_follows_its_threshold() -> None:
                       "(deeprag-paper)", "genread minus closed book at r = 64",
                       "closed book at r = 0 near the base model's (points above it)"}
     # Nothing measured: no verdict (the two-hop line, the base model's without its row).
+    # Tok-RAG's own answers are reported, never a criterion: a method's output cannot be the
+    # precondition for judging it.
+    decoder_low = {**good, "tokrag": {0: 10.0, 64: 10.0}, "tokrag-reference": {0: 0.0, 64: 0.0}}
+    summary = skills.summarise(_synthetic(decoder_low), base_closed_book_r0=5.0)
+    assert all(c["pass"] for c in summary["criteria"] if c["pass"] is not None)
+    assert summary["table"]["tokrag"]["accuracy"] == 10.0
+    assert not any("tokrag form" in c["criterion"] for c in summary["criteria"])
+    stream_low = {**good, "tokrag-reference-stream": {0: 70.0, 64: 70.0}}
+    summary = skills.summarise(_synthetic(stream_low), base_closed_book_r0=5.0)
+    assert {c["criterion"] for c in summary["criteria"] if c["pass"] is False} == {
+        "single in the tokrag-reference-stream form"}
     lines = {c["criterion"]: c for c in skills.summarise(_synthetic(good))["criteria"]}
     assert lines["two-hop single with both hops' passages"]["pass"] is None
     assert lines["closed book at r = 0 near the base model's (points above it)"]["pass"] is None

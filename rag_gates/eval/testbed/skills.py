@@ -14,8 +14,13 @@ the builder trains (:func:`rag_gates.eval.testbed.build.practice_messages`):
   ``Intermediate answer:``) in the bench's prompt for the model (instruction plus
   demonstration, or the model's ``deeprag.json``) and in the paper's prompt (what a
   DeepRAG-trained model carries);
+- ``tokrag-reference-stream``: Tok-RAG's RAG stream with the authors' ``[Reference]:``
+  passages, read by the model alone (the default stream's prompt is ``qa``'s);
 - ``tokrag`` / ``tokrag-reference``: the real :class:`~rag_gates.tokrag.TokRAGDecoder`
-  (the bench's ``tokrag``, and the authors' ``[Reference]:`` passages);
+  (the bench's ``tokrag``, and the authors' ``[Reference]:`` passages): Tok-RAG's own
+  answer, reported beside the others but no criterion, since a precondition for judging a
+  method cannot be the method's own output (tb12 held it to 80% until its skills step
+  showed the decoder 20 points below the model reading the same stream);
 - ``srrag``: SR-RAG's answer prompt after a verbalization whose text is the passage;
 - ``cbdr-paper``: CBDR's ``paper`` RAG prompt.
 
@@ -49,14 +54,17 @@ from rag_gates.answers import score_answer
 from rag_gates.retrieval.base import BaseRetriever
 from rag_gates.types import Passage, QAExample
 
-__all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
-           "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
-           "criteria", "form_answerers", "measure_skills", "summarise"]
+__all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DECODER_FORMS",
+           "DEEPRAG_CONTEXT", "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE",
+           "GivenPassages", "criteria", "form_answerers", "measure_skills", "summarise"]
 
 #: Reading forms, each the prompt a method answers from passages in.
-FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference", "srrag", "cbdr-paper")
-#: Forms held to `single`'s threshold, and DeepRAG's hop answers held to their own.
-SINGLE_FORMS = ("qa", "tokrag", "tokrag-reference", "srrag", "cbdr-paper")
+FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference",
+         "tokrag-reference-stream", "srrag", "cbdr-paper")
+#: Forms held to `single`'s threshold, and DeepRAG's hop answers held to their own;
+#: Tok-RAG's decoder answers are reported, not held to a threshold.
+SINGLE_FORMS = ("qa", "tokrag-reference-stream", "srrag", "cbdr-paper")
+DECODER_FORMS = ("tokrag", "tokrag-reference")
 DEEPRAG_FORMS = ("deeprag", "deeprag-paper")
 #: The validation shape (issue 35), in percent: closed book at the top rung at least this;
 CLOSED_BOOK_TOP_RUNG = 60.0
@@ -100,6 +108,7 @@ def form_answerers(lm: Any, *, max_new_tokens: int = 24) -> dict[str, Answerer]:
     from rag_gates.srrag.pipeline import answer_prompt
     from rag_gates.srrag.verbalizer import Verbalizer
     from rag_gates.tokrag.decoder import TokRAGConfig, TokRAGDecoder
+    from rag_gates.tokrag.streams import stream_prompts
     from rag_gates.types import Generation, TraceRecorder
 
     given = GivenPassages()
@@ -131,6 +140,11 @@ def form_answerers(lm: Any, *, max_new_tokens: int = 24) -> dict[str, Answerer]:
         return reference.generate(question, passages=list(passages),
                                   max_new_tokens=max_new_tokens).text
 
+    def tokrag_reference_stream(question: str, passages: Sequence[Passage]) -> str:
+        rag_prompt, _ = stream_prompts(question, passages, dataset="testbed",
+                                       passage_format="reference")
+        return lm.generate(rag_prompt, max_new_tokens=max_new_tokens).text
+
     def srrag(question: str, passages: Sequence[Passage]) -> str:
         # The passages' text as a finished verbalization: one untitled parametric passage.
         written = verbalizer.passage(question, Generation(
@@ -144,7 +158,9 @@ def form_answerers(lm: Any, *, max_new_tokens: int = 24) -> dict[str, Answerer]:
 
     return {"qa": through("single"), "deeprag": deeprag(bench_prompt(lm)),
             "deeprag-paper": deeprag(DeepRAGPrompt()), "tokrag": through("tokrag"),
-            "tokrag-reference": tokrag_reference, "srrag": srrag, "cbdr-paper": cbdr_paper,
+            "tokrag-reference": tokrag_reference,
+            "tokrag-reference-stream": tokrag_reference_stream, "srrag": srrag,
+            "cbdr-paper": cbdr_paper,
             CLOSED: through(CLOSED), GENREAD: through(GENREAD), TWOHOP: through("single")}
 
 
