@@ -31,7 +31,8 @@ TB11_DOCUMENTS_SHA256 = "ffe569d0f19327734eab9f7a2104f60d1bcb08238a70a5c871d9d39
 
 SMALL = TestbedConfig(n_facts=60, ladder=[0, 2, 8], general_paragraphs=4, reading_examples=10,
                       recall_examples=20, recall_repetitions=4, skill_reading=4,
-                      skill_decomposition=12, skill_hop_repetitions=3, skill_verbalization=6)
+                      skill_decomposition=12, skill_hop_repetitions=3, skill_verbalization=6,
+                      skill_twohop_reading=6)
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,8 @@ def test_no_manifest_fact_in_any_practice_document(docs: dict[str, list[dict[str
     manifest = docs["manifest"]
     practice = [d for d in docs["corpus"] if d["kind"].startswith("skill")]
     assert {d["kind"] for d in practice} == {"skill-reading", "skill-decomposition",
-                                             "skill-hop-statement", "skill-verbalization"}
+                                             "skill-hop-statement", "skill-verbalization",
+                                             "skill-twohop-reading"}
     texts = [json.dumps(d.get("messages") or d["text"], ensure_ascii=False) for d in practice]
     # No manifest question is asked, and no statement of a manifest fact (as the corpus,
     # the retrieval passages or the counterfactual passages word it) appears.
@@ -228,6 +230,50 @@ def test_decomposition_people_are_distinct_and_stated_once_each(
         docs: dict[str, list[dict[str, Any]]]) -> None:
     people = [d["hop_answers"][0] for d in _practice(docs, "skill-decomposition")]
     assert len(set(people)) == len(people)
+
+
+# ------------------------------------------------------------------ two-hop reading
+def test_twohop_reading_is_the_benchmark_prompt_over_both_hops(
+        docs: dict[str, list[dict[str, Any]]]) -> None:
+    from rag_gates.eval.testbed.facts import BRIDGE_QUESTIONS
+    from rag_gates.prompts import qa_prompt
+
+    examples = _practice(docs, "skill-twohop-reading")
+    assert len(examples) == SMALL.skill_twohop_reading
+    decomposition_people = {d["hop_answers"][0] for d in _practice(docs, "skill-decomposition")}
+    people = [d["hop_answers"][0] for d in examples]
+    assert len(set(people)) == len(people) and not set(people) & decomposition_people
+    others = [json.dumps(d.get("messages") or d.get("text"), ensure_ascii=False)
+              for d in docs["corpus"] if d["kind"] != "skill-twohop-reading"]
+    for d in examples:
+        user, assistant = _turns(d)
+        person, city = d["hop_answers"]
+        assert assistant == d["answer"] == city
+        assert user == qa_prompt(d["question"], _passages(d))  # the form `single` reads
+        assert d["question"] in {q.format(s=t["title"]) for q in BRIDGE_QUESTIONS.values()
+                                 for t in d["passages"]}
+        # Both hops are in the prompt: one passage names the person, a passage about the
+        # person names the city; the question names neither.
+        assert any(person in p.text for p in _passages(d) if p.title != person)
+        assert any(city in p.text for p in _passages(d) if p.title == person)
+        assert person not in d["question"] and city not in d["question"]
+        assert len(d["passages"]) >= 2
+        # Read, not recalled: no other document says the person was born there.
+        assert not any(person in t and city in t for t in others), d["id"]
+
+
+def test_twohop_reading_off_keeps_the_documents_of_a_build_without_it() -> None:
+    base = SMALL.model_copy(update={"skill_twohop_reading": 0})
+    with_it = documents_of(SMALL)["corpus"]
+    without = documents_of(base)["corpus"]
+    assert not any(d["kind"] == "skill-twohop-reading" for d in without)
+    # The decomposition trajectories (the first people chosen) are the same either way
+    # (the corpus order is shuffled as a whole, so compared by id).
+    def by_id(corpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
+        return sorted(_practice({"corpus": corpus}, "skill-decomposition"),
+                      key=lambda d: str(d["id"]))
+
+    assert by_id(with_it) == by_id(without)
 
 
 # ------------------------------------------------------------------ verbalization

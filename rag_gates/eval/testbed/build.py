@@ -69,7 +69,8 @@ CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
 #: Configuration fields added after testbeds were built without them, with the value such a
 #: testbed has (its config.json lacks the field).
 _LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16, "skill_reading": 0,
-           "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0}
+           "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0,
+           "skill_twohop_reading": 0}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 
 
@@ -123,6 +124,12 @@ class TestbedConfig(BaseModel):
         0, ge=0, description="Verbalization practice: SR-RAG's GenRead prompt for a recall "
                              "fact's question, answered with statements of the fact the corpus "
                              "teaches (at most recall_examples).")
+    skill_twohop_reading: int = Field(
+        0, ge=0, description="Two-hop reading practice: two-hop questions over facts outside "
+                             "the manifest (as skill_decomposition's, other people) in the "
+                             "benchmark's QA prompt, both hops' passages among fillers, "
+                             "answered with the second hop's answer (tb12 answered the first "
+                             "hop's person for 82 of its 85 wrong two-hop answers).")
     bridges: bool = Field(True, description=(
         "Purpose-written second hops: a birthplace for the person each calibration or "
         "evaluation fact's object names (director, author, ...), stated a ladder count of "
@@ -700,17 +707,20 @@ def _skill_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Testb
     fillers, rest = candidates[:start] or candidates, candidates[start:]
     banned = {f.subj.casefold() for f in facts} | {f.obj.casefold() for f in facts} | \
         {p.subj.casefold() for p in pool}
+    # The decomposition's people first, then the two-hop reading's (without it, tb12's).
+    wanted = config.skill_decomposition + config.skill_twohop_reading
     firsts: list[PopQAFact] = []
     for p in rest:
-        if len(firsts) == config.skill_decomposition:
+        if len(firsts) == wanted:
             break
         if p.prop in BRIDGE_QUESTIONS and p.obj.casefold() not in banned:
             banned.add(p.obj.casefold())
             firsts.append(p)
-    if len(firsts) < config.skill_decomposition:
+    if len(firsts) < wanted:
         raise ValueError(f"only {len(firsts)} PopQA facts outside the manifest, the reading and "
-                         f"the recall facts name a usable person for decomposition practice; "
-                         f"ask for fewer (skill_decomposition={config.skill_decomposition})")
+                         f"the recall facts name a usable person for two-hop practice; ask for "
+                         f"fewer (skill_decomposition={config.skill_decomposition}, "
+                         f"skill_twohop_reading={config.skill_twohop_reading})")
     used = {p.row for p in firsts}
     readers = [p for p in rest if p.row not in used][: config.skill_reading * len(SKILL_FORMS)]
     if len(readers) < config.skill_reading * len(SKILL_FORMS):
@@ -739,10 +749,14 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
     - ``skill-verbalization`` (``skill_verbalization``): SR-RAG's GenRead prompt for a recall
       fact's question, answered with two of the statements the corpus teaches (tb10's
       verbalization lost what the model knew: genread 45.3% against closed book 58.7%).
+    - ``skill-twohop-reading`` (``skill_twohop_reading``): two-hop questions like the
+      decomposition's (other people) in the benchmark's QA prompt with both hops' passages,
+      answered with the second hop's answer (tb12's two-hop `single` 40.1%: the model
+      answered the first hop).
     """
     n_read, n_dec, n_verb = (config.skill_reading, config.skill_decomposition,
                              config.skill_verbalization)
-    if n_read == n_dec == n_verb == 0:
+    if n_read == n_dec == n_verb == config.skill_twohop_reading == 0:
         return []
     fillers, firsts, readers = _skill_facts(pool, facts, config)
     k, seed = config.reading_passages, config.seed
@@ -761,7 +775,8 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
                         "passages": [p.model_dump(include={"id", "title", "text"})
                                      for p in passages],
                         "messages": practice_messages(form, fact.question, passages, fact.obj)})
-    out += _decomposition_documents(pool, facts, firsts, fillers, config)
+    out += _decomposition_documents(pool, facts, firsts[:n_dec], fillers, config)
+    out += _twohop_reading_documents(pool, facts, firsts[n_dec:], fillers, config)
     recall = _recall_facts(pool, facts, config)
     if n_verb > len(recall):
         raise ValueError(f"skill_verbalization={n_verb} needs as many recall facts "
@@ -780,6 +795,51 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
     return out
 
 
+def _bridge_cities(pool: Sequence[PopQAFact], facts: Sequence[Fact]) -> list[str]:
+    """The birthplaces a practice bridge may get: PopQA's, none a manifest subject."""
+    manifest_subjects = {f.subj.casefold() for f in facts}
+    return sorted({p.obj for p in pool if p.prop == "place of birth"
+                   and p.obj.casefold() not in manifest_subjects})
+
+
+def _practice_bridge(first: PopQAFact, city: str) -> PopQAFact:
+    """The purpose-written second hop of a practice question: the person ``first`` names
+    was born in ``city`` (stated only where the practice puts it)."""
+    return PopQAFact(row=-1_000_000 - first.row, subj=first.obj, prop="place of birth",
+                     obj=city, answers=[city], question=f"In what city was {first.obj} born?")
+
+
+def _twohop_reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
+                              firsts: Sequence[PopQAFact], fillers: Sequence[PopQAFact],
+                              config: TestbedConfig) -> list[dict[str, Any]]:
+    """The ``skill-twohop-reading`` examples (see :func:`skill_documents`): a two-hop
+    question in the benchmark's QA prompt over both hops' passages and fillers (the form
+    `single` answers a two-hop question in), the second hop's answer as the reply. Neither
+    hop is stated anywhere else, so the answer can only be read."""
+    if not firsts:
+        return []
+    seed = config.seed
+    cities = _bridge_cities(pool, facts)
+    out: list[dict[str, Any]] = []
+    for i, first in enumerate(firsts):
+        rng = _rng(seed, "skill-twohop-reading", first.row)
+        bridge = _practice_bridge(first, rng.choice(cities))
+        hops = [Passage(id=f"read-{h.row}", title=h.subj, text=render_fact(h, 1, seed)[0])
+                for h in (first, bridge)]
+        others = rng.sample(list(fillers), min(len(fillers), max(0, config.reading_passages - 2)))
+        passages = hops + [Passage(id=f"read-{p.row}", title=p.subj,
+                                   text=render_fact(p, 1, seed)[0]) for p in others]
+        rng.shuffle(passages)
+        question = BRIDGE_QUESTIONS[first.prop].format(s=first.subj)
+        prompt = qa_prompt(question, passages)
+        out.append({"id": f"skill-twohop-{i}", "kind": "skill-twohop-reading", "row": first.row,
+                    "question": question, "answer": bridge.obj,
+                    "hop_answers": [first.obj, bridge.obj],
+                    "passages": [p.model_dump(include={"id", "title", "text"}) for p in passages],
+                    "messages": _messages(prompt, bridge.obj)})
+    return out
+
+
 def _decomposition_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                              firsts: Sequence[PopQAFact], fillers: Sequence[PopQAFact],
                              config: TestbedConfig) -> list[dict[str, Any]]:
@@ -790,9 +850,7 @@ def _decomposition_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     from rag_gates.deeprag.trajectory import DeepRAGPrompt
 
     seed = config.seed
-    manifest_subjects = {f.subj.casefold() for f in facts}
-    cities = sorted({p.obj for p in pool if p.prop == "place of birth"
-                     and p.obj.casefold() not in manifest_subjects})
+    cities = _bridge_cities(pool, facts)
     order = list(range(len(firsts)))
     _rng(seed, "skill-decomposition").shuffle(order)
     from_memory = set(order[: len(order) // 2])
@@ -801,9 +859,7 @@ def _decomposition_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     for i, first in enumerate(firsts):
         rng = _rng(seed, "skill-decomposition", first.row)
         city = rng.choice(cities)
-        bridge = PopQAFact(row=-1_000_000 - first.row, subj=first.obj, prop="place of birth",
-                           obj=city, answers=[city],
-                           question=f"In what city was {first.obj} born?")
+        bridge = _practice_bridge(first, city)
         retrieved = (False, False) if i in from_memory else rng.choice(patterns)
         hops: list[tuple[str, str, Sequence[Passage] | None]] = []
         for hop, retrieve in zip((first, bridge), retrieved, strict=True):

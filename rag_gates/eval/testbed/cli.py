@@ -77,6 +77,10 @@ def build_command(
     skill_verbalization: Annotated[int, typer.Option(
         min=0, help="SR-RAG GenRead prompts for recall facts, answered with their taught "
                     "statements.")] = _DEFAULT.skill_verbalization,
+    skill_twohop_reading: Annotated[int, typer.Option(
+        min=0, help="Two-hop questions over facts outside the manifest in the benchmark's "
+                    "QA prompt with both hops' passages, answered with the second hop's "
+                    "answer.")] = _DEFAULT.skill_twohop_reading,
     epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
         _DEFAULT.learning_rate,
@@ -105,7 +109,8 @@ def build_command(
             recall_examples=recall_examples, recall_repetitions=recall_repetitions,
             skill_reading=skill_reading, skill_decomposition=skill_decomposition,
             skill_hop_repetitions=skill_hop_repetitions,
-            skill_verbalization=skill_verbalization, epochs=epochs, learning_rate=lr,
+            skill_verbalization=skill_verbalization,
+            skill_twohop_reading=skill_twohop_reading, epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
             bridges=bridges, threads=threads)
         if plan_only:
