@@ -28,6 +28,10 @@ TB11 = ROOT / "benchmarks" / "results" / "testbed" / "tb11-config.json"
 # sha256 of json.dumps(documents_of(tb11), sort_keys=True) computed with main's code
 # before the skill options existed (commit 1dbe852): the options off change nothing.
 TB11_DOCUMENTS_SHA256 = "ffe569d0f19327734eab9f7a2104f60d1bcb08238a70a5c871d9d39fcc77f8af"
+# The same for tb12 (skill practice on), computed with the code before skill_twohop_reading
+# existed (commit 324bf3c): the option off changes nothing.
+TB12 = ROOT / "benchmarks" / "results" / "testbed" / "tb12-config.json"
+TB12_DOCUMENTS_SHA256 = "116ee1a3af194ed2b86bc6abff11a1cdfb09b2abbd93a596223280563600f54a"
 
 SMALL = TestbedConfig(n_facts=60, ladder=[0, 2, 8], general_paragraphs=4, reading_examples=10,
                       recall_examples=20, recall_repetitions=4, skill_reading=4,
@@ -108,7 +112,7 @@ def test_no_manifest_fact_in_any_practice_document(docs: dict[str, list[dict[str
     # No manifest object is a decomposition person: a manifest bridge may give them a
     # birthplace of its own.
     objects = {f["obj"].casefold() for f in manifest}
-    for d in _practice(docs, "skill-decomposition"):
+    for d in _practice(docs, "skill-decomposition") + _practice(docs, "skill-twohop-reading"):
         assert d["hop_answers"][0].casefold() not in objects
 
 
@@ -257,23 +261,24 @@ def test_twohop_reading_is_the_benchmark_prompt_over_both_hops(
         assert any(person in p.text for p in _passages(d) if p.title != person)
         assert any(city in p.text for p in _passages(d) if p.title == person)
         assert person not in d["question"] and city not in d["question"]
-        assert len(d["passages"]) >= 2
         # Read, not recalled: no other document says the person was born there.
         assert not any(person in t and city in t for t in others), d["id"]
 
 
-def test_twohop_reading_off_keeps_the_documents_of_a_build_without_it() -> None:
-    base = SMALL.model_copy(update={"skill_twohop_reading": 0})
+def test_twohop_reading_off_keeps_tb12_and_on_adds_only_its_examples() -> None:
+    config = TestbedConfig.model_validate(json.loads(TB12.read_text()))
+    assert config.skill_twohop_reading == 0
+    digest = hashlib.sha256(json.dumps(documents_of(config), sort_keys=True).encode())
+    assert digest.hexdigest() == TB12_DOCUMENTS_SHA256
+    # On (in the small configuration): every other document is the same, by id (the corpus
+    # order is shuffled as a whole), so a build with it is the build without it plus it.
+    without = documents_of(SMALL.model_copy(update={"skill_twohop_reading": 0}))["corpus"]
     with_it = documents_of(SMALL)["corpus"]
-    without = documents_of(base)["corpus"]
     assert not any(d["kind"] == "skill-twohop-reading" for d in without)
-    # The decomposition trajectories (the first people chosen) are the same either way
-    # (the corpus order is shuffled as a whole, so compared by id).
-    def by_id(corpus: list[dict[str, Any]]) -> list[dict[str, Any]]:
-        return sorted(_practice({"corpus": corpus}, "skill-decomposition"),
-                      key=lambda d: str(d["id"]))
-
-    assert by_id(with_it) == by_id(without)
+    added = [d for d in with_it if d["kind"] == "skill-twohop-reading"]
+    assert len(added) == SMALL.skill_twohop_reading
+    assert {d["id"]: d for d in with_it if d["kind"] != "skill-twohop-reading"} == \
+        {d["id"]: d for d in without}
 
 
 # ------------------------------------------------------------------ verbalization

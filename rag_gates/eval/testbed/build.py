@@ -695,8 +695,11 @@ def _context(fact: PopQAFact, fillers: Sequence[PopQAFact], k: int, seed: int,
 
 def _skill_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: TestbedConfig
                  ) -> tuple[list[PopQAFact], list[PopQAFact], list[PopQAFact]]:
-    """(fillers, decomposition first hops, reading-practice facts): outside-manifest facts
-    after the reading and recall slices, in :func:`_outside_manifest`'s seeded order.
+    """(fillers, two-hop first hops, reading-practice facts): outside-manifest facts after
+    the reading and recall slices, in :func:`_outside_manifest`'s seeded order. The first
+    hops are the decomposition's (``skill_decomposition``), then the two-hop reading's
+    (``skill_twohop_reading``), chosen after the reading-practice facts so that asking for
+    two-hop reading leaves every other practice document as it was.
 
     A first hop's object is a person who is no manifest fact's subject or object (a manifest
     bridge would give them another birthplace) and no PopQA fact's subject (the corpus
@@ -707,20 +710,19 @@ def _skill_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Testb
     fillers, rest = candidates[:start] or candidates, candidates[start:]
     banned = {f.subj.casefold() for f in facts} | {f.obj.casefold() for f in facts} | \
         {p.subj.casefold() for p in pool}
-    # The decomposition's people first, then the two-hop reading's (without it, tb12's).
-    wanted = config.skill_decomposition + config.skill_twohop_reading
-    firsts: list[PopQAFact] = []
-    for p in rest:
-        if len(firsts) == wanted:
-            break
-        if p.prop in BRIDGE_QUESTIONS and p.obj.casefold() not in banned:
-            banned.add(p.obj.casefold())
-            firsts.append(p)
-    if len(firsts) < wanted:
-        raise ValueError(f"only {len(firsts)} PopQA facts outside the manifest, the reading and "
-                         f"the recall facts name a usable person for two-hop practice; ask for "
-                         f"fewer (skill_decomposition={config.skill_decomposition}, "
-                         f"skill_twohop_reading={config.skill_twohop_reading})")
+
+    def people(n: int, skip: set[int]) -> list[PopQAFact]:
+        chosen: list[PopQAFact] = []
+        for p in rest:
+            if len(chosen) == n:
+                break
+            if p.row not in skip and p.prop in BRIDGE_QUESTIONS and \
+                    p.obj.casefold() not in banned:
+                banned.add(p.obj.casefold())
+                chosen.append(p)
+        return chosen
+
+    firsts = people(config.skill_decomposition, set())
     used = {p.row for p in firsts}
     readers = [p for p in rest if p.row not in used][: config.skill_reading * len(SKILL_FORMS)]
     if len(readers) < config.skill_reading * len(SKILL_FORMS):
@@ -728,6 +730,15 @@ def _skill_facts(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Testb
                          f"reading, recall and decomposition facts for "
                          f"{len(SKILL_FORMS)} reading-practice forms; ask for fewer "
                          f"(skill_reading={config.skill_reading})")
+    # A reader's object is stated by its practice: not a two-hop reading person too.
+    banned |= {p.obj.casefold() for p in readers}
+    firsts += people(config.skill_twohop_reading, used | {p.row for p in readers})
+    wanted = config.skill_decomposition + config.skill_twohop_reading
+    if len(firsts) < wanted:
+        raise ValueError(f"only {len(firsts)} PopQA facts outside the manifest, the reading and "
+                         f"the recall facts name a usable person for two-hop practice; ask for "
+                         f"fewer (skill_decomposition={config.skill_decomposition}, "
+                         f"skill_twohop_reading={config.skill_twohop_reading})")
     return fillers, firsts, readers
 
 
@@ -814,8 +825,10 @@ def _twohop_reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                               config: TestbedConfig) -> list[dict[str, Any]]:
     """The ``skill-twohop-reading`` examples (see :func:`skill_documents`): a two-hop
     question in the benchmark's QA prompt over both hops' passages and fillers (the form
-    `single` answers a two-hop question in), the second hop's answer as the reply. Neither
-    hop is stated anywhere else, so the answer can only be read."""
+    `single` answers a two-hop question in), the second hop's answer as the reply. The
+    second hop (the person's birthplace) is stated nowhere else, so the answer can only be
+    read; the first hop's statement may be another example's distractor passage, as for
+    the decomposition practice."""
     if not firsts:
         return []
     seed = config.seed
