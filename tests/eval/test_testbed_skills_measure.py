@@ -176,6 +176,32 @@ def test_rows_resume_and_a_larger_n_adds_only_what_is_missing(planned: Path, tin
         skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=3, max_new_tokens=5)
 
 
+def test_rows_from_before_a_form_was_added_resume_with_only_the_new_form(
+        planned: Path, tiny: Any, tmp_path: Path) -> None:
+    from rag_gates.errors import ArtifactError
+
+    rows = tmp_path / "rows.jsonl"
+    skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=1, twohop_n=1,
+                          max_new_tokens=3)
+    # As written before "tokrag-reference-stream" existed: its rows and form gone.
+    lines = rows.read_text().splitlines()
+    header = json.loads(lines[0])
+    header["header"]["forms"].remove("tokrag-reference-stream")
+    kept = [ln for ln in lines[1:] if json.loads(ln)["form"] != "tokrag-reference-stream"]
+    assert len(kept) == len(lines) - 2
+    rows.write_text("\n".join([json.dumps(header), *kept]) + "\n")
+    summary = skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=1, twohop_n=1,
+                                    max_new_tokens=3)
+    after = _rows(rows)
+    assert after[: len(kept)] == [json.loads(ln) for ln in kept]  # the old answers kept
+    assert [r["form"] for r in after[len(kept):]] == ["tokrag-reference-stream"]
+    assert summary["facts_complete"] == 1
+    assert json.loads(rows.read_text().splitlines()[0])["header"]["forms"] == list(skills.FORMS)
+    # Another setting still refuses to mix.
+    with pytest.raises(ArtifactError):
+        skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=1, max_new_tokens=4)
+
+
 # ------------------------------------------------------------------ criteria
 def _synthetic(acc: dict[str, dict[int, float]], per_rung: int = 10) -> list[dict[str, Any]]:
     """Rows with the given accuracy (percent) per form and rung: real inputs of summarise."""

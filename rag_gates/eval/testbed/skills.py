@@ -175,6 +175,26 @@ def _header(directory: Path, model: str, max_new_tokens: int) -> dict[str, Any]:
             "passages": "the fact's own (twohop: both hops', in hop order)"}
 
 
+def _grow_forms(path: Path, header: dict[str, Any]) -> None:
+    """Rows written before a form was added hold valid answers for their forms: accept
+    them by rewriting the header's form list (the only difference allowed) to ``header``'s,
+    so the next run answers only the new forms. Any other difference is left for
+    :class:`~rag_gates._io.JsonlLog` to refuse."""
+    if not path.is_file():
+        return
+    first, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    try:
+        old = json.loads(first)["header"]
+    except (ValueError, KeyError, TypeError):
+        return
+    same = {k: v for k, v in old.items() if k != "forms"} == \
+        {k: v for k, v in header.items() if k != "forms"}
+    if same and set(old.get("forms", [])) < set(header["forms"]):
+        from rag_gates._io import write_text_atomic
+
+        write_text_atomic(path, json.dumps({"header": header}, ensure_ascii=False) + "\n" + rest)
+
+
 def _plan(directory: Path, n: int | None, twohop_n: int | None
           ) -> list[tuple[str, QAExample, list[Passage]]]:
     from rag_gates.eval.testbed.dataset import load_testbed_dataset
@@ -209,7 +229,9 @@ def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
     directory = Path(testbed).expanduser().resolve()
     name = model or str(directory / "model")
     plan = _plan(directory, n, twohop_n)
-    log = JsonlLog(Path(rows), _header(directory, name, max_new_tokens))
+    header = _header(directory, name, max_new_tokens)
+    _grow_forms(Path(rows), header)
+    log = JsonlLog(Path(rows), header)
     with log:
         done = log.open()
         have = {(r["form"], r["id"]) for r in done}
