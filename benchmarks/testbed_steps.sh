@@ -5,7 +5,8 @@
 #   BUILD_FLAGS  the `rag-gates testbed build` options that make this build
 #   BASE_FACTS   optional: an existing run of the base model on the same evaluation facts
 #                (bench/NAME); without it the validate step runs the base model itself
-#   STEPS        build validate skills gates e2e tokrag deeprag deeprag-trained srrag srrag-auroc
+#   STEPS        build validate skills gates e2e tokrag deeprag deeprag-trained (SFT, then DPO)
+#                srrag srrag-auroc
 #                expectations
 #                (default: all, in that order; skills reads validate's table, deeprag-trained
 #                reports with deeprag's runs, srrag needs gates' CBDR probe, srrag-auroc needs
@@ -104,7 +105,8 @@ deeprag-trained)
   # each) and the two-hop questions over calibration facts. SFT on the trajectories found
   # (the model inside the testbed directory, not committed), then the two-hop evaluation
   # questions with the trained model, and each hop alone with it (its own closed-book
-  # answers judge its per-subquery decisions); the report adds deeprag's runs if there.
+  # answers judge its per-subquery decisions); then the same after DPO on the SFT model;
+  # the report adds deeprag's runs if there.
   W=benchmarks/results/testbed/deeprag-$TB
   $RG deeprag synthesize --decomposition given --dataset testbed-probe:$D \
       --dataset testbed-calibration:$D --dataset testbed-twohop-calibration:$D --n 1000 \
@@ -117,7 +119,17 @@ deeprag-trained)
   # The trained model's own closed-book answers to each hop: its per-subquery boundary.
   $RG bench --dataset testbed-hops:$D --model $D/deeprag-sft --methods no-rag --n 1000 $T \
       --out $W/hops-sft
-  runs=$(for d in twohop twohop-sft hops hops-sft; do [ ! -d $W/$d ] || echo $W/$d; done)
+  # Then DPO on the same trajectories' step-wise decision pairs (the paper's Chain of
+  # Calibration: which subqueries to retrieve for), from the SFT model, evaluated the same way.
+  [ -f $D/deeprag-sft-dpo/training.json ] || $RG deeprag train --stage dpo \
+      --rows $W/synth-given.jsonl --model $D/deeprag-sft --out $D/deeprag-sft-dpo --threads 1
+  mkdir -p $W/dpo && cp $D/deeprag-sft-dpo/training.json $D/deeprag-sft-dpo/loss.png $W/dpo/
+  $RG bench --dataset testbed-twohop:$D --model $D/deeprag-sft-dpo --prefix-cache-mb 256 \
+      --threads 1 --methods deeprag --n ${TWOHOP_N:-1000} --out $W/twohop-sft-dpo
+  $RG bench --dataset testbed-hops:$D --model $D/deeprag-sft-dpo --methods no-rag --n 1000 $T \
+      --out $W/hops-sft-dpo
+  runs=$(for d in twohop twohop-sft twohop-sft-dpo hops hops-sft hops-sft-dpo; do
+    [ ! -d $W/$d ] || echo $W/$d; done)
   # shellcheck disable=SC2086  # a list of directories
   $RG report $runs --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
 srrag|srrag-auroc)
