@@ -111,23 +111,21 @@ deeprag-trained)
   $RG deeprag synthesize --decomposition given --dataset testbed-probe:$D \
       --dataset testbed-calibration:$D --dataset testbed-twohop-calibration:$D --n 1000 \
       --offset 0 --model $D/model --threads 1 --out $W/synth-given.jsonl
-  [ -f $D/deeprag-sft/training.json ] || $RG deeprag train --stage sft \
-      --rows $W/synth-given.jsonl --model $D/model --out $D/deeprag-sft --threads 1
-  mkdir -p $W/sft && cp $D/deeprag-sft/training.json $D/deeprag-sft/loss.png $W/sft/
-  $RG bench --dataset testbed-twohop:$D --model $D/deeprag-sft --prefix-cache-mb 256 --threads 1 \
-      --methods deeprag --n ${TWOHOP_N:-1000} --out $W/twohop-sft
-  # The trained model's own closed-book answers to each hop: its per-subquery boundary.
-  $RG bench --dataset testbed-hops:$D --model $D/deeprag-sft --methods no-rag --n 1000 $T \
-      --out $W/hops-sft
-  # Then DPO on the same trajectories' step-wise decision pairs (the paper's Chain of
-  # Calibration: which subqueries to retrieve for), from the SFT model, evaluated the same way.
-  [ -f $D/deeprag-sft-dpo/training.json ] || $RG deeprag train --stage dpo \
-      --rows $W/synth-given.jsonl --model $D/deeprag-sft --out $D/deeprag-sft-dpo --threads 1
-  mkdir -p $W/dpo && cp $D/deeprag-sft-dpo/training.json $D/deeprag-sft-dpo/loss.png $W/dpo/
-  $RG bench --dataset testbed-twohop:$D --model $D/deeprag-sft-dpo --prefix-cache-mb 256 \
-      --threads 1 --methods deeprag --n ${TWOHOP_N:-1000} --out $W/twohop-sft-dpo
-  $RG bench --dataset testbed-hops:$D --model $D/deeprag-sft-dpo --methods no-rag --n 1000 $T \
-      --out $W/hops-sft-dpo
+  # SFT on the trajectories, then DPO on their step-wise decision pairs (the paper's Chain
+  # of Calibration) from the SFT model; each model answers the two-hop evaluation questions
+  # and, closed book, each hop alone (its own per-subquery boundary).
+  base=$D/model; tag=
+  for stage in sft dpo; do
+    tag=${tag:+$tag-}$stage; M=$D/deeprag-$tag  # deeprag-sft, then deeprag-sft-dpo
+    [ -f $M/training.json ] || $RG deeprag train --stage $stage \
+        --rows $W/synth-given.jsonl --model $base --out $M --threads 1
+    mkdir -p $W/$stage && cp $M/training.json $M/loss.png $W/$stage/
+    $RG bench --dataset testbed-twohop:$D --model $M --prefix-cache-mb 256 --threads 1 \
+        --methods deeprag --n ${TWOHOP_N:-1000} --out $W/twohop-$tag
+    $RG bench --dataset testbed-hops:$D --model $M --methods no-rag --n 1000 $T \
+        --out $W/hops-$tag
+    base=$M
+  done
   runs=$(for d in twohop twohop-sft twohop-sft-dpo hops hops-sft hops-sft-dpo; do
     [ ! -d $W/$d ] || echo $W/$d; done)
   # shellcheck disable=SC2086  # a list of directories

@@ -241,7 +241,7 @@ def reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                          f"reading examples; ask for fewer (reading_examples={n})")
     out: list[dict[str, Any]] = []
     for i, fact in enumerate(readers):
-        passages = _context(fact, fillers, config.reading_passages, config.seed,
+        passages = _context([fact], fillers, config.reading_passages, config.seed,
                             _rng(config.seed, "reading", fact.row))
         prompt = qa_prompt(fact.question, passages)
         out.append({"id": f"read-{i}", "kind": "reading", "row": fact.row, "prompt": prompt,
@@ -683,12 +683,14 @@ def practice_messages(form: str, question: str, passages: Sequence[Passage], ans
     raise ValueError(f"unknown practice form {form!r}; use one of {SKILL_FORMS}")
 
 
-def _context(fact: PopQAFact, fillers: Sequence[PopQAFact], k: int, seed: int,
+def _context(stated: Sequence[PopQAFact], fillers: Sequence[PopQAFact], k: int, seed: int,
              rng: Any) -> list[Passage]:
-    """``k`` titled passages in a seeded order: one states ``fact``, the others fillers."""
-    others = rng.sample(list(fillers), min(len(fillers), k - 1))
+    """``k`` titled passages (at least one per stated fact) in a seeded order: one states
+    each fact of ``stated``, the others fillers."""
+    others = rng.sample(list(fillers), min(len(fillers), max(0, k - len(stated))))
+    rows = {f.row for f in stated}
     passages = [Passage(id=f"read-{p.row}", title=p.subj, text=render_fact(p, 1, seed)[0])
-                for p in [fact, *[o for o in others if o.row != fact.row]]]
+                for p in [*stated, *[o for o in others if o.row not in rows]]]
     rng.shuffle(passages)
     return passages
 
@@ -780,7 +782,7 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
                 rng.shuffle(texts)
                 passages = [Passage(id=f"verbal-{fact.row}", text=" ".join(texts))]
             else:
-                passages = _context(fact, fillers, k, seed, rng)
+                passages = _context([fact], fillers, k, seed, rng)
             out.append({"id": f"skill-{form}-{i}", "kind": "skill-reading", "form": form,
                         "row": fact.row, "question": fact.question, "answer": fact.obj,
                         "passages": [p.model_dump(include={"id", "title", "text"})
@@ -837,12 +839,7 @@ def _twohop_reading_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     for i, first in enumerate(firsts):
         rng = _rng(seed, "skill-twohop-reading", first.row)
         bridge = _practice_bridge(first, rng.choice(cities))
-        hops = [Passage(id=f"read-{h.row}", title=h.subj, text=render_fact(h, 1, seed)[0])
-                for h in (first, bridge)]
-        others = rng.sample(list(fillers), min(len(fillers), max(0, config.reading_passages - 2)))
-        passages = hops + [Passage(id=f"read-{p.row}", title=p.subj,
-                                   text=render_fact(p, 1, seed)[0]) for p in others]
-        rng.shuffle(passages)
+        passages = _context([first, bridge], fillers, config.reading_passages, seed, rng)
         question = BRIDGE_QUESTIONS[first.prop].format(s=first.subj)
         prompt = qa_prompt(question, passages)
         out.append({"id": f"skill-twohop-{i}", "kind": "skill-twohop-reading", "row": first.row,
@@ -878,7 +875,7 @@ def _decomposition_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
         for hop, retrieve in zip((first, bridge), retrieved, strict=True):
             if retrieve:
                 hops.append((hop.question, hop.obj,
-                             _context(hop, fillers, config.reading_passages, seed, rng)))
+                             _context([hop], fillers, config.reading_passages, seed, rng)))
                 continue
             hops.append((hop.question, hop.obj, None))
             for k, text in enumerate(render_fact(hop, config.skill_hop_repetitions, seed)):

@@ -54,17 +54,16 @@ from rag_gates.answers import score_answer
 from rag_gates.retrieval.base import BaseRetriever
 from rag_gates.types import Passage, QAExample
 
-__all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DECODER_FORMS",
-           "DEEPRAG_CONTEXT", "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE",
-           "GivenPassages", "criteria", "form_answerers", "measure_skills", "summarise"]
+__all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
+           "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
+           "criteria", "form_answerers", "measure_skills", "summarise"]
 
 #: Reading forms, each the prompt a method answers from passages in.
 FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference",
          "tokrag-reference-stream", "srrag", "cbdr-paper")
 #: Forms held to `single`'s threshold, and DeepRAG's hop answers held to their own;
-#: Tok-RAG's decoder answers are reported, not held to a threshold.
+#: Tok-RAG's decoder answers ("tokrag", "tokrag-reference") are reported, not held to one.
 SINGLE_FORMS = ("qa", "tokrag-reference-stream", "srrag", "cbdr-paper")
-DECODER_FORMS = ("tokrag", "tokrag-reference")
 DEEPRAG_FORMS = ("deeprag", "deeprag-paper")
 #: The validation shape (issue 35), in percent: closed book at the top rung at least this;
 CLOSED_BOOK_TOP_RUNG = 60.0
@@ -182,7 +181,8 @@ def _grow_forms(path: Path, header: dict[str, Any]) -> None:
     :class:`~rag_gates._io.JsonlLog` to refuse."""
     if not path.is_file():
         return
-    first, _, rest = path.read_text(encoding="utf-8").partition("\n")
+    with path.open(encoding="utf-8") as handle:  # the header line only, on every run
+        first = handle.readline()
     try:
         old = json.loads(first)["header"]
     except (ValueError, KeyError, TypeError):
@@ -192,6 +192,7 @@ def _grow_forms(path: Path, header: dict[str, Any]) -> None:
     if same and set(old.get("forms", [])) < set(header["forms"]):
         from rag_gates._io import write_text_atomic
 
+        rest = path.read_text(encoding="utf-8")[len(first):]
         write_text_atomic(path, json.dumps({"header": header}, ensure_ascii=False) + "\n" + rest)
 
 
