@@ -15,6 +15,11 @@
 * ``deeprag``: per DeepRAG run on the two-hop questions (``deeprag-TB/twohop``,
   ``twohop-sft``), the share of steps that retrieved, by the rung of the hop each step asks
   about (matched by :func:`rag_gates.eval.boundary.hop_of`, as the per-subquery MCC is).
+* ``srrag``: on the evaluation facts' SR-RAG labels (``srrag-TB/labels-eval.jsonl``), the share
+  preferring retrieval at each rung and ``rung_auroc``: how well a low rung alone ranks
+  "retrieval better" (what a router that knew each fact's rung would reach); per routing
+  gate of ``srrag-TB/routing-auroc.json``, its AUROC on the labels and its ``rung_auroc``
+  (its score ranking the lowest rung's facts above the top rung's).
 
 A missing input leaves its part out (``missing`` lists it).
 """
@@ -107,6 +112,35 @@ def deeprag_hop_rungs(run: Path, testbed: Path) -> dict[str, Any]:
             for method, by in steps.items()}
 
 
+def srrag_label_rungs(labels: Path, routing: Path | None,
+                      rung_of: dict[str, int]) -> dict[str, Any]:
+    """The SR-RAG labels' preference by rung, and each routing gate's AUROC and decisions."""
+    rows = [r for r in _jsonl(labels) if "header" not in r and r["id"] in rung_of]
+    rungs = sorted({rung_of[r["id"]] for r in rows})
+    prefers = {r["id"]: float(r["source"] == "retrieval") for r in rows}
+    out: dict[str, Any] = {
+        "questions": len(rows),
+        "retrieval_preferred_by_rung": {str(k): _pct([y for i, y in prefers.items()
+                                                      if rung_of[i] == k]) for k in rungs},
+        # A lower rung should mean "retrieval better": score each fact by minus its rung.
+        "rung_auroc": round(auroc([-float(rung_of[i]) for i in prefers],
+                                  [int(y) for y in prefers.values()]), 3),
+        "gates": {},
+    }
+    if routing is None:
+        return out
+    report = json.loads(routing.read_text())
+    ids = [str(i) for _, i in report["ids"]]
+    for gate, g in report["gates"].items():
+        scores = dict(zip(ids, (float(x) for x in g["scores"]), strict=True))
+        ends = [(x, int(rung_of[i] == rungs[0])) for i, x in scores.items()
+                if rung_of.get(i) in (rungs[0], rungs[-1])]
+        out["gates"][gate] = {"auroc": round(float(g["auroc"]), 3),
+                              "rung_auroc": round(auroc([x for x, _ in ends],
+                                                        [y for _, y in ends]), 3)}
+    return out
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--tb", required=True, help="the build's name (tb12)")
@@ -134,6 +168,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             payload["deeprag"][name] = deeprag_hop_rungs(res / name, testbed)
         else:
             payload["missing"].append(name)
+    labels = res / f"srrag-{tb}" / "labels-eval.jsonl"
+    routing = res / f"srrag-{tb}" / "routing-auroc.json"
+    if labels.is_file():
+        payload["srrag"] = srrag_label_rungs(labels, routing if routing.is_file() else None,
+                                             rung_of)
+    else:
+        payload["missing"].append(f"srrag-{tb}/labels-eval")
     args.out.parent.mkdir(parents=True, exist_ok=True)
     write_text_atomic(args.out, json.dumps(payload, indent=2) + "\n")
     return payload

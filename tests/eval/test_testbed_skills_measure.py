@@ -305,21 +305,26 @@ def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:
 
 
 # ------------------------------------------------------------------ expectations' figures
-def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) -> None:
-    """On tb11's committed step outputs (its plan rebuilt: a pure function of its config),
-    the per-rung figures add up to what eval-gate, the bench and the DeepRAG report said."""
-    from rag_gates.eval.testbed.build import TestbedConfig
-
-    config = json.loads((ROOT / "benchmarks/results/testbed/tb11-config.json").read_text())
-    write_plan(TestbedConfig.model_validate(config), tmp_path / "tb11")
+def _expectation_figures(tb: str, tmp_path: Path) -> dict[str, Any]:
+    """benchmarks/testbed_expectations.py on a build's committed outputs, its plan rebuilt
+    from its committed config (a pure function of it)."""
+    config = json.loads((ROOT / f"benchmarks/results/testbed/{tb}-config.json").read_text())
+    write_plan(TestbedConfig.model_validate(config), tmp_path / tb)
     spec = importlib.util.spec_from_file_location(
         "testbed_expectations", ROOT / "benchmarks" / "testbed_expectations.py")
     assert spec and spec.loader
     script = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(script)
-    got = script.main(["--tb", "tb11", "--testbed", str(tmp_path / "tb11"),
-                       "--out", str(tmp_path / "x.json")])
-    assert got["missing"] == ["srrag-tb11/e2e"]
+    result: dict[str, Any] = script.main(["--tb", tb, "--testbed", str(tmp_path / tb),
+                                          "--out", str(tmp_path / "x.json")])
+    return result
+
+
+def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) -> None:
+    """On tb11's committed step outputs (its plan rebuilt: a pure function of its config),
+    the per-rung figures add up to what eval-gate, the bench and the DeepRAG report said."""
+    got = _expectation_figures("tb11", tmp_path)
+    assert got["missing"] == ["srrag-tb11/e2e", "srrag-tb11/labels-eval"]
     # At the calibrated thresholds, eval-gate's retrieval rates (docs/testbed.md, tb11's
     # gate table: 0.95 / 0.82 / 0.97 / 0.92), 75 facts per rung.
     for gate, rate in (("first-token-prob", 94.7), ("answer-logprob", 82.0), ("quco", 97.3),
@@ -340,3 +345,20 @@ def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) ->
     sft = got["deeprag"]["deeprag-tb11/twohop-sft"]["deeprag"]
     assert sum(sft["steps_by_hop_rung"].values()) == 142
     assert set(sft["retrieval_by_hop_rung"].values()) == {0.0}
+
+
+def test_srrag_label_figures_add_up_to_the_routing_report(tmp_path: Path) -> None:
+    """tb10's SR-RAG labels by rung average to the routing report's share (75 facts a rung),
+    its gates' AUROCs are the report's, and the labels follow tb10's ladder (a low rung
+    means retrieval better) where the router's own score does not (docs/testbed.md)."""
+    got = _expectation_figures("tb10", tmp_path)["srrag"]
+    report = json.loads(
+        (ROOT / "benchmarks/results/testbed/srrag-tb10/routing-auroc.json").read_text())
+    by_rung = got["retrieval_preferred_by_rung"]
+    assert got["questions"] == report["questions"] == 300
+    assert set(by_rung) == {"0", "2", "8", "32"}  # tb10's ladder
+    assert abs(sum(by_rung.values()) / 4 - 100 * report["retrieval_better_share"]) < 0.1
+    assert by_rung["0"] > by_rung["32"]
+    assert {g: v["auroc"] for g, v in got["gates"].items()} == {
+        g: round(v["auroc"], 3) for g, v in report["gates"].items()}
+    assert 0.0 <= got["gates"]["srrag"]["rung_auroc"] <= 1.0
