@@ -11,6 +11,8 @@
 # `rag-gates testbed build --plan-only` with these flags: 658,433 tokens/epoch, 2,800 steps
 # (tb12: 648,011 and 2,738): about 2.7 h on two threads with nothing else running, 4.5 h on
 # one (tb12: 141 tokens/s on two). Everything else, and the steps, are tb12's.
-TB=tb13 \
+# The evaluation facts are tb12's (the same manifest.jsonl, byte for byte), so the validate
+# step reads the base model's closed-book answers from tb12's run instead of repeating it.
+TB=tb13 BASE_FACTS=${BASE_FACTS:-tb12-base-model-facts} \
   BUILD_FLAGS="--n-facts 500 --general-paragraphs 370 --ladder 0,2,8,64 --lr 1.5e-4 --save-steps 30 --recall-examples 600 --recall-repetitions 16 --skill-reading 80 --skill-decomposition 160 --skill-verbalization 250 --skill-twohop-reading 70 --block-size 512 --batch-size 1" \
   exec bash "$(dirname "$0")/../../../testbed_steps.sh"
