@@ -159,3 +159,35 @@ def test_chat_templates_load_from_a_file_a_model_directory_or_the_embedded_model
     with pytest.raises(ValueError, match="no such file or directory"):
         load_chat_template(str(tmp_path / "missing"))
     assert "<|im_start|>" in load_chat_template("default")
+
+
+def _readme_bench_command() -> list[str]:
+    """The README's served `rag-gates bench` command, continuation lines joined."""
+    import shlex
+
+    text = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    start = text.index("rag-gates bench --dataset hotpotqa --methods quco,deeprag-likelihood")
+    end = text.index("\n", text.index("--out", start))
+    return shlex.split(text[start:end].replace("\\\n", " "), comments=True)
+
+
+def test_the_readmes_served_command_builds_every_method_it_names(
+        server: ReplayServer, bm25: BM25Retriever, tmp_path: Path) -> None:
+    """The README's command, pointed at the recorded server: its options make a valid
+    config whose every method builds against the served model (no refusal before the first
+    question); without its --chat-template, DeepRAG refuses it."""
+    from rag_gates.eval.methods import MethodContext, make_method
+
+    argv = _readme_bench_command()
+    assert argv[:2] == ["rag-gates", "bench"]
+    opts = dict(zip(argv[2::2], argv[3::2], strict=True))
+    assert opts["--model"].startswith("openai:http://")
+    cfg = BenchConfig(dataset=opts["--dataset"], methods=opts["--methods"].split(","),
+                      model=f"openai:{server.url}", chat_template=opts["--chat-template"],
+                      concurrency=int(opts["--concurrency"]))
+    ctx = MethodContext(lm=load_bench_lm(cfg), retriever=bm25, dataset=cfg.dataset)
+    assert [make_method(m, ctx).name for m in cfg.methods] == ["quco", "deeprag-likelihood"]
+    bare = MethodContext(lm=load_bench_lm(cfg.model_copy(update={"chat_template": None})),
+                         retriever=bm25, dataset=cfg.dataset)
+    with pytest.raises(ValueError, match="--chat-template"):
+        make_method("deeprag-likelihood", bare)
