@@ -138,3 +138,40 @@ def test_examples_use_public_imports_only(script: str) -> None:
             if module.startswith(("rag_gates", "langchain_rag_gates")) or ".rag_gates" in module:
                 assert public is not None, f"{script}: {module} declares no __all__"
                 assert set(names) <= set(public), (script, module, set(names) - set(public))
+
+
+def _served_decisions(stdout: str) -> tuple[str, list[dict[str, object]]]:
+    """The spec line, then each served question's JSON object, of a calibrated example."""
+    import json
+
+    head, _, rest = stdout.partition("\n")
+    decoder, pos, found = json.JSONDecoder(), 0, []
+    while (start := rest.find("{", pos)) != -1:
+        obj, pos = decoder.raw_decode(rest, start)
+        found.append(obj)
+    return head, found
+
+
+def test_the_calibrated_examples_serve_the_committed_spec_alike_in_both_frameworks() -> None:
+    """Both load examples/data/calibration_gate.json and serve five questions the calibration
+    never used: each decision is the certified threshold applied to the gate's score, with
+    the reason saying so, and LlamaIndex and LangChain decide every question alike."""
+    import json
+
+    spec = json.loads((EXAMPLES / "data" / "calibration_gate.json").read_text())
+    served = {}
+    for script in ("llama_index_calibrated.py", "langchain_calibrated.py"):
+        head, rows = _served_decisions(run_example(script, timeout=600))
+        assert head.startswith(f"calibration_gate.json: {spec['gate']} at threshold "
+                               f"{spec['threshold']}, epsilon {spec['epsilon']}")
+        assert len(rows) == 5
+        for row in rows:
+            m = re.match(rf"{re.escape(spec['gate'])} score (-?\d[\d.e+-]*) (>=|<) certified "
+                         r"threshold (-?\d[\d.e+-]*) \(certified: accuracy drop <= ",
+                         str(row["reason"]))
+            assert m, row["reason"]
+            assert abs(float(m[3]) - spec["threshold"]) < 1e-4
+            assert row["retrieve"] == (m[2] == ">=")
+            assert str(row["answer"]).strip()
+        served[script] = [(r["question"], r["retrieve"], r["reason"]) for r in rows]
+    assert served["llama_index_calibrated.py"] == served["langchain_calibrated.py"]

@@ -1,0 +1,31 @@
+"""The README's example timings are the committed benchmark's (benchmarks/examples_wall_time.py)."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def test_the_readme_lists_the_benchmarked_examples_with_their_measured_cpu_range() -> None:
+    text = (ROOT / "README.md").read_text()
+    m = re.search(r"`examples/\{llama_index,langchain\}_\{([a-z,]+)\}\.py`:\s+offline, "
+                  r"(\d+)-(\d+) s of CPU each on one thread "
+                  r"\(`benchmarks/examples_wall_time\.py`\)", text)
+    assert m, "the README's runnable-examples sentence changed: update this test with it"
+    listed = {f"{fw}_{kind}" for kind in m[1].split(",") for fw in ("llama_index", "langchain")}
+    spec = importlib.util.spec_from_file_location(
+        "examples_wall_time", ROOT / "benchmarks" / "examples_wall_time.py")
+    assert spec and spec.loader
+    bench = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(bench)
+    assert set(bench.README_EXAMPLES) == listed
+    assert all((ROOT / "examples" / f"{name}.py").is_file() for name in listed)
+    results = json.loads((ROOT / "benchmarks/results/examples_wall_time.json").read_text())
+    assert set(results["examples"]) == listed  # the committed run timed every one of them
+    cpu = [r["cpu_seconds"] for r in results["examples"].values() if r["returncode"] == 0]
+    assert len(cpu) == len(listed)
+    assert (int(m[2]), int(m[3])) == (int(min(cpu)), round(max(cpu)))
