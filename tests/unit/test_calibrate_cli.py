@@ -127,6 +127,41 @@ def test_calibrates_writes_a_loadable_spec_and_resumes(tiny_dir: Path, tiny_inpu
     assert changed.exit_code == 2 and "another gates" in " ".join(changed.output.split())
 
 
+def test_a_folder_of_txt_files_is_a_corpus_as_the_readme_says(
+        tiny_dir: Path, tiny_inputs: tuple[Path, Path], tmp_path: Path) -> None:
+    """README: `--corpus my_docs/`, a folder of .txt files (BM25). The same passages as the
+    JSONL corpus, one file each (title = file name), give the same answers with retrieval."""
+    from rag_gates.calibration import GateSpec, read_records
+
+    data, corpus = tiny_inputs
+    docs = tmp_path / "my_docs"
+    (docs / "sub").mkdir(parents=True)
+    rows = [json.loads(line) for line in corpus.read_text().splitlines()]
+    titles = [r["title"].replace("/", "_") for r in rows]
+    for i, (title, row) in enumerate(zip(titles, rows, strict=True)):
+        where = docs / "sub" if i % 2 else docs  # read recursively
+        (where / f"{title}.txt").write_text(row["text"] + "\n", encoding="utf-8")
+    (docs / "empty.txt").write_text("  \n")  # skipped, not a passage
+    (docs / "notes.md").write_text("not a .txt file")
+    as_jsonl = tmp_path / "jsonl.json"
+    (tmp_path / "rows.jsonl").write_text("".join(
+        json.dumps({"title": t, "text": r["text"]}) + "\n" for t, r in zip(titles, rows,
+                                                                          strict=True)))
+    common = ["--data", str(data), "--k", "1", "--model", str(tiny_dir), "--gates",
+              "answer-logprob", "--max-new-tokens", "4", "--max-loss", "0.2"]
+    result = _invoke(*common, "--corpus", f"{docs}/", "--out", str(tmp_path / "gate.json"))
+    assert result.exit_code == 0, result.output
+    n = len(set(titles))
+    assert f"bm25 over my_docs ({n} passages" in GateSpec.load(tmp_path / "gate.json").retriever
+    again = _invoke(*common, "--corpus", str(tmp_path / "rows.jsonl"), "--out", str(as_jsonl))
+    assert again.exit_code == 0, again.output
+    assert n == len(titles)  # no two passages share a title (a file name)
+    folder = read_records(tmp_path / "gate-work" / "records.jsonl")
+    jsonl = read_records(tmp_path / "jsonl-work" / "records.jsonl")
+    assert len(folder) == 40
+    assert [r.retrieved_correct for r in folder] == [r.retrieved_correct for r in jsonl]
+
+
 def test_a_text_only_model_gets_the_log_probability_gate_and_says_why_not_others() -> None:
     """A model behind a text interface (here LangChain's, as a served model is) keeps
     answer-logprob; the white-box gates are skipped, each with its reason."""
