@@ -85,3 +85,34 @@ def test_cascade_band_holds_the_share_nearest_the_threshold():
     gate = Cascade(cheap, expensive, (lo, hi))
     called = sum(gate.decide(str(i)).evidence["expensive_called"] for i in range(100))
     assert called == 20
+
+
+def test_the_fit_weighted_command_writes_the_fit_the_docs_use(tmp_path: Path) -> None:
+    """docs/composition.md: `rag-gates fit-weighted --run ... --labels ... --out weights.json`
+    writes the fit `weighted(FILE)` reads (the API's, for the same runs) and says how to use
+    it; a run directory that does not exist is refused with exit code 2, nothing written."""
+    from typer.testing import CliRunner
+
+    from rag_gates.cli import app
+
+    runs = [RESULTS / "gate-quco-popqa", RESULTS / "gate-answer-logprob-popqa"]
+    out = tmp_path / "weights.json"
+    result = CliRunner().invoke(app, ["fit-weighted", "--run", str(runs[0]), "--run",
+                                      str(runs[1]), "--labels", str(RESULTS / "popqa-500"),
+                                      "--out", str(out)])
+    assert result.exit_code == 0, result.output
+    written = json.loads(out.read_text())
+    expected = fit_weighted_from_runs(runs, RESULTS / "popqa-500")
+    assert written["gates"] == expected["gates"] == ["quco", "answer-logprob"]
+    assert written["weights"] == pytest.approx(expected["weights"])
+    assert written["threshold"] == pytest.approx(expected["threshold"])
+    assert "selective@weighted(" in result.output
+    gate = parse_gate_expression(f"weighted({out})",
+                                 lambda n, t: Replay(n, {"q": 0.5}, 0.0))
+    assert isinstance(gate, Weighted)
+    missing = tmp_path / "other.json"
+    refused = CliRunner().invoke(app, ["fit-weighted", "--run", str(tmp_path / "nosuch"),
+                                       "--labels", str(RESULTS / "popqa-500"),
+                                       "--out", str(missing)])
+    assert refused.exit_code == 2 and "nosuch" in " ".join(refused.output.split())
+    assert not missing.exists()
