@@ -34,7 +34,14 @@ echo "== README.md: the Python blocks, as written"
 "$TMP/readme/bin/python" $run snippets README.md
 echo "== docs/building-blocks.md: the Python blocks, as written"
 "$TMP/readme/bin/python" $run snippets docs/building-blocks.md
-echo "   venv size: $(du -sh "$TMP/readme" | cut -f1)"
+# README: "-c constraints.txt pins torch==2.13.0 (a 1.6 GB environment here)"; a CUDA build
+# is 6.1 GB, so anything above 3 GB means the pin did not hold.
+size_mb=$(du -sm "$TMP/readme" | cut -f1)
+echo "   venv size: $((size_mb / 1024)).$(( (size_mb % 1024) * 10 / 1024 )) GB"
+if [ "$size_mb" -gt 3072 ]; then
+  echo "FAILED: the README's environment is ${size_mb} MB, not the ~1.6 GB of CPU torch" >&2
+  exit 1
+fi
 
 status=0
 for pair in "langchain:$lc" "llama-index:$li"; do
