@@ -11,21 +11,19 @@ README's *prelude* (:func:`langchain_prelude`, :func:`llama_index_prelude`), whi
 the names the README leaves to the reader, each to a real object; after each block,
 ``CHECKS`` asserts what the block did.
 
-The reader's documents and project directory (:func:`workdir`): the paragraphs of the shipped
+The runner (``run_block``, ``Session``) and the fixtures are in ``tests/integration/snippets.py``.
+The reader's documents and project directory (``workdir``): the paragraphs of the shipped
 HotpotQA sample (``examples/my_documents.py``, the examples' stand-in for *your* documents) in
 ``docs/``, indexed with the README's own command ``rag-gates index build docs/ --out
 indexes/docs`` (one cpu), so ``LocalInfiniGram("indexes/docs")`` opens it; the blocks run
 with that directory as the working directory. Models: the tiny random-weight Llama of
 ``rag_gates.testing`` wherever the reader supplies one (plumbing only); the embedded SmolLM2
 where a README itself loads it (``ChatRagGates(model="default")``, ``RagGatesLLM()``).
-``RAG_GATES_HOME`` is private to the module (:func:`home`).
+``RAG_GATES_HOME`` is private to the module (``home``).
 """
 
 from __future__ import annotations
 
-import ast
-import contextlib
-import importlib.util
 import json
 import math
 from collections.abc import Callable, Iterator
@@ -34,7 +32,8 @@ from typing import Any
 
 import pytest
 
-from tests.install.run_readme import ROOT, Block, snippets
+from tests.install.run_readme import ROOT
+from tests.integration.snippets import SCOTT, Session, check_block_counts, reader_gate
 
 pytestmark = pytest.mark.integration
 
@@ -43,140 +42,8 @@ READMES = {"langchain": ROOT / "integrations" / "langchain" / "README.md",
 #: How many ``python`` blocks each README has: the ones ``CHECKS`` knows.
 BLOCKS = {"langchain": 3, "llama-index": 5}
 
-SCOTT = "Were Scott Derrickson and Ed Wood of the same nationality?"
-
-
-# ---------------------------------------------------------------- running a block
-
-
-def run_block(code: str, line: int, where: str, namespace: dict[str, Any]) -> list[Any]:
-    """Execute ``code`` (README line ``line`` onwards) in ``namespace`` statement by
-    statement, as a session would; returns the values of its bare expressions, in order."""
-    values: list[Any] = []
-    tree = ast.parse(code, filename=f"{where}:{line}")
-    for node in tree.body:
-        name = f"{where}:{line + node.lineno - 1}"
-        if isinstance(node, ast.Expr):
-            values.append(eval(compile(ast.Expression(node.value), name, "eval"), namespace))
-        else:
-            exec(compile(ast.Module(body=[node], type_ignores=[]), name, "exec"), namespace)
-    return values
-
-
-class Session:
-    """One README's blocks in order, in one namespace that starts from its prelude.
-
-    :meth:`before` is the namespace before block ``i`` (1-based); earlier blocks run once.
-    Each test runs its block in a copy.
-    """
-
-    def __init__(self, readme: str, prelude: dict[str, Any], workdir: Path) -> None:
-        self.readme = readme
-        self.path = READMES[readme]
-        self.where = str(self.path.relative_to(ROOT))
-        self.blocks: list[Block] = snippets(self.path)
-        if len(self.blocks) != BLOCKS[readme]:
-            pytest.fail(
-                f"{self.where} has {len(self.blocks)} python blocks, this test knows "
-                f"{BLOCKS[readme]}: update BLOCKS, the prelude and CHECKS in {__file__} for "
-                "the added or removed block (blocks are matched by order)", pytrace=False)
-        self.workdir = workdir
-        self.states: dict[int, dict[str, Any]] = {1: {"__name__": "__readme__", **prelude}}
-
-    def run(self, i: int) -> tuple[dict[str, Any], list[Any]]:
-        """Block ``i`` as written, in a copy of the namespace before it; a run that succeeds
-        becomes the state later blocks start from."""
-        namespace = self.before(i)
-        block = self.blocks[i - 1]
-        with contextlib.chdir(self.workdir):
-            values = run_block(block.code, block.line, self.where, namespace)
-        self.states.setdefault(i + 1, namespace)
-        return namespace, values
-
-    def before(self, i: int) -> dict[str, Any]:
-        while max(self.states) < i:
-            self.run(max(self.states))
-        return dict(self.states[i])
-
-    def close(self) -> None:
-        from rag_gates.corpus.base import CorpusStats
-
-        for state in self.states.values():
-            for value in state.values():
-                if isinstance(value, CorpusStats):
-                    with contextlib.suppress(Exception):
-                        value.close()
-
 
 # ---------------------------------------------------------------- the reader's side
-
-
-def my_documents() -> list[dict[str, str]]:
-    """The examples' stand-in for the reader's documents: the 491 distinct paragraphs of
-    the shipped HotpotQA sample (``examples/my_documents.py``), as ``id``/``title``/``text``."""
-    spec = importlib.util.spec_from_file_location(
-        "readme_my_documents", ROOT / "examples" / "my_documents.py")
-    assert spec and spec.loader
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    docs: list[dict[str, str]] = module.my_documents()
-    return docs
-
-
-@pytest.fixture(scope="module")
-def documents() -> list[dict[str, str]]:
-    return my_documents()
-
-
-@pytest.fixture(scope="module")
-def home(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
-    """A private ``RAG_GATES_HOME`` for the module, so the verified-digest records of the
-    temporary indexes (``index-checks/``) never land in the user's; its ``models`` and
-    ``model-files`` link to the user's, where ``rag-gates models install`` put the embedded
-    models."""
-    from rag_gates.lm.defaults import rag_gates_home
-
-    user, private = rag_gates_home(), tmp_path_factory.mktemp("rag-gates-home")
-    for name in ("models", "model-files"):
-        if (user / name).is_dir():
-            (private / name).symlink_to(user / name, target_is_directory=True)
-    with pytest.MonkeyPatch.context() as patch:
-        patch.setenv("RAG_GATES_HOME", str(private))
-        yield private
-
-
-@pytest.fixture(scope="module")
-def workdir(tmp_path_factory: pytest.TempPathFactory, documents: list[dict[str, str]],
-            home: Path) -> Path:
-    """The reader's project directory: ``docs/`` and the README's ``indexes/docs``, built with
-    its command ``rag-gates index build docs/ --out indexes/docs`` (plus ``--cpus 1
-    --quiet``). In this corpus "United States" is in 91 documents, "Scott Derrickson" and "Ed
-    Wood" in 6 each, and "Ed Wood" never shares a document with "Paris"."""
-    pytest.importorskip("infini_gram",
-                        reason='needs the corpus extra: pip install "rag-gates[corpus]"')
-    from typer.testing import CliRunner
-
-    from rag_gates.cli import app
-
-    root = tmp_path_factory.mktemp("reader-project")
-    (root / "docs").mkdir()
-    (root / "docs" / "my-docs.jsonl").write_text(
-        "".join(json.dumps(d) + "\n" for d in documents), encoding="utf-8")
-    with contextlib.chdir(root):
-        done = CliRunner().invoke(app, ["index", "build", "docs/", "--out", "indexes/docs",
-                                        "--cpus", "1", "--quiet"])
-    assert done.exit_code == 0, done.output
-    return root
-
-
-def reader_gate(workdir: Path) -> Any:
-    """The reader's ``gate`` ("any rag_gates.gate.Gate"): QuCo's corpus-statistics gate over
-    the reader's index (deterministic, no model): no entity or a common one (more than 10
-    documents) -> no retrieval, rare entities -> retrieve."""
-    from rag_gates.corpus import LocalInfiniGram
-    from rag_gates.quco import QuCoGate
-
-    return QuCoGate(LocalInfiniGram(workdir / "indexes" / "docs"), tau_entity=10)
 
 
 def langchain_prelude(tiny: Any, workdir: Path, documents: list[dict[str, str]]
@@ -187,7 +54,7 @@ def langchain_prelude(tiny: Any, workdir: Path, documents: list[dict[str, str]]
     * block 2 (the "existing app"): ``vector_store``, LangChain's ``InMemoryVectorStore`` of
       the documents (``metadata["title"]``) under ``DeterministicFakeEmbedding`` (no model;
       hash-seeded vectors, so which documents come back is arbitrary but fixed); ``gate``
-      (:func:`reader_gate`); ``llm``, a ``ChatRagGates`` over the tiny model; ``format_docs``,
+      (``snippets.reader_gate``); ``llm``, a ``ChatRagGates`` over the tiny model; ``format_docs``,
       ``rag_prompt`` and ``direct_prompt`` as in ``examples/langchain_quco.py``.
     """
     from langchain_core.documents import Document
@@ -220,7 +87,7 @@ def llama_index_prelude(tiny: Any, workdir: Path, documents: list[dict[str, str]
     * block 1: ``any_llama_index_llm``: a ``RagGatesLLM`` over the tiny model;
     * block 2 (the "existing app"): ``index``, a ``VectorStoreIndex`` of the documents
       (``metadata["title"]``) under LlamaIndex's ``MockEmbedding`` (no model; equal vectors,
-      so which nodes come back is arbitrary but fixed); ``gate`` (:func:`reader_gate`).
+      so which nodes come back is arbitrary but fixed); ``gate`` (``snippets.reader_gate``).
     """
     from llama_index.core import Document, VectorStoreIndex
     from llama_index.core.embeddings import MockEmbedding
@@ -254,7 +121,8 @@ def sessions(tiny_long: Any, workdir: Path, documents: list[dict[str, str]]
     def get(readme: str) -> Session:
         if readme not in made:
             prelude = PRELUDES[readme](tiny_long, workdir, documents)
-            made[readme] = Session(readme, prelude, workdir)
+            made[readme] = Session(READMES[readme], prelude, workdir, BLOCKS[readme],
+                                   __file__)
         return made[readme]
 
     yield get
@@ -375,12 +243,7 @@ CHECKS: dict[tuple[str, int], Callable[[dict[str, Any], list[Any]], None]] = {
 
 
 def test_each_readme_has_the_blocks_this_test_knows() -> None:
-    for readme, path in READMES.items():
-        found = len(snippets(path))
-        assert found == BLOCKS[readme], (
-            f"{path.relative_to(ROOT)} has {found} python blocks, this test knows "
-            f"{BLOCKS[readme]}: update BLOCKS, the prelude and CHECKS (matched by order)")
-    assert set(CHECKS) == {(r, i) for r, n in BLOCKS.items() for i in range(1, n + 1)}
+    check_block_counts(READMES, BLOCKS, set(CHECKS))
 
 
 @pytest.mark.parametrize(("readme", "block"),
