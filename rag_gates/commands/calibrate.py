@@ -167,10 +167,17 @@ def read_corpus(path: Path) -> list[Any]:
 
 
 def _sha(path: Path) -> str:
+    """sha256 of a file, or of a folder's .txt files: for a folder each file's relative path
+    (its passage id and title) and length go in too, so renaming a file or moving text
+    between files is another corpus."""
     digest = hashlib.sha256()
-    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
-    for file in files:
-        digest.update(file.read_bytes())
+    if not path.is_dir():
+        digest.update(path.read_bytes())
+        return digest.hexdigest()
+    for file in sorted(path.rglob("*.txt")):
+        content = file.read_bytes()
+        digest.update(f"{file.relative_to(path).as_posix()}\0{len(content)}\0".encode())
+        digest.update(content)
     return digest.hexdigest()
 
 

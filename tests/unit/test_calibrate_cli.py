@@ -156,6 +156,11 @@ def test_a_folder_of_txt_files_is_a_corpus_as_the_readme_says(
     again = _invoke(*common, "--corpus", str(tmp_path / "rows.jsonl"), "--out", str(as_jsonl))
     assert again.exit_code == 0, again.output
     assert n == len(titles)  # no two passages share a title (a file name)
+    # A renamed file is another passage title: another corpus, refused on resume.
+    first = next(f for f in sorted(docs.glob("*.txt")) if f.name != "empty.txt")
+    first.rename(first.with_name("renamed.txt"))
+    renamed = _invoke(*common, "--corpus", str(docs), "--out", str(tmp_path / "gate.json"))
+    assert renamed.exit_code == 2 and "another corpus" in " ".join(renamed.output.split())
     folder = read_records(tmp_path / "gate-work" / "records.jsonl")
     jsonl = read_records(tmp_path / "jsonl-work" / "records.jsonl")
     assert len(folder) == 40
