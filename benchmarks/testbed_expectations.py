@@ -54,6 +54,14 @@ def _jsonl(path: Path) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.open(encoding="utf-8") if line.strip()]
 
 
+def rung_auroc(scores: dict[str, float], rung_of: dict[str, int]) -> float:
+    """How well ``scores`` rank the lowest rung's facts above the top rung's (rounded)."""
+    rungs = sorted(set(rung_of.values()))
+    ends = [(x, int(rung_of[i] == rungs[0])) for i, x in scores.items()
+            if rung_of.get(i) in (rungs[0], rungs[-1])]
+    return round(auroc([x for x, _ in ends], [y for _, y in ends]), 3)
+
+
 def gate_rungs(gates_dir: Path, rung_of: dict[str, int]) -> dict[str, Any]:
     """Per gate: retrieval share by rung at the calibrated threshold, and the rung AUROC."""
     out: dict[str, Any] = {}
@@ -67,10 +75,8 @@ def gate_rungs(gates_dir: Path, rung_of: dict[str, int]) -> dict[str, Any]:
         scores = {r["id"]: float(r["score"]) for r in _jsonl(decisions) if r["id"] in rung_of}
         by_rung = {str(k): _pct([float(s >= threshold) for i, s in scores.items()
                                  if rung_of[i] == k]) for k in rungs}
-        ends = [(s, int(rung_of[i] == rungs[0])) for i, s in scores.items()
-                if rung_of[i] in (rungs[0], rungs[-1])]
         out[gate] = {"threshold": threshold, "retrieval_by_rung": by_rung,
-                     "rung_auroc": round(auroc([s for s, _ in ends], [y for _, y in ends]), 3)}
+                     "rung_auroc": rung_auroc(scores, rung_of)}
     return out
 
 
@@ -133,11 +139,8 @@ def srrag_label_rungs(labels: Path, routing: Path | None,
     ids = [str(i) for _, i in report["ids"]]
     for gate, g in report["gates"].items():
         scores = dict(zip(ids, (float(x) for x in g["scores"]), strict=True))
-        ends = [(x, int(rung_of[i] == rungs[0])) for i, x in scores.items()
-                if rung_of.get(i) in (rungs[0], rungs[-1])]
         out["gates"][gate] = {"auroc": round(float(g["auroc"]), 3),
-                              "rung_auroc": round(auroc([x for x, _ in ends],
-                                                        [y for _, y in ends]), 3)}
+                              "rung_auroc": rung_auroc(scores, rung_of)}
     return out
 
 

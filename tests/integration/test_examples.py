@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import re
 import subprocess
 import sys
@@ -142,8 +143,6 @@ def test_examples_use_public_imports_only(script: str) -> None:
 
 def _served_decisions(stdout: str) -> tuple[str, list[dict[str, object]]]:
     """The spec line, then each served question's JSON object, of a calibrated example."""
-    import json
-
     head, _, rest = stdout.partition("\n")
     decoder, pos, found = json.JSONDecoder(), 0, []
     while (start := rest.find("{", pos)) != -1:
@@ -156,8 +155,6 @@ def test_the_calibrated_examples_serve_the_committed_spec_alike_in_both_framewor
     """Both load examples/data/calibration_gate.json and serve five questions the calibration
     never used: each decision is the certified threshold applied to the gate's score, with
     the reason saying so, and LlamaIndex and LangChain decide every question alike."""
-    import json
-
     spec = json.loads((EXAMPLES / "data" / "calibration_gate.json").read_text())
     served = {}
     for script in ("llama_index_calibrated.py", "langchain_calibrated.py"):
