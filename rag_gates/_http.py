@@ -30,6 +30,7 @@ import asyncio
 import concurrent.futures
 import contextlib
 import logging
+import os
 import random
 import re
 import threading
@@ -106,6 +107,7 @@ class LoopThread:
     """A private asyncio loop on a daemon thread, shared by every call of one client."""
 
     def __init__(self, name: str) -> None:
+        self.pid = os.getpid()
         self.loop = asyncio.new_event_loop()
         self.thread = threading.Thread(target=self._run, name=name, daemon=True)
         self.thread.start()
@@ -118,6 +120,8 @@ class LoopThread:
         return asyncio.run_coroutine_threadsafe(coro, self.loop)
 
     def stop(self) -> None:
+        if self.pid != os.getpid():  # a forked child's copy: the loop and thread are the parent's
+            return
         if self.loop.is_running():
             self.loop.call_soon_threadsafe(self.loop.stop)
         self.thread.join(timeout=5)

@@ -25,7 +25,7 @@ from pydantic import JsonValue
 
 from rag_gates.answer_once import closed_book_evidence
 from rag_gates.errors import ServerLogprobError
-from rag_gates.gate import BaseGate
+from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import qa_prompt
 
@@ -75,6 +75,11 @@ class AnswerLogprobGate(BaseGate):
         except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
             return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         values = [item.logprob for item in g.logprobs or []]
+        # A wrapper that is not OpenAICompatibleLM (a LangChain or LlamaIndex adapter) may
+        # pass on what its server sent unchecked: a value above 0 would read as confident.
+        bad = next(((i, p) for i, v in enumerate(values) if (p := logprob_problem(v))), None)
+        if bad is not None:
+            return math.nan, {"error": f"answer token {bad[0]}'s log-probability {bad[1]}"}
         mean = sum(values) / len(values) if values else -math.inf
         # What the answer was generated from, so a skip can reply with it (answer_once).
         model = getattr(self.lm, "model_id", None)

@@ -40,11 +40,29 @@ from rag_gates._text import check_text
 from rag_gates.errors import WeightsFileError
 from rag_gates.types import GateDecision
 
-__all__ = ["GATE_GRAMMAR", "MAX_EXPRESSION_CHARS", "MAX_EXPRESSION_DEPTH",
-           "MAX_EXPRESSION_TERMS", "MAX_WEIGHTS_FILE_BYTES", "UNDECIDED_SCORE", "AllOf",
-           "AnyOf", "BaseGate", "Cascade", "Gate", "Weighted", "check_in_range", "check_threshold",
-           "decision_margin", "is_gate_expression", "json_safe", "logistic_combination",
-           "out_of_range", "parse_gate_expression"]
+__all__ = [
+    "GATE_GRAMMAR",
+    "LOGPROB_TOLERANCE",
+    "MAX_EXPRESSION_CHARS",
+    "MAX_EXPRESSION_DEPTH",
+    "MAX_EXPRESSION_TERMS",
+    "MAX_WEIGHTS_FILE_BYTES",
+    "UNDECIDED_SCORE",
+    "AllOf",
+    "AnyOf",
+    "BaseGate",
+    "Cascade",
+    "Gate",
+    "Weighted",
+    "check_in_range",
+    "check_threshold",
+    "decision_margin",
+    "is_gate_expression",
+    "json_safe",
+    "logistic_combination",
+    "out_of_range",
+    "parse_gate_expression",
+]
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
@@ -78,6 +96,26 @@ def out_of_range(value: object, low: float = -math.inf, high: float = math.inf, 
     if number > high + tolerance:
         return f"{number!r} is above {high!r}{said}"
     return None
+
+
+#: How far above 0 a reported log-probability may be (float rounding of log p for p near 1);
+#: such a value is read as 0. Anything higher, or not finite, is not a log-probability.
+LOGPROB_TOLERANCE = 1e-6
+
+
+def logprob_problem(value: object) -> str | None:
+    """What is wrong with ``value`` as a log-probability (finite, <= 0 within
+    :data:`LOGPROB_TOLERANCE`), or None. Every gate that decides on reported
+    log-probabilities checks them with this, whatever LLM wrapper (a server, a LangChain or
+    LlamaIndex adapter) delivered them: a value above 0 would read as "more than certain".
+
+    Example:
+        >>> logprob_problem(0.3)
+        '0.3 is above 0.0 (tolerance 1e-06)'
+        >>> logprob_problem(-1.5) is None
+        True
+    """
+    return out_of_range(value, high=0.0, tolerance=LOGPROB_TOLERANCE)
 
 
 def _range_words(low: float, high: float) -> str:

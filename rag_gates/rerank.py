@@ -17,6 +17,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import math
 import time
 from abc import ABC, abstractmethod
 from collections.abc import Sequence
@@ -159,7 +160,13 @@ class BaseReranker(ABC):
             raise RuntimeError(f"{type(self).__name__}.score_passages returned {len(scores)} "
                                f"scores for {len(passages)} passages")
         evidence = out.evidence
-        order = sorted(range(len(passages)), key=lambda i: -scores[i])
+        # NaN breaks sorted() (every comparison is False, so the order is arbitrary): a
+        # passage whose score is not finite ranks last, and the evidence names it.
+        broken = {i for i, x in enumerate(scores) if not math.isfinite(float(x))}
+        if broken:
+            evidence = {**evidence, "non_finite_scores": list[JsonValue](sorted(broken))}
+        order = sorted(range(len(passages)),
+                       key=lambda i: (i in broken, -scores[i] if i not in broken else 0.0))
         if top_n is not None:
             order = order[:top_n]
         return RerankResult(

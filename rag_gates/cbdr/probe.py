@@ -26,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from rag_gates._io import write_text_atomic
+from rag_gates._io import write_bytes_atomic, write_text_atomic
 from rag_gates._optional import require
 from rag_gates.cbdr.prompts import ProbePrompts
 from rag_gates.errors import ArtifactError, ProbeMismatchError
@@ -36,7 +36,8 @@ require("torch", "hf")
 require("sklearn", "hf")
 require("safetensors", "hf")
 import torch  # noqa: E402
-from safetensors.torch import load_file, save_file  # noqa: E402
+from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load_file, save  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 __all__ = ["DEFAULT_BETA", "ConfidenceProbe", "ProbeCalibration", "ProbeConfig", "ProbeTraining",
@@ -48,6 +49,8 @@ DEFAULT_BETA = 0.5
 FORMAT_VERSION = 1
 CONFIG_FILE = "probe.json"
 WEIGHTS_FILE = "probe.safetensors"
+#: The weights file's metadata key holding a copy of the probe's config (the pair's check).
+CONFIG_METADATA = "probe_config"
 
 
 def default_layer(lm: Any) -> int:
@@ -185,17 +188,23 @@ class ConfidenceProbe:
 
     # ------------------------------------------------------------------ persistence
     def save(self, directory: str | Path) -> Path:
-        """Write ``probe.safetensors`` and ``probe.json`` into ``directory`` (created)."""
+        """Write ``probe.safetensors`` and ``probe.json`` into ``directory`` (created).
+
+        Each file is replaced atomically through a temporary file of this call's own, so
+        processes saving at once never rename each other's half-written file. The weights
+        carry a copy of the config: a reader that meets one save's weights beside another's
+        ``probe.json`` (between the two renames) is refused by :meth:`load`, never given
+        weights read with the wrong config."""
         out = Path(directory)
         out.mkdir(parents=True, exist_ok=True)
         tensors = {f"mlp.{k}": v.detach().contiguous().cpu()
                    for k, v in self.module.state_dict().items()}
         tensors["feature_mean"] = self.mean.contiguous()
         tensors["feature_std"] = self.std.contiguous()
-        tmp = out / f".{WEIGHTS_FILE}.tmp"
-        save_file(tensors, str(tmp), metadata={"model_id": self.config.model_id})
-        tmp.replace(out / WEIGHTS_FILE)
-        write_text_atomic(out / CONFIG_FILE, self.config.model_dump_json(indent=2))
+        config = self.config.model_dump_json(indent=2)
+        write_bytes_atomic(out / WEIGHTS_FILE, save(tensors, metadata={
+            "model_id": self.config.model_id, CONFIG_METADATA: config}))
+        write_text_atomic(out / CONFIG_FILE, config)
         return out
 
     @classmethod
@@ -218,9 +227,18 @@ class ConfidenceProbe:
                                 f"version of rag-gates reads {FORMAT_VERSION}; {retrain}")
         try:
             tensors = load_file(str(weights_path))
+            with safe_open(str(weights_path), "pt") as handle:
+                metadata = handle.metadata() or {}
         except Exception as exc:  # safetensors raises its own error type, with no path
             raise ArtifactError(f"{weights_path} cannot be read ({exc}): the file is truncated "
                                 f"or not a safetensors file; restore it or {retrain}") from exc
+        # Probes saved before the weights carried their config have no copy to compare.
+        paired = metadata.get(CONFIG_METADATA)
+        if paired is not None and ProbeConfig.model_validate_json(paired) != config:
+            raise ArtifactError(
+                f"{weights_path} was saved with another {CONFIG_FILE} than the one beside it "
+                "(two saves into this directory at once, or a file copied from another probe); "
+                f"load it again once the save has finished, or {retrain}")
         _check_tensors(tensors, config.hidden_size, f"{weights_path}", retrain)
         module = _mlp(config.hidden_size, config.hidden_dims, config.dropout)
         state = {k[len("mlp."):]: v for k, v in tensors.items() if k.startswith("mlp.")}

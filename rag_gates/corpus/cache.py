@@ -10,10 +10,12 @@ timeout, idempotent ``INSERT OR REPLACE``): concurrent writers of the same key w
 answer.
 
 A file that is not a rag-gates cache (another table layout) is refused when the cache is
-made; a damaged answer row or a SQLite fault during a query raises
+made; a damaged answer row or a SQLite fault while reading raises
 :class:`~rag_gates.corpus.errors.CorpusCacheError` naming the file, a
 :class:`~rag_gates.corpus.errors.CorpusError` like a backend failure, so gates apply their
-``on_error`` policy to it (by default: retrieve).
+``on_error`` policy to it (by default: retrieve). A failed *write* (the file locked by
+other workers past the busy timeout, a full disk) loses only the caching: the backend's
+answer is returned, the fault logged and counted in ``write_errors``.
 
 Example:
     >>> stats = CachedCorpusStats(LocalInfiniGram("indexes/wiki"))    # doctest: +SKIP
@@ -26,6 +28,7 @@ from __future__ import annotations
 import contextlib
 import hashlib
 import json
+import logging
 import os
 import re
 import sqlite3
@@ -38,9 +41,12 @@ from typing import Any, TypeVar
 
 from pydantic import BaseModel, ValidationError
 
+from rag_gates._fork import rebuild_after_fork
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import CorpusCacheError, CorpusError
 from rag_gates.corpus.types import CooccurrenceResult, CorpusAnswer, CountResult, Scope, parse_scope
+
+logger = logging.getLogger(__name__)
 
 __all__ = ["CachedCorpusStats", "default_cache_path"]
 
@@ -96,8 +102,11 @@ class CachedCorpusStats(CorpusStats):
         self._local = threading.local()
         self._connections: list[sqlite3.Connection] = []
         self._lock = threading.Lock()
+        self._parents: list[sqlite3.Connection] = []  # a forked child's inherited, unused
+        rebuild_after_fork(self)
         self.hits = 0
         self.misses = 0
+        self.write_errors = 0
         try:
             self.path.parent.mkdir(parents=True, exist_ok=True)
         except OSError as exc:
@@ -120,6 +129,14 @@ class CachedCorpusStats(CorpusStats):
         return self.backend.options_key()
 
     # ----------------------------------------------------------------------------- sqlite
+    def _after_fork(self) -> None:
+        """In a forked worker: its own connections (SQLite's must not cross a fork); the
+        parent's are kept referenced so the child never finalizes them."""
+        self._parents.extend(self._connections)
+        self._local = threading.local()
+        self._connections = []
+        self._lock = threading.Lock()
+
     def _connect(self) -> sqlite3.Connection:
         conn: sqlite3.Connection | None = getattr(self._local, "conn", None)
         if conn is not None:
@@ -204,16 +221,19 @@ class CachedCorpusStats(CorpusStats):
             "cached": True, "latency_ms": (time.perf_counter() - start) * 1000.0})
 
     def _put(self, key: str, kind: str, answer: BaseModel) -> None:
-        with self._sqlite("storing an answer") as conn:
-            conn.execute(
-                "INSERT OR REPLACE INTO answers (key, backend, index_key, kind, payload, "
-                "created) VALUES (?, ?, ?, ?, ?, ?)",
-                (key, self.backend.backend_name, self.backend.index_key, kind,
-                 answer.model_dump_json(), time.time()))
+        self._put_many([(key, kind, answer)])
 
     def _put_many(self, rows: list[tuple[str, str, BaseModel]]) -> None:
         if not rows:
             return
+        try:
+            self._write(rows)
+        except CorpusCacheError as exc:
+            # The answers in hand are good: a write that fails costs the caching only.
+            self.write_errors += 1
+            logger.warning("%s; %d answer(s) returned uncached", exc, len(rows))
+
+    def _write(self, rows: list[tuple[str, str, BaseModel]]) -> None:
         now = time.time()
         with self._sqlite("storing answers") as conn:
             conn.execute("BEGIN IMMEDIATE")

@@ -48,6 +48,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag_gates._fork import rebuild_after_fork
 from rag_gates._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     ERROR_BODY_BYTES,
@@ -174,6 +175,8 @@ class HostedInfiniGram(CorpusStats):
         self._client: Any = None
         self._requests: asyncio.Semaphore | None = None
         self._items: asyncio.Semaphore | None = None
+        self._parents: list[Any] = []  # a forked child's inherited loop and client, unused
+        rebuild_after_fork(self)
         self._ids_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._closed = False
         self._warned_lowercase = False
@@ -197,6 +200,13 @@ class HostedInfiniGram(CorpusStats):
                 "tokenizer": self.tokenizer.sha256()[:16] if self.tokenizer else None}
 
     # ----------------------------------------------------------------------------- plumbing
+    def _after_fork(self) -> None:
+        """In a forked worker: a new loop thread, client and lock on first use (the parent's
+        are kept referenced, never closed from here)."""
+        self._parents.append((self._runner, self._client))
+        self._lock = threading.Lock()
+        self._runner, self._client, self._requests, self._items = None, None, None, None
+
     def _loop(self) -> LoopThread:
         if self._closed:
             raise CorpusError("this HostedInfiniGram client was closed")

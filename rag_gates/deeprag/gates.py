@@ -25,7 +25,7 @@ from pydantic import JsonValue
 
 from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
 from rag_gates.errors import WhiteBoxRequiredError
-from rag_gates.gate import BaseGate
+from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import Prompt, capabilities_of, require_white_box
 
 __all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate"]
@@ -135,6 +135,9 @@ class MarkerLikelihoodGate(BaseGate):
             return lr - ld, evidence
         g = self.lm.generate(prompt, max_new_tokens=1, logprobs=self.TOP)
         top = g.logprobs[0].top_logprobs if g.logprobs else []
+        bad = next((f"{t.token!r}: {p}" for t in top if (p := logprob_problem(t.logprob))), None)
+        if bad is not None:  # an adapter passed on a broken server's values unchecked
+            return float("nan"), {"method": "top_logprobs", "logprob_error": bad}
         floor = min((t.logprob for t in top), default=float("nan"))
 
         def best(marker: str) -> float | None:
@@ -160,6 +163,8 @@ class MarkerLikelihoodGate(BaseGate):
                 f"{self.threshold:.3g}: {verb}")
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if "logprob_error" in evidence:
+            return f"a reported log-probability is not one ({evidence['logprob_error']})"
         if evidence.get("method") == "top_logprobs":
             return f"neither marker begins any of the model's top {self.TOP} next tokens"
         return f"the marker log-probabilities are not finite ({score!r})"

@@ -62,11 +62,16 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
     """Run an HTTP server ``command`` in a child process, wait until ``GET {url}/models``
     answers 200, yield ``url``, and stop the child when the block ends (terminate, then kill
     after 20 s; on Linux the child also gets SIGTERM if this process dies without cleaning
-    up). Output goes to ``log`` (default: a temporary file, quoted in the error when the
-    child exits or does not answer in ``startup_timeout`` seconds)."""
+    up). Output goes to ``log`` (default: a temporary file, deleted when the block ends); its
+    end is quoted in the error when the child exits or does not answer in
+    ``startup_timeout`` seconds."""
     httpx = require("httpx", "api")
-    log_path = Path(log) if log else Path(tempfile.mkstemp(prefix="rag-gates-server-",
-                                                           suffix=".log")[1])
+    if log:
+        log_path, own_log = Path(log), False
+    else:  # the child writes through its own handle: close this one, delete the file after
+        fd, name = tempfile.mkstemp(prefix="rag-gates-server-", suffix=".log")
+        os.close(fd)
+        log_path, own_log = Path(name), True
     with log_path.open("wb") as out:
         proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(env) if env is not None else None,
@@ -94,6 +99,8 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
         except subprocess.TimeoutExpired:
             proc.kill()
             proc.wait()
+        if own_log:
+            log_path.unlink(missing_ok=True)
 
 
 @contextmanager

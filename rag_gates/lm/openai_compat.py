@@ -63,6 +63,7 @@ from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
+from rag_gates._fork import rebuild_after_fork
 from rag_gates._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     ERROR_BODY_BYTES,
@@ -89,7 +90,7 @@ from rag_gates.errors import (
     ServerUnavailableError,
     WhiteBoxRequiredError,
 )
-from rag_gates.gate import out_of_range
+from rag_gates.gate import LOGPROB_TOLERANCE, logprob_problem
 from rag_gates.lm.base import (
     BaseTextLM,
     Capabilities,
@@ -231,6 +232,8 @@ class OpenAICompatibleLM(BaseTextLM):
         self._secrets: tuple[bytes, ...] = ()  # scrubbed from every reply (the API key)
         self.requests_sent = 0
         self.alignment: dict[PromptKind, Alignment] = {}
+        self._parents: list[Any] = []  # a forked child's inherited loop and client, unused
+        rebuild_after_fork(self)
         if self.config.probe:
             self._capabilities = self._call(self._probe())
         else:
@@ -272,6 +275,13 @@ class OpenAICompatibleLM(BaseTextLM):
         return f"OpenAICompatibleLM({self.base_url!r}, model={self._model!r})"
 
     # ------------------------------------------------------------------------------ plumbing
+    def _after_fork(self) -> None:
+        """In a forked worker: a new loop thread, client and lock on first use (the parent's
+        are kept referenced, never closed from here)."""
+        self._parents.append((self._runner, self._client))
+        self._lock = threading.Lock()
+        self._runner, self._client, self._slots = None, None, None
+
     def _loop(self) -> LoopThread:
         with self._lock:
             if self._runner is None:
@@ -997,15 +1007,10 @@ def _field(obj: dict[str, Any], url: str, *path: str, kind: type, nullable: bool
     return value
 
 
-#: How far above 0 a served log-probability may be (float rounding of log p for p near 1);
-#: such a value is read as 0. Anything higher, or not finite, is a ServerLogprobError.
-LOGPROB_TOLERANCE = 1e-6
-
-
 def _logprob(value: Any, url: str, where: str) -> float:
     """``value`` as a log-probability (finite, <= 0 within :data:`LOGPROB_TOLERANCE`, clipped
     to 0), or a :class:`ServerLogprobError` naming the server and the entry."""
-    problem = out_of_range(float(value), high=0.0, tolerance=LOGPROB_TOLERANCE)
+    problem = logprob_problem(float(value))
     if problem is not None:
         raise ServerLogprobError(
             f"{url} reported a log-probability that is not one ({where}: {problem}); "

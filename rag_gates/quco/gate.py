@@ -15,7 +15,8 @@ Outcomes of odd input, all documented in the decision's ``evidence``:
 
 * no entity extracted: no retrieval (score 0.0, ``evidence["entities"] == []``), as the paper;
 * the corpus fails (timeout, 5xx, missing index): the ``on_error`` policy: ``"retrieve"``
-  (score 1.0), ``"skip"`` (score 0.0) or ``"raise"``; ``evidence["error"]`` names the failure,
+  (the gate could not decide: it retrieves, and so does any composite holding it),
+  ``"skip"`` (score 0.0) or ``"raise"``; ``evidence["error"]`` names the failure,
   and :attr:`QuCoGate.errors` counts them;
 * an entity containing AND/OR ("Tom and Jerry") is looked up as one literal phrase.
 
@@ -119,7 +120,9 @@ class QuCoGate(BaseGate):
             corpus_failure(self.on_error, f"entities {entities}", error)
             evidence.update({"error": f"{type(error).__name__}: {error}",
                              "on_error": self.on_error, "corpus_ms": 0.0})
-            return (1.0 if self.on_error == "retrieve" else 0.0), evidence
+            # "retrieve" is "could not decide" (NaN): the decision says why, and a composite
+            # (quco&cbdr) retrieves instead of letting a confident partner skip.
+            return (math.nan if self.on_error == "retrieve" else 0.0), evidence
         counts = [r.value for r in results]
         frequency = min(counts) if self.aggregate == "min" else sum(counts) / len(counts)
         evidence.update({
@@ -128,6 +131,11 @@ class QuCoGate(BaseGate):
             "corpus_ms": corpus_ms, "index": results[0].index,
         })
         return rarity(frequency), evidence
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if "error" in evidence:
+            return f"corpus statistics failed ({evidence['error']}); on_error: retrieve"
+        return super().undecided(score, evidence)
 
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:

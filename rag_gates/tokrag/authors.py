@@ -28,6 +28,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Literal
 
@@ -101,7 +102,10 @@ def authors_score(probs: torch.Tensor, embeddings: torch.Tensor, attention: torc
         rag_side = 0.0
         if window:
             sims = cos(w_rag[None], embeddings[passage_ids[window]], dim=1)
-            rag_side = max(0.0, float(sims.max()))
+            best = float(sims.max())
+            # max(0.0, nan) is 0.0: a NaN similarity must stay NaN, so the decoder's
+            # non-finite check sees it (and keeps the passage's token) instead of a 0.
+            rag_side = best if math.isnan(best) else max(0.0, best)
     elif variant == "authors-token":
         ranked = order[: min(10, n)][2:7]
         if ranked.numel() == 0:

@@ -122,3 +122,19 @@ def test_integer_feature_statistics_are_refused(saved: Path) -> None:
         t["feature_std"], dtype=torch.int64)))
     with pytest.raises(ArtifactError, match=r"feature_std has dtype torch.int64.*floating"):
         ConfidenceProbe.load(saved)
+
+
+def test_weights_beside_another_saves_config_are_refused(saved: Path, tiny: Any,
+                                                         tmp_path: Path) -> None:
+    """What a reader meets between the two renames of a save over an existing probe (or a
+    weights file copied from another probe): the other save's config would read these
+    weights wrongly, so the pair is refused, and no temporary file is left behind."""
+    other = ConfidenceProbe(ProbeConfig(model_id=tiny.model_id, hidden_size=tiny.hidden_size,
+                                        num_layers=tiny.num_layers, layer=1,
+                                        prompts=ProbePrompts(style="rag-gates")))
+    other_dir = other.save(tmp_path / "other")
+    assert sorted(p.name for p in other_dir.iterdir()) == ["probe.json", "probe.safetensors"]
+    (saved / "probe.safetensors").write_bytes((other_dir / "probe.safetensors").read_bytes())
+    with pytest.raises(ArtifactError, match=r"saved with another probe\.json"):
+        ConfidenceProbe.load(saved)
+    assert ConfidenceProbe.load(other_dir).config.layer == 1

@@ -13,6 +13,7 @@ difference on these inputs is ~1e-6); layers and token ids exactly.
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import pytest
@@ -235,6 +236,13 @@ def test_decision_rules() -> None:
     skipped = authors_score(probs, emb, torch.tensor([0.5, 0.5]), torch.tensor([0, 0]),
                             torch.tensor([True, True]))
     assert skipped.rag_side == 0.0
+    # A NaN passage embedding: the passage side is NaN, not the running maximum's 0 (which
+    # would silently keep the closed-book token); the decoder then keeps the passage's.
+    emb_nan = emb.clone()
+    emb_nan[2] = float("nan")
+    broken = authors_score(probs, emb_nan, torch.tensor([0.9, 0.1]), torch.tensor([2, 2]),
+                           torch.tensor([False, False]))
+    assert math.isnan(broken.rag_side) and math.isnan(broken.score)
 
 
 def test_adacad_alpha_is_the_jsd_in_bits(tiny: Any) -> None:

@@ -43,6 +43,27 @@ def test_a_child_that_exits_is_an_error_with_its_log(tmp_path: Path) -> None:
         pass
 
 
+def test_the_default_log_is_deleted_and_no_descriptor_is_left_open(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A long-lived process starting servers again and again leaks neither a file in the
+    temporary folder nor an open descriptor per server."""
+    import os
+
+    monkeypatch.setenv("TMPDIR", str(tmp_path))
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", None)  # re-read TMPDIR
+    fds = len(os.listdir("/proc/self/fd")) if os.path.isdir("/proc/self/fd") else None
+    port = free_port()
+    for _ in range(2):
+        with child_server([sys.executable, "-c", SERVES_MODELS, str(port)],
+                          f"http://127.0.0.1:{port}/v1", startup_timeout=30):
+            assert [p.name for p in tmp_path.glob("rag-gates-server-*.log")]
+    assert not list(tmp_path.glob("rag-gates-server-*.log"))
+    if fds is not None:
+        assert len(os.listdir("/proc/self/fd")) <= fds
+
+
 @pytest.mark.skipif(not sys.platform.startswith("linux"), reason="PR_SET_PDEATHSIG is Linux's")
 def test_the_server_dies_with_a_parent_killed_without_cleanup(tmp_path: Path) -> None:
     """A parent killed by SIGKILL runs no ``finally``; the kernel still stops its server."""

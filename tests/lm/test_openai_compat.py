@@ -207,6 +207,21 @@ def test_retries_429_and_5xx_then_succeeds(server: ReplayServer) -> None:
     assert lm.requests_sent - sent == 4
 
 
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+def test_a_forked_worker_gets_its_own_event_loop_and_client(server: ReplayServer) -> None:
+    """Built (and probed) in the parent, used in a worker forked after (gunicorn --preload):
+    without a loop of its own the child waits for the parent's loop thread, which does not
+    exist there, until the backstop timeout (2 * timeout + 5 = 9 s): the 8 s limit catches it."""
+    from tests.forked import run_in_forked_child
+
+    with OpenAICompatibleLM(server.url, chat=False, timeout=2.0, **FAST) as lm:
+        expected = lm.generate(PROBE_RAW, max_new_tokens=8).text
+        child = run_in_forked_child(lambda: lm.generate(PROBE_RAW, max_new_tokens=8).text,
+                                    timeout=8.0)
+        assert child == expected
+        assert lm.generate(PROBE_RAW, max_new_tokens=8).text == expected  # parent unharmed
+
+
 def test_gives_up_after_the_retries(server: ReplayServer) -> None:
     lm = _plain(server, max_retries=2)
     server.faults.extend([("status", 500)] * 3)

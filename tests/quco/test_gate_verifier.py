@@ -6,10 +6,12 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from pydantic import JsonValue
 
 from rag_gates.corpus import CorpusStats, HostedInfiniGram
 from rag_gates.corpus.errors import CorpusError
 from rag_gates.extract.base import Claim
+from rag_gates.gate import BaseGate
 from rag_gates.quco import ClaimVerifier, QuCoGate, Verification
 from rag_gates.types import GateDecision
 from tests.quco.conftest import GazetteerExtractor
@@ -132,6 +134,30 @@ def test_gate_on_error_policies(extractor: GazetteerExtractor, policy: Any,
     d = gate.decide("Were Scott Derrickson and Ed Wood of the same nationality?")
     assert d.retrieve is retrieve and "timed out" in str(d.evidence["error"])
     assert gate.errors == 1 and "on_error" in d.reason
+
+
+def test_a_failed_lookup_makes_a_composite_retrieve_beside_a_confident_gate(
+        extractor: GazetteerExtractor) -> None:
+    """A corpus failure under on_error="retrieve" is "could not decide", so AllOf does not
+    let a partner that would skip overrule it (quco&cbdr with a confident probe)."""
+    from rag_gates.gate import AllOf, Weighted
+
+    class Confident(BaseGate):
+        name = "confident"
+
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+            return 0.0, {}
+
+    question = "Were Scott Derrickson and Ed Wood of the same nationality?"
+    quco = QuCoGate(FailingStats(), extractor, tau_entity=10)
+    alone = quco.decide(question)
+    assert alone.retrieve and "undecided" in alone.evidence
+    assert "corpus statistics failed" in alone.reason and "timed out" in alone.reason
+    for composite in (AllOf(quco, Confident(0.5)), AllOf(Confident(0.5), quco, short_circuit=False),
+                      Weighted([quco, Confident(0.5)], weights=[1.0, 1.0], bias=-5.0)):
+        d = composite.decide(question)
+        assert d.retrieve, d.reason
+        assert d.evidence.get("undecided_gate") == "quco", d.evidence
 
 
 def test_gate_on_error_raise(extractor: GazetteerExtractor) -> None:

@@ -287,6 +287,36 @@ def test_missing_logprobs_in_the_reply_is_an_error() -> None:
         lm.generate(QUESTION, logprobs=1)
 
 
+def test_a_logprob_above_zero_makes_the_confidence_gates_retrieve() -> None:
+    """A provider's reply passed on by the adapter as it came: a log-probability of +0.3 is
+    not one, and read as a score it would say "more than certain" and skip retrieval."""
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.deeprag.gates import MarkerLikelihoodGate
+
+    class LogprobChat(RecordingChat):
+        logprobs: bool | None = None
+        top_logprobs: int | None = None
+
+    def entry(token: str, logprob: float) -> dict[str, Any]:
+        return {"token": token, "logprob": logprob, "bytes": None, "top_logprobs": [
+            {"token": token, "logprob": logprob, "bytes": None},
+            {"token": "Intermediate", "logprob": -2.0, "bytes": None}]}
+
+    broken = {"logprobs": {"content": [entry("Paris", 0.3), entry(" is", -0.1)]}}
+    healthy = {"logprobs": {"content": [entry("Paris", -0.01), entry(" is", -0.1)]}}
+    decisions = {}
+    for name, metadata in (("broken", broken), ("healthy", healthy)):
+        lm = as_text_lm(LogprobChat(reply="Paris is", reply_metadata=metadata))
+        decisions[name] = AnswerLogprobGate(lm, threshold=0.5).decide(QUESTION)
+    assert decisions["healthy"].retrieve is False  # confident: -mean log p = 0.055
+    d = decisions["broken"]
+    assert d.retrieve is True and "undecided" in d.evidence
+    assert "answer token 0" in d.reason and "above 0.0" in d.reason, d.reason
+    marker = MarkerLikelihoodGate(as_text_lm(LogprobChat(reply="Paris", reply_metadata=broken)))
+    d = marker.decide("Follow up: Who?", prompt="Follow up: Who?\n")
+    assert d.retrieve is True and "is not one" in d.reason, d.reason
+
+
 def test_prompts_and_arguments_are_validated() -> None:
     lm = as_text_lm(RecordingChat())
     with pytest.raises(ValueError, match="empty"):

@@ -144,6 +144,7 @@ class _OpenAIStyleLLM(CustomLLM):
     """Returns fixed text with OpenAI-layout logprobs (rows of top alternatives only)."""
 
     with_logprobs: bool = True
+    first_logprob: float = -0.1
     seen: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -155,7 +156,7 @@ class _OpenAIStyleLLM(CustomLLM):
         self.seen.update(kwargs)
         rows = [
             [
-                LogProb(token="Par", logprob=-0.1, bytes=[80, 97, 114]),
+                LogProb(token="Par", logprob=self.first_logprob, bytes=[80, 97, 114]),
                 LogProb(token="Lon", logprob=-2.5),
             ],
             [LogProb(token="is", logprob=-0.2), LogProb(token="i", logprob=-1.9)],
@@ -193,6 +194,21 @@ def test_openai_layout_logprobs_are_converted() -> None:
     cut = lm.generate("Capital of France?", stop=["is"], logprobs=0)
     assert cut.text == "Par" and cut.logprobs is not None
     assert [t.token for t in cut.logprobs] == ["Par", "is"]
+
+
+def test_a_logprob_above_zero_makes_the_confidence_gate_retrieve() -> None:
+    """The adapter passes on what the LLM sent; a log-probability of +0.3 is not one, and
+    the gate reading it must not take it for "more than certain" and skip retrieval."""
+    from rag_gates.confidence import AnswerLogprobGate
+
+    def decide(first: float) -> Any:
+        lm = as_text_lm(_OpenAIStyleLLM(first_logprob=first), supports_logprobs=True)
+        return AnswerLogprobGate(lm, threshold=0.5).decide("Capital of France?")
+
+    assert decide(-0.1).retrieve is False  # -mean log p = 0.2: confident
+    broken = decide(0.3)
+    assert broken.retrieve is True and "undecided" in broken.evidence
+    assert "answer token 0" in broken.reason and "above 0.0" in broken.reason, broken.reason
 
 
 def test_declared_logprobs_missing_raises() -> None:
