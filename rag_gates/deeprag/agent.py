@@ -23,7 +23,10 @@ Malformed steps, the documented rule (each is counted in ``Trajectory.malformed`
   already written, so the model writes a subquery (``nudge=True``, the default; untrained
   small models often answer in free text at once, which would make every run closed-book);
 - still no marker (``nudge=False``), an empty subquery, or a subquery asked before (a loop)
-  ends the decomposition: the final answer is forced (``stop_reason="malformed"``);
+  ends the decomposition: the final answer is forced (``stop_reason="malformed"``); if no
+  step had retrieved yet, the run first retrieves with the question itself (a last step,
+  decided by :class:`~rag_gates.deeprag.gates.UnreadableStepGate`: undecided, so it
+  retrieves and says why), so an unreadable model never answers from memory in silence;
 - generate mode, a subquery followed by neither decision marker: the step retrieves (the
   fail-closed rule of every gate) and goes on.
 
@@ -58,7 +61,12 @@ from rag_gates.deeprag.engine import (
     retrieved_answer,
     subquery_line,
 )
-from rag_gates.deeprag.gates import ConstantGate, MarkerGate, MarkerLikelihoodGate
+from rag_gates.deeprag.gates import (
+    ConstantGate,
+    MarkerGate,
+    MarkerLikelihoodGate,
+    UnreadableStepGate,
+)
 from rag_gates.deeprag.trajectory import (
     DeepRAGPrompt,
     MalformedStep,
@@ -176,9 +184,22 @@ class DeepRAG:
                 break
             problem = step_problem(st, steps)
             if problem is not None:
-                malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
-                                               action="forced_final"))
                 stop_reason = "malformed"
+                if any(s.passages is not None for s in steps):
+                    malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
+                                                   action="forced_final"))
+                    break
+                # Fail closed: nothing retrieved yet, and the model's step cannot be read, so
+                # no decision was made; retrieve with the question before the forced answer.
+                malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
+                                               action="retrieved"))
+                unread: GateDecision = yield Ask(UnreadableStepGate(), question,
+                                                 {"problem": problem, "written": raw})
+                passages, answer = yield from retrieved_answer(
+                    fmt, question, so_far, question, c.k, c.max_answer_tokens)
+                steps.append(Step(subquery=question, decision=unread, passages=passages,
+                                  answer=answer))
+                yield Emit(steps[-1])
                 break
             if generate:
                 if st.decision is None:

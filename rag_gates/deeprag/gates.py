@@ -28,7 +28,7 @@ from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import Prompt, capabilities_of, require_white_box
 
-__all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate"]
+__all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate", "UnreadableStepGate"]
 
 
 class MarkerGate(BaseGate):
@@ -76,6 +76,29 @@ class ConstantGate(BaseGate):
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
         return f"{self.name}: {'retrieve' if retrieve else 'answer without retrieval'} " \
                "for every subquery"
+
+
+class UnreadableStepGate(BaseGate):
+    """The decision when the model's step cannot be read (no marker after the nudge, an
+    empty or repeated subquery) before anything was retrieved: the run cannot decide, so it
+    retrieves with the question itself instead of answering from memory in silence.
+
+    ``decide(question, problem="empty_subquery", written=<the model's text>)``.
+    """
+
+    name = "deeprag-unreadable-step"
+
+    def __init__(self) -> None:
+        super().__init__(threshold=0.5)
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        written = signals.get("written")
+        return float("nan"), {"problem": str(signals.get("problem")),
+                              "written": written[:200] if isinstance(written, str) else None}
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        return (f"the model's step could not be read ({evidence['problem']}) and nothing was "
+                "retrieved yet; retrieving with the question")
 
 
 class MarkerLikelihoodGate(BaseGate):

@@ -104,15 +104,17 @@ def test_step_cap_forces_the_final_answer(bm25: Any) -> None:
     assert DeepRAG(ScriptedLM(endless), bm25, max_steps=0).run(QUESTION).trajectory.steps == ()
 
 
-def wrap(step_text: str) -> Any:
-    """A model that writes ``step_text`` at the second step, after one good step."""
+def wrap(step_text: str,
+         first: str = f"Follow up: Who directed Jaws?\n{INTERMEDIATE} Steven Spielberg\n") -> Any:
+    """A model that writes ``step_text`` at the second step, after one good step (``first``:
+    by default answered from memory)."""
     def reply(question: str, so_far: str) -> str:
         if so_far.endswith(INTERMEDIATE):
             return " Steven Spielberg"
         if so_far.endswith("So the final answer is:"):
             return f" {last_answer(so_far)}"
         if not so_far:
-            return f"Follow up: Who directed Jaws?\n{INTERMEDIATE} Steven Spielberg\n"
+            return first
         return step_text
     return reply
 
@@ -124,12 +126,33 @@ def wrap(step_text: str) -> Any:
 ])
 def test_unreadable_steps_force_the_final_answer_and_are_counted(bm25: Any, text: str,
                                                                   kind: str) -> None:
+    """Nothing retrieved before the unreadable step: the run cannot decide, so it retrieves
+    with the question (an undecided decision that says why) before the forced answer."""
     result = DeepRAG(ScriptedLM(wrap(text)), bm25, nudge=False).run(QUESTION)
     t = result.trajectory
-    assert len(t.steps) == 1 and t.stop_reason == "malformed"
-    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
+    assert len(t.steps) == 2 and t.stop_reason == "malformed"
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "retrieved")]
     assert t.malformed[0].text == text.split("\nFollow up:")[0]
+    last = t.steps[-1]
+    assert last.subquery == QUESTION and last.passages is not None
+    assert last.decision.gate == "deeprag-unreadable-step" and last.decision.retrieve
+    assert last.decision.score == UNDECIDED_SCORE and kind in last.decision.reason
+    assert result.trace.retrievals == 1
     assert result.answer == "Steven Spielberg" and kinds(result)[-1] == "final-forced"
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    ("Arnold was his father.", "no_marker"),
+    (f"Follow up:\n{INTERMEDIATE} x", "empty_subquery"),
+])
+def test_an_unreadable_step_after_a_retrieval_forces_the_final_answer(bm25: Any, text: str,
+                                                                      kind: str) -> None:
+    retrieving = wrap(text, first=f"Follow up: Who directed Jaws?\n{RETRIEVE}\n")
+    result = DeepRAG(ScriptedLM(retrieving), bm25, nudge=False).run(QUESTION)
+    t = result.trajectory
+    assert len(t.steps) == 1 and t.steps[0].passages is not None
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
+    assert result.trace.retrievals == 1 and kinds(result)[-1] == "final-forced"
 
 
 def test_a_step_without_marker_is_nudged_once(bm25: Any) -> None:
@@ -152,7 +175,8 @@ def test_a_step_without_marker_is_nudged_once(bm25: Any) -> None:
     stubborn = DeepRAG(ScriptedLM(lambda q, s: "" if s.endswith("Follow up:") else "Hm."),
                        bm25).run(QUESTION)
     assert [(m.kind, m.action) for m in stubborn.trajectory.malformed] == \
-        [("no_marker", "nudged"), ("empty_subquery", "forced_final")]
+        [("no_marker", "nudged"), ("empty_subquery", "retrieved")]
+    assert stubborn.trajectory.steps[0].subquery == QUESTION
 
 
 def test_missing_decision_marker_retrieves(bm25: Any) -> None:
@@ -257,9 +281,11 @@ def test_runs_on_the_tiny_model(bm25: Any, tiny_long: Any) -> None:
     result = DeepRAG(tiny_long, bm25, mode="always", max_steps=2, max_step_tokens=8,
                      max_answer_tokens=4, nudge=False).run(QUESTION)
     t = result.trajectory
-    # Random weights write no markers: one unreadable step, then the forced final answer.
+    # Random weights write no markers: one unreadable step, a retrieval with the question
+    # (nothing was retrieved before it), then the forced final answer.
     assert t.stop_reason == "malformed" and t.malformed[0].kind == "no_marker"
-    assert result.trace.llm_calls == 2 and result.trace.retrievals == 0
+    assert t.malformed[0].action == "retrieved" and t.steps[0].subquery == QUESTION
+    assert result.trace.llm_calls == 3 and result.trace.retrievals == 1
     assert result.answer == t.final_answer and "\n" not in result.answer
     nudged = DeepRAG(tiny_long, bm25, mode="always", max_steps=2, max_step_tokens=8,
                      max_answer_tokens=4).run(QUESTION)

@@ -155,6 +155,12 @@ def _marker_likelihood(tiny: Any) -> BaseGate:
     return MarkerLikelihoodGate(nan_weights_lm(), threshold=0.0)
 
 
+def _unreadable_step(tiny: Any) -> BaseGate:
+    from rag_gates.deeprag.gates import UnreadableStepGate
+
+    return UnreadableStepGate()
+
+
 #: The prompt DeepRAG hands its likelihood gate: it ends right after the subquery's line.
 SUBQUERY_PROMPT = f"Question: {QUESTION}\nFollow up: Who wrote Hamlet?\n"
 
@@ -179,6 +185,9 @@ CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
     ("deeprag-no-marker", "MarkerGate", _marker, "nan", {"written": None}),
     ("deeprag-likelihood-nan-model", "MarkerLikelihoodGate", _marker_likelihood, "nan",
      {"prompt": SUBQUERY_PROMPT}),
+    # DeepRAG: the model's step cannot be read before anything was retrieved.
+    ("deeprag-unreadable-step", "UnreadableStepGate", _unreadable_step, "nan",
+     {"problem": "empty_subquery", "written": "Follow up:"}),
 ]
 
 #: ConstantGate (DeepRAG's always / never) scores a constant: it cannot be undecided. Listed
