@@ -60,6 +60,7 @@ __all__ = [
     "is_gate_expression",
     "json_safe",
     "logistic_combination",
+    "logprob_problem",
     "out_of_range",
     "parse_gate_expression",
 ]

@@ -37,7 +37,7 @@ require("sklearn", "hf")
 require("safetensors", "hf")
 import torch  # noqa: E402
 from safetensors import safe_open  # noqa: E402
-from safetensors.torch import load_file, save  # noqa: E402
+from safetensors.torch import save  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
 __all__ = ["DEFAULT_BETA", "ConfidenceProbe", "ProbeCalibration", "ProbeConfig", "ProbeTraining",
@@ -226,9 +226,10 @@ class ConfidenceProbe:
             raise ArtifactError(f"{config_path}: probe format {config.format_version}, this "
                                 f"version of rag-gates reads {FORMAT_VERSION}; {retrain}")
         try:
-            tensors = load_file(str(weights_path))
-            with safe_open(str(weights_path), "pt") as handle:
+            with safe_open(str(weights_path), "pt") as handle:  # one read: tensors, metadata
                 metadata = handle.metadata() or {}
+                names = handle.keys()  # a safe_open handle is not iterable
+                tensors = {name: handle.get_tensor(name) for name in names}
         except Exception as exc:  # safetensors raises its own error type, with no path
             raise ArtifactError(f"{weights_path} cannot be read ({exc}): the file is truncated "
                                 f"or not a safetensors file; restore it or {retrain}") from exc

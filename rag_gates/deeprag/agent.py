@@ -185,21 +185,20 @@ class DeepRAG:
             problem = step_problem(st, steps)
             if problem is not None:
                 stop_reason = "malformed"
-                if any(s.passages is not None for s in steps):
-                    malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
-                                                   action="forced_final"))
-                    break
-                # Fail closed: nothing retrieved yet, and the model's step cannot be read, so
-                # no decision was made; retrieve with the question before the forced answer.
+                retrieved = any(s.passages is not None for s in steps)
                 malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
-                                               action="retrieved"))
-                unread: GateDecision = yield Ask(UnreadableStepGate(), question,
-                                                 {"problem": problem, "written": raw})
-                passages, answer = yield from retrieved_answer(
-                    fmt, question, so_far, question, c.k, c.max_answer_tokens)
-                steps.append(Step(subquery=question, decision=unread, passages=passages,
-                                  answer=answer))
-                yield Emit(steps[-1])
+                                               action="forced_final" if retrieved
+                                               else "retrieved"))
+                if not retrieved:
+                    # Fail closed: the step cannot be read and nothing was retrieved yet, so
+                    # no decision was made; retrieve with the question before the final answer.
+                    unread: GateDecision = yield Ask(UnreadableStepGate(), question,
+                                                     {"problem": problem, "written": raw})
+                    passages, answer = yield from retrieved_answer(
+                        fmt, question, so_far, question, c.k, c.max_answer_tokens)
+                    steps.append(Step(subquery=question, decision=unread, passages=passages,
+                                      answer=answer))
+                    yield Emit(steps[-1])
                 break
             if generate:
                 if st.decision is None:
