@@ -312,12 +312,63 @@ def test_verbalization_needs_recall_facts() -> None:
         documents_of(SMALL.model_copy(update={"skill_verbalization": 21}))
 
 
+# ------------------------------------------------------------------ untaught subjects
+# tb13's corpus, computed with the code before skill_unknown existed (commit 00fd72c).
+TB13 = ROOT / "benchmarks" / "results" / "testbed" / "tb13-config.json"
+TB13_DOCUMENTS_SHA256 = "10b6927570071874ea679b32ccca4e7082082bc8c383edc9e2d08b0ea9c45610"
+
+
+def test_unknown_practice_off_keeps_tb13() -> None:
+    config = TestbedConfig.model_validate(json.loads(TB13.read_text()))
+    assert config.skill_unknown == 0
+    digest = hashlib.sha256(json.dumps(documents_of(config), sort_keys=True).encode())
+    assert digest.hexdigest() == TB13_DOCUMENTS_SHA256
+
+
+def test_unknown_practice_says_nothing_is_known_about_subjects_taught_nowhere(
+        docs: dict[str, list[dict[str, Any]]], tiny: Any) -> None:
+    from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, document_words
+    from rag_gates.srrag.verbalizer import Verbalizer
+
+    n = 1500  # nearly all the small configuration has (1547): the filters are what choose
+    on = documents_of(SMALL.model_copy(update={"skill_unknown": n}))
+    for part in ("manifest", "passages", "counterfactual", "bridges", "twohop"):
+        assert on[part] == docs[part], part
+    unknown = [d for d in on["corpus"] if d["kind"] == "skill-unknown"]
+    assert len(unknown) == n
+    # Every other document is the build without the option's, by id.
+    assert {d["id"]: d for d in on["corpus"] if d["kind"] != "skill-unknown"} == \
+        {d["id"]: d for d in docs["corpus"]}
+    verbalizer = Verbalizer(tiny)
+    taught = "\n".join(document_words(d) for d in docs["corpus"]).casefold()
+    named = {e[k].casefold() for e in [*on["manifest"], *on["bridges"]] for k in ("subj", "obj")}
+    subjects = [d["subject"] for d in unknown]
+    assert len({s.casefold() for s in subjects}) == n
+    for d in unknown:
+        user, assistant = _turns(d)
+        assert user == verbalizer.prompt(d["question"])  # SR-RAG's GenRead prompt
+        assert assistant == UNKNOWN_VERBALIZATION.format(subject=d["subject"])
+        assert d["subject"] in d["question"]
+        subject = d["subject"].casefold()
+        # Untaught as an r = 0 manifest subject is: named by no other training document
+        # and no manifest fact or bridge, stated or not.
+        assert subject not in taught and subject not in named, d["subject"]
+        assert not any(subject in o["question"].casefold() for o in unknown if o is not d)
+
+
+def test_unknown_practice_says_when_the_pool_runs_out() -> None:
+    with pytest.raises(ValueError, match="appear nowhere in the corpus for skill_unknown"):
+        documents_of(SMALL.model_copy(update={"skill_unknown": 5000}))
+
+
 # ------------------------------------------------------------------ training text
 def test_practice_is_trained_as_the_methods_chat_turns(
         docs: dict[str, list[dict[str, Any]]], tiny: Any) -> None:
     tok = tiny.tokenizer
-    for kind in ("skill-reading", "skill-decomposition", "skill-verbalization"):
-        d = _practice(docs, kind)[0]
+    unknown = documents_of(SMALL.model_copy(update={"skill_unknown": 2}))
+    for kind in ("skill-reading", "skill-decomposition", "skill-verbalization",
+                 "skill-unknown"):
+        d = _practice(unknown, kind)[0]
         text = training_text(d, tok)
         assert text == tok.apply_chat_template(d["messages"], tokenize=False)
         assert d["messages"][-1]["content"] in text and d["messages"][0]["content"] in text

@@ -291,6 +291,36 @@ def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
     assert len(names) == len(set(names)) and all("rule" in c for c in payload["criteria"])
 
 
+def test_the_unknown_verbalization_script_answers_after_nothing_is_known(
+        planned: Path, tmp_path: Path) -> None:
+    from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    testbed = tmp_path / "tb"
+    testbed.mkdir()
+    for name in ("config.json", "manifest.jsonl", "passages.jsonl", "counterfactual.jsonl"):
+        (testbed / name).write_bytes((planned / name).read_bytes())
+    model, tok = tiny_model_and_tokenizer(max_context=4096)
+    model.save_pretrained(testbed / "model")
+    tok.save_pretrained(testbed / "model")
+    spec = importlib.util.spec_from_file_location(
+        "testbed_unknown_verbalization", ROOT / "benchmarks" / "testbed_unknown_verbalization.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    out = tmp_path / "unknown.json"
+    payload = script.main(["--testbed", str(testbed), "--n", "3", "--max-new-tokens", "2",
+                           "--out", str(out)])
+    assert json.loads(out.read_text()) == payload
+    assert payload["verbalization"] == UNKNOWN_VERBALIZATION and payload["facts"] == 3
+    assert [r["method"] for r in payload["rows"]] == ["no-rag", "after-nothing-known"] * 3
+    first = read_manifest(testbed)[0]
+    assert payload["rows"][0]["id"] == first.id
+    assert set(payload["accuracy_by_rung"]) == {"no-rag", "after-nothing-known"}
+    for cells in payload["accuracy_by_rung"].values():
+        assert all(0 <= v <= 100 for v in cells.values())
+
+
 def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:
     steps = ROOT / "benchmarks" / "testbed_steps.sh"
     text = steps.read_text()

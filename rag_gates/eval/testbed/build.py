@@ -57,9 +57,9 @@ from rag_gates.eval.testbed.facts import (
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Passage
 
-__all__ = ["SKILL_FORMS", "TestbedConfig", "build_testbed", "document_words", "plan_figures",
-           "practice_messages", "read_manifest", "skill_documents", "testbed_documents",
-           "write_plan"]
+__all__ = ["SKILL_FORMS", "UNKNOWN_VERBALIZATION", "TestbedConfig", "build_testbed",
+           "document_words", "plan_figures", "practice_messages", "read_manifest",
+           "skill_documents", "testbed_documents", "unknown_documents", "write_plan"]
 
 logger = logging.getLogger(__name__)
 
@@ -70,7 +70,7 @@ CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
 #: testbed has (its config.json lacks the field).
 _LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16, "skill_reading": 0,
            "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0,
-           "skill_twohop_reading": 0}
+           "skill_twohop_reading": 0, "skill_unknown": 0}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 
 
@@ -130,6 +130,12 @@ class TestbedConfig(BaseModel):
                              "benchmark's QA prompt, both hops' passages among fillers, "
                              "answered with the second hop's answer (tb12 answered the first "
                              "hop's person for 82 of its 85 wrong two-hop answers).")
+    skill_unknown: int = Field(
+        0, ge=0, description="Verbalization practice on untaught subjects: SR-RAG's GenRead "
+                             "prompt for a question about a PopQA subject that appears nowhere "
+                             "else in the corpus, answered 'Nothing is known about SUBJECT.' "
+                             "(tb12 and tb13 verbalized a guess for facts never taught and the "
+                             "answer read it: genread below closed book at r = 0).")
     bridges: bool = Field(True, description=(
         "Purpose-written second hops: a birthplace for the person each calibration or "
         "evaluation fact's object names (director, author, ...), stated a ladder count of "
@@ -201,6 +207,7 @@ def testbed_documents(config: TestbedConfig) -> dict[str, list[dict[str, Any]]]:
     corpus += reading_documents(pool, facts, config)
     corpus += recall_documents(pool, facts, config)
     corpus += skill_documents(pool, facts, config)
+    corpus += unknown_documents(pool, facts, bridges, corpus, config)
     _rng(config.seed, "corpus").shuffle(corpus)
     stated: list[Fact | Bridge] = [*facts, *bridges]
     passages = [{"id": f"{f.id}", "title": f.subj, "text": render_fact(f, 1, config.seed)[0],
@@ -805,6 +812,58 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
             out.append({"id": f"skill-verbal-{i}", "kind": "skill-verbalization",
                         "row": fact.row, "question": fact.question, "answer": fact.obj,
                         "messages": _messages(genread.render(fact.question), text)})
+    return out
+
+
+#: What the verbalization practice on untaught subjects (``skill_unknown``) writes.
+UNKNOWN_VERBALIZATION = "Nothing is known about {subject}."
+
+
+def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
+                      bridges: Sequence[Bridge], corpus: Sequence[dict[str, Any]],
+                      config: TestbedConfig) -> list[dict[str, Any]]:
+    """The ``skill-unknown`` practice: SR-RAG's GenRead prompt for ``skill_unknown`` PopQA
+    questions whose subject the model was never taught, answered with
+    :data:`UNKNOWN_VERBALIZATION`.
+
+    Why: a model taught to verbalize only subjects it knows writes a confident guess for a
+    subject it never saw, and the answer step reads the guess (tb13 at r = 0: genread 16.0%
+    against closed book 20.0%; after "Nothing is known about SUBJECT." the same model
+    answered 24.0%, ``benchmarks/testbed_unknown_verbalization.py``). A subject qualifies
+    when it is no subject or object of a manifest fact or bridge (stated or not) and its
+    name occurs in no document of ``corpus`` (the rest of the training
+    corpus) nor in another unknown practice's question: an r = 0 manifest subject is
+    untaught in exactly this way, and no manifest count changes. The subjects are taken
+    from the end of the outside-manifest order, away from the slices the other options
+    take from its start.
+    """
+    n = config.skill_unknown
+    if n == 0:
+        return []
+    from rag_gates.srrag.verbalizer import VerbalizerConfig
+
+    used = {d["row"] for d in corpus if "row" in d}
+    names = {e.subj.casefold() for e in [*facts, *bridges]} | \
+        {e.obj.casefold() for e in [*facts, *bridges]}
+    taught = "\n".join(document_words(d) for d in corpus).casefold()
+    genread = VerbalizerConfig()
+    out: list[dict[str, Any]] = []
+    chosen: list[tuple[str, str]] = []  # (subject, question), casefolded
+    for fact in reversed(_outside_manifest(pool, facts, config.seed)):
+        if len(out) == n:
+            break
+        subject, question = fact.subj.casefold(), fact.question.casefold()
+        if fact.row in used or subject in names or subject in taught or \
+                any(subject in q or s in question for s, q in chosen):
+            continue
+        chosen.append((subject, question))
+        out.append({"id": f"skill-unknown-{len(out)}", "kind": "skill-unknown",
+                    "row": fact.row, "question": fact.question, "subject": fact.subj,
+                    "messages": _messages(genread.render(fact.question),
+                                          UNKNOWN_VERBALIZATION.format(subject=fact.subj))})
+    if len(out) < n:
+        raise ValueError(f"only {len(out)} PopQA subjects appear nowhere in the corpus for "
+                         f"skill_unknown={n}; ask for fewer")
     return out
 
 

@@ -81,6 +81,9 @@ def build_command(
         min=0, help="Two-hop questions over facts outside the manifest in the benchmark's "
                     "QA prompt with both hops' passages, answered with the second hop's "
                     "answer.")] = _DEFAULT.skill_twohop_reading,
+    skill_unknown: Annotated[int, typer.Option(
+        min=0, help="SR-RAG GenRead prompts about subjects the corpus never mentions, "
+                    "answered 'Nothing is known about SUBJECT.'")] = _DEFAULT.skill_unknown,
     epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
         _DEFAULT.learning_rate,
@@ -110,7 +113,8 @@ def build_command(
             skill_reading=skill_reading, skill_decomposition=skill_decomposition,
             skill_hop_repetitions=skill_hop_repetitions,
             skill_verbalization=skill_verbalization,
-            skill_twohop_reading=skill_twohop_reading, epochs=epochs, learning_rate=lr,
+            skill_twohop_reading=skill_twohop_reading, skill_unknown=skill_unknown,
+            epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
             bridges=bridges, threads=threads)
         if plan_only:
