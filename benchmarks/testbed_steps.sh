@@ -8,8 +8,9 @@
 #   STEPS        build validate skills gates e2e tokrag deeprag deeprag-trained (SFT, then DPO)
 #                srrag srrag-auroc
 #                expectations
-#                (default: all, in that order; skills reads validate's table, deeprag-trained
-#                reports with deeprag's runs, srrag needs gates' CBDR probe, srrag-auroc needs
+#                (default: all, in that order; skills reads validate's table, deeprag needs
+#                gates' calibrated first-token threshold, deeprag-trained reports with
+#                deeprag's runs, srrag needs gates' CBDR probe, srrag-auroc needs
 #                srrag's policies, expectations reads what the others wrote: no model)
 #   SKILLS_N     caps the evaluation facts and two-hop questions the skills step answers
 #                (a dry run; it writes apart, skills-$TB-nN.json)
@@ -33,6 +34,16 @@ O=benchmarks/results/testbed/gates-$TB; R=benchmarks/results/testbed/bench
 RG=${RG:-$PWD/.venv/bin/rag-gates}
 T="--threads 1 --max-new-tokens 24"
 C="--model $D/model --n 1000 --max-new-tokens 24 --threads 1"
+# A threshold from a JSON file (path, then a Python subscript), rounded down to 4 decimals.
+floor4() { python3 -c "import json,math;print(math.floor(json.load(open('$1'))$2 * 1e4) / 1e4)"; }
+# The DeepRAG report over whichever of the deeprag and deeprag-trained steps' runs exist.
+deeprag_report() {
+  local runs
+  runs=$(for d in twohop twohop-paper-prompt twohop-sft twohop-sft-dpo hops hops-paper-prompt \
+      hops-sft hops-sft-dpo; do [ ! -d "$1/$d" ] || echo "$1/$d"; done)
+  # shellcheck disable=SC2086  # a list of directories
+  $RG report $runs --out "$1/report" --title "$TB two-hop questions: DeepRAG"
+}
 for step in $STEPS; do case $step in
 build)
   # shellcheck disable=SC2086  # BUILD_FLAGS is a list of options
@@ -96,7 +107,19 @@ deeprag)
   $RG bench --dataset testbed-hops:$D --model $D/model --methods no-rag --n 1000 $T --out $W/hops
   $RG bench --dataset testbed-twohop:$D --model $D/model --prefix-cache-mb 256 --threads 1 \
       --methods no-rag,single,deeprag,deeprag-likelihood --n ${TWOHOP_N:-1000} --out $W/twohop
-  $RG report $W/twohop $W/hops --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
+  # The same questions in the paper's prompt without the demonstration, the prompt the
+  # decomposition practice (skill_decomposition) trained and a DeepRAG-trained model carries
+  # (a view of the model holding deeprag.json: symlinks, no copy): the model's own decisions,
+  # the marker likelihood, and the first-token probability gate at its calibrated threshold
+  # deciding per subquery; the hops again under the view's name, so the report pairs them.
+  V=$D/model-deeprag-paper-prompt
+  .venv/bin/python -c "from rag_gates.deeprag.train import prompt_view; prompt_view('$D/model', '$V')"
+  TF=$(floor4 $O/cal-first-token-prob/gate.json "['threshold']")
+  $RG bench --dataset testbed-hops:$D --model $V --methods no-rag --n 1000 $T --out $W/hops-paper-prompt
+  $RG bench --dataset testbed-twohop:$D --model $V --prefix-cache-mb 256 --threads 1 \
+      --methods deeprag,deeprag-likelihood,deeprag-gate@first-token-prob:$TF \
+      --n ${TWOHOP_N:-1000} --out $W/twohop-paper-prompt
+  deeprag_report $W ;;
 deeprag-trained)
   # DeepRAG's trained form (docs/methods/deeprag.md, "On the testbed"): the testbed model
   # does not decompose in the one-shot format (tb6), so the synthesis asks the rows' own
@@ -126,10 +149,7 @@ deeprag-trained)
         --out $W/hops-$tag
     base=$M
   done
-  runs=$(for d in twohop twohop-sft twohop-sft-dpo hops hops-sft hops-sft-dpo; do
-    [ ! -d $W/$d ] || echo $W/$d; done)
-  # shellcheck disable=SC2086  # a list of directories
-  $RG report $runs --out $W/report --title "$TB two-hop questions: DeepRAG" ;;
+  deeprag_report $W ;;
 srrag|srrag-auroc)
   # SR-RAG (docs/methods/srrag.md) with the testbed model: source labels on the probe and
   # calibration facts (training rows), the kNN datastores from them (SR-RAG's hidden states,
@@ -149,7 +169,6 @@ srrag|srrag-auroc)
     [ $S/tau-train.json -nt $S/labels-train.jsonl ] || .venv/bin/python benchmarks/srrag_calibrate.py \
         --labels $S/labels-train.jsonl --model $D/model --out $S/tau-train.json
     # Thresholds rounded DOWN to 4 decimals: a score at the calibrated value still retrieves.
-    floor4() { python3 -c "import json,math;print(math.floor(json.load(open('$1'))$2 * 1e4) / 1e4)"; }
     TN=$(floor4 $S/tau-train.json "['modes']['srrag-no-knn']['tau']")
     TS=$(floor4 $S/tau-train.json "['modes']['srrag']['tau']")
     TK=$(floor4 $S/tau-train.json "['modes']['srrag-knn-only']['tau']")

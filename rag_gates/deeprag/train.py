@@ -36,8 +36,8 @@ from rag_gates._optional import require
 from rag_gates.deeprag.trajectory import DeepRAGPrompt
 from rag_gates.errors import ArtifactError
 
-__all__ = ["PROMPT_FILE", "TRAINING_FILE", "Training", "read_training_records", "train_dpo",
-           "train_sft"]
+__all__ = ["PROMPT_FILE", "TRAINING_FILE", "Training", "prompt_view", "read_training_records",
+           "train_dpo", "train_sft"]
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +112,51 @@ def read_training_records(path: str | Path, stage: Literal["sft", "dpo"]
     return rows
 
 
+def _prompt_file_text(prompt: DeepRAGPrompt) -> str:
+    return json.dumps({"prompt": prompt.model_dump()}, indent=2)
+
+
+def prompt_view(model: str | Path, out: str | Path, prompt: DeepRAGPrompt | None = None
+                ) -> Path:
+    """A directory that is ``model`` run with ``prompt``: a symlink to each of the model's
+    files and a ``deeprag.json`` holding the prompt, which ``rag-gates bench`` reads for
+    every DeepRAG method (:func:`rag_gates.eval.plugins.deeprag.bench_prompt`). No weights
+    are copied; the view is rewritten in place when run again.
+
+    ``prompt`` defaults to the paper's instruction without the demonstration: the prompt a
+    DeepRAG-trained model carries, and the one the testbed's decomposition practice
+    (``skill_decomposition``) trains, so a testbed model is run in the prompt it practised
+    rather than the bench's one-shot prompt for untrained models.
+
+    Example:
+        >>> view = prompt_view("~/.cache/rag-gates/testbeds/tb13/model",
+        ...                    "~/.cache/rag-gates/testbeds/tb13/model-deeprag-paper-prompt")
+        ... # doctest: +SKIP
+        >>> # rag-gates bench --model <view> --methods deeprag ...
+    """
+    source = Path(model).expanduser().resolve()
+    if not (source / "config.json").is_file():
+        raise FileNotFoundError(f"{source} is not a model directory (no config.json); pass "
+                                "the directory a transformers model was saved to")
+    target = Path(out).expanduser()
+    if target.resolve() == source:
+        raise ValueError(f"the view {target} is the model directory itself; choose another "
+                         "--out")
+    target.mkdir(parents=True, exist_ok=True)
+    owned = [f.name for f in target.iterdir() if not f.is_symlink() and f.name != PROMPT_FILE]
+    if owned:
+        raise ValueError(f"{target} holds files of its own ({', '.join(sorted(owned)[:3])}): "
+                         "a view holds only symlinks and deeprag.json; choose an empty or "
+                         "new directory")
+    for link in [f for f in target.iterdir() if f.is_symlink()]:
+        link.unlink()
+    for f in source.iterdir():
+        if f.name != PROMPT_FILE:  # the view's prompt replaces the model's own
+            (target / f.name).symlink_to(f)
+    write_text_atomic(target / PROMPT_FILE, _prompt_file_text(prompt or DeepRAGPrompt()))
+    return target
+
+
 def _trainable(lm: Any) -> Any:
     model = getattr(lm, "model", None)
     if model is None or getattr(lm, "tokenizer", None) is None:
@@ -143,7 +188,7 @@ def _finish(trainer: Any, lm: Any, out: Path, stage: Literal["sft", "dpo"], reco
     try:
         trainer.model.save_pretrained(build)
         lm.tokenizer.save_pretrained(build)
-        (build / PROMPT_FILE).write_text(json.dumps({"prompt": prompt.model_dump()}, indent=2))
+        (build / PROMPT_FILE).write_text(_prompt_file_text(prompt))
         losses = [(int(e["step"]), float(e["loss"])) for e in trainer.state.log_history
                   if "loss" in e]
         training = Training(stage=stage, base_model=str(lm.model_id), records=records,

@@ -183,3 +183,46 @@ def test_a_records_file_that_is_not_json_lines_is_named_before_the_model_loads(
     undecodable.write_bytes(b'{"input_ids": [1], "labels": [1], "x": "\xe9"}\n')
     with pytest.raises(ValueError, match=f"{undecodable}:1 .*UTF-8"):
         train_sft(fresh(), undecodable, tmp_path / "out")
+
+
+def test_prompt_view_runs_a_model_with_the_papers_prompt(tmp_path: Path) -> None:
+    from rag_gates.deeprag import DEMONSTRATION, DeepRAGPrompt
+    from rag_gates.deeprag.train import PROMPT_FILE, prompt_view
+    from rag_gates.eval.plugins.deeprag import bench_prompt
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.testing import save_tiny_lm
+
+    model = save_tiny_lm(tmp_path / "model")
+    untrained = HFWhiteBoxLM.from_pretrained(model)
+    assert bench_prompt(untrained).demonstration == DEMONSTRATION  # no deeprag.json
+    view = prompt_view(model, tmp_path / "view")
+    files = {f.name for f in view.iterdir()}
+    assert files == {f.name for f in model.iterdir()} | {PROMPT_FILE}
+    assert all((view / f).is_symlink() for f in files - {PROMPT_FILE})
+    seen = HFWhiteBoxLM.from_pretrained(view)
+    assert bench_prompt(seen) == DeepRAGPrompt()  # the paper's, no demonstration
+    assert seen.generate("hi", max_new_tokens=2).text == \
+        untrained.generate("hi", max_new_tokens=2).text  # the same weights
+    # Run again with another prompt: rewritten in place; the model directory untouched.
+    other = DeepRAGPrompt(demonstration="Example: ...")
+    prompt_view(model, view, other)
+    assert bench_prompt(HFWhiteBoxLM.from_pretrained(view)) == other
+    assert not (model / PROMPT_FILE).exists()
+    # A view of a trained model replaces its own prompt, not adds a second.
+    (model / PROMPT_FILE).write_text('{"prompt": {"demonstration": "own"}}')
+    prompt_view(model, view)
+    assert bench_prompt(HFWhiteBoxLM.from_pretrained(view)) == DeepRAGPrompt()
+    with pytest.raises(ValueError, match="files of its own"):
+        prompt_view(model, _real(tmp_path))
+    with pytest.raises(ValueError, match="model directory itself"):
+        prompt_view(model, model)
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        prompt_view(tmp_path / "nothing", tmp_path / "v2")
+
+
+def _real(tmp_path: Path) -> Path:
+    """A directory holding a real file (not a view)."""
+    target = tmp_path / "real"
+    target.mkdir()
+    (target / "model.safetensors").write_bytes(b"weights")
+    return target
