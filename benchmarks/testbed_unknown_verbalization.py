@@ -1,5 +1,5 @@
-"""What a testbed model answers after the verbalization "Nothing is known about SUBJECT."
-(the ``skill_unknown`` practice's reply), against closed book, per rung (issue 35).
+"""What a testbed model answers after the verbalization "There is no information about
+SUBJECT." (the ``skill_unknown`` practice's reply), against closed book, per rung (issue 35).
 
     OMP_NUM_THREADS=1 .venv/bin/python benchmarks/testbed_unknown_verbalization.py \\
         --testbed ~/.cache/rag-gates/testbeds/tb13 \\
@@ -7,10 +7,12 @@
 
 The evidence behind ``skill_unknown``: tb12 and tb13 verbalize a confident guess for a fact
 they were never taught, the answer step reads it, and genread falls below closed book at
-r = 0. If the answer after an honest "nothing is known" is at least closed book at r = 0, a
+r = 0. If the answer after an honest "no information" is at least closed book at r = 0, a
 model that learns to write it for untaught subjects keeps its closed-book prior there. The
 answer is SR-RAG's answer step (:func:`rag_gates.eval.testbed.skills.form_answerers`'
-``srrag``: the passage as a finished verbalization) on each evaluation fact.
+``srrag``: the passage as a finished verbalization) on each evaluation fact. ``--verbalize``
+also asks whether the model writes the sentence itself, per rung (on a ``--skill-unknown``
+build it should at r = 0 and not at r = 64).
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ import argparse
 import datetime as dt
 import json
 import platform
+import shlex
 import statistics
 import sys
 import time
@@ -31,7 +34,11 @@ from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
 from rag_gates.eval.testbed.dataset import load_testbed_dataset
 from rag_gates.eval.testbed.skills import CLOSED, form_answerers
 from rag_gates.lm.defaults import load_lm
+from rag_gates.srrag.verbalizer import Verbalizer
 from rag_gates.types import Passage
+
+#: The table row of ``--verbalize``: % of facts whose verbalization is the sentence.
+SAYS = "verbalizes-no-information"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -39,20 +46,29 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--testbed", type=Path, required=True, help="rag-gates testbed build DIR")
     parser.add_argument("--n", type=int, default=None, help="the first N evaluation facts")
     parser.add_argument("--max-new-tokens", type=int, default=24)
+    parser.add_argument("--verbalize", action="store_true",
+                        help="also verbalize each fact greedily (SR-RAG's GenRead, 150 tokens) "
+                             "and report, per rung, the share of verbalizations that are the "
+                             "sentence: whether the model says it where it was never taught")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
+    if args.n is not None and args.n < 1:
+        parser.error(f"--n must be at least 1, got {args.n}")
     directory = args.testbed.expanduser().resolve()
     subjects = {f.id: f.subj for f in read_manifest(directory)}
     facts = load_testbed_dataset(f"testbed:{directory}", n=args.n).examples
-    answer = form_answerers(load_lm(str(directory / "model"), num_threads=1),
-                            max_new_tokens=args.max_new_tokens)
+    lm = load_lm(str(directory / "model"), num_threads=1)
+    answer = form_answerers(lm, max_new_tokens=args.max_new_tokens)
+    verbalizer = Verbalizer(lm)
+    opening = UNKNOWN_VERBALIZATION.split("{")[0]  # "There is no information about "
+    methods = [CLOSED, "after-no-information", *([SAYS] if args.verbalize else [])]
     rows: list[dict[str, Any]] = []
     for i, example in enumerate(facts):
         nothing = Passage(id="verbalized",
                           text=UNKNOWN_VERBALIZATION.format(subject=subjects[example.id]))
         for method, reply in (
                 (CLOSED, lambda e=example: answer[CLOSED](e.question, [])),
-                ("after-nothing-known",
+                ("after-no-information",
                  lambda e=example, p=nothing: answer["srrag"](e.question, [p]))):
             t0 = time.perf_counter()
             text = reply()
@@ -60,16 +76,25 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "rung": example.meta["repetitions"], "answer": text,
                          "seconds": round(time.perf_counter() - t0, 3),
                          "accuracy": score_answer(text, example.answers, "testbed")["accuracy"]})
+        if args.verbalize:
+            t0 = time.perf_counter()
+            text = verbalizer.verbalize(example.question).text
+            # "accuracy" here: 1 when the verbalization is the practised sentence.
+            rows.append({"method": SAYS, "id": example.id, "rung": example.meta["repetitions"],
+                         "answer": text, "seconds": round(time.perf_counter() - t0, 3),
+                         "accuracy": float(text.strip().startswith(opening))})
         if (i + 1) % 25 == 0:
             print(f"{i + 1}/{len(facts)} facts", file=sys.stderr, flush=True)
-    table: dict[str, dict[str, float]] = {}
-    for method in (CLOSED, "after-nothing-known"):
+    table: dict[str, dict[str, dict[str, float]]] = {}
+    for method in methods:
         mine = [r for r in rows if r["method"] == method]
-        table[method] = {str(k): round(100 * statistics.fmean(
-            r["accuracy"] for r in mine if r["rung"] == k), 1)
-            for k in sorted({r["rung"] for r in mine})}
+        table[method] = {}
+        for k in sorted({r["rung"] for r in mine}):
+            cell = [r["accuracy"] for r in mine if r["rung"] == k]
+            table[method][str(k)] = {"n": len(cell),
+                                     "accuracy": round(100 * statistics.fmean(cell), 1)}
     out = {"command": "OMP_NUM_THREADS=1 .venv/bin/python "
-                      "benchmarks/testbed_unknown_verbalization.py " + " ".join(
+                      "benchmarks/testbed_unknown_verbalization.py " + shlex.join(
                           sys.argv[1:] if argv is None else argv),
            "date": dt.date.today().isoformat(), "machine": platform.platform(),
            "testbed": directory.name, "verbalization": UNKNOWN_VERBALIZATION,

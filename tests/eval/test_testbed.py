@@ -413,7 +413,9 @@ def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
     config = _config(tiny_base, n_facts=40, bridges=False)
     write_plan(config, tmp_path)
     stored = json.loads((tmp_path / "config.json").read_text())
-    for field in ("bridges", "recall_examples", "recall_repetitions"):
+    for field in ("bridges", "recall_examples", "recall_repetitions", "skill_reading",
+                  "skill_decomposition", "skill_hop_repetitions", "skill_verbalization",
+                  "skill_twohop_reading", "skill_unknown"):
         del stored[field]  # as written before the fields existed
     (tmp_path / "config.json").write_text(json.dumps(stored))
     write_plan(config, tmp_path)  # the same testbed: accepted

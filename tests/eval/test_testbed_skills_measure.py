@@ -310,15 +310,28 @@ def test_the_unknown_verbalization_script_answers_after_nothing_is_known(
     spec.loader.exec_module(script)
     out = tmp_path / "unknown.json"
     payload = script.main(["--testbed", str(testbed), "--n", "3", "--max-new-tokens", "2",
-                           "--out", str(out)])
+                           "--verbalize", "--out", str(out)])
     assert json.loads(out.read_text()) == payload
     assert payload["verbalization"] == UNKNOWN_VERBALIZATION and payload["facts"] == 3
-    assert [r["method"] for r in payload["rows"]] == ["no-rag", "after-nothing-known"] * 3
+    assert [r["method"] for r in payload["rows"]] == \
+        ["no-rag", "after-no-information", "verbalizes-no-information"] * 3
+    # The random tiny model never writes the sentence; the rows say what it wrote.
+    said = [r for r in payload["rows"] if r["method"] == "verbalizes-no-information"]
+    assert all(r["accuracy"] == 0.0 and r["answer"] for r in said)
     first = read_manifest(testbed)[0]
     assert payload["rows"][0]["id"] == first.id
-    assert set(payload["accuracy_by_rung"]) == {"no-rag", "after-nothing-known"}
-    for cells in payload["accuracy_by_rung"].values():
-        assert all(0 <= v <= 100 for v in cells.values())
+    # Each cell is the mean of its rows (recomputed here), over the rungs answered.
+    for method, cells in payload["accuracy_by_rung"].items():
+        mine = [r for r in payload["rows"] if r["method"] == method]
+        assert set(cells) == {str(r["rung"]) for r in mine}
+        for rung, cell in cells.items():
+            scores = [r["accuracy"] for r in mine if str(r["rung"]) == rung]
+            assert cell == {"n": len(scores),
+                            "accuracy": round(100 * sum(scores) / len(scores), 1)}
+    assert set(payload["accuracy_by_rung"]) == {"no-rag", "after-no-information",
+                                                 "verbalizes-no-information"}
+    with pytest.raises(SystemExit):
+        script.main(["--testbed", str(testbed), "--n", "0", "--out", str(out)])
 
 
 def test_the_steps_script_knows_the_skills_step(tmp_path: Path) -> None:

@@ -31,6 +31,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import shutil
 import time
 from collections.abc import Callable, Sequence
@@ -816,7 +817,7 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
 
 
 #: What the verbalization practice on untaught subjects (``skill_unknown``) writes.
-UNKNOWN_VERBALIZATION = "Nothing is known about {subject}."
+UNKNOWN_VERBALIZATION = "There is no information about {subject}."
 
 
 def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
@@ -828,14 +829,15 @@ def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
 
     Why: a model taught to verbalize only subjects it knows writes a confident guess for a
     subject it never saw, and the answer step reads the guess (tb13 at r = 0: genread 16.0%
-    against closed book 20.0%; after "Nothing is known about SUBJECT." the same model
-    answered 24.0%, ``benchmarks/testbed_unknown_verbalization.py``). A subject qualifies
-    when it is no subject or object of a manifest fact or bridge (stated or not) and its
-    name occurs in no document of ``corpus`` (the rest of the training
-    corpus) nor in another unknown practice's question: an r = 0 manifest subject is
-    untaught in exactly this way, and no manifest count changes. The subjects are taken
-    from the end of the outside-manifest order, away from the slices the other options
-    take from its start.
+    against closed book 20.0%; ``benchmarks/testbed_unknown_verbalization.py`` measures the
+    answer after this sentence instead). A subject qualifies when it is no subject or object
+    of a manifest fact or bridge (stated or not), its name occurs in no document of
+    ``corpus`` (the rest of the training corpus) nor in another unknown practice's
+    question, and no manifest or bridge name occurs as a word in its question or reply
+    (the sentence's own words included: "Nothing", a manifest subject, ruled out the first
+    wording): an r = 0 manifest subject is untaught in exactly this way, and no manifest
+    count changes. The subjects are taken from the end of the outside-manifest order, away
+    from the slices the other options take from its start.
     """
     n = config.skill_unknown
     if n == 0:
@@ -845,6 +847,10 @@ def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     used = {d["row"] for d in corpus if "row" in d}
     names = {e.subj.casefold() for e in [*facts, *bridges]} | \
         {e.obj.casefold() for e in [*facts, *bridges]}
+    # Any manifest or bridge name as a whole word (longest first, so a name inside a longer
+    # one is still found on its own elsewhere).
+    named = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(x) for x in sorted(
+        names, key=len, reverse=True)) + r")(?!\w)")
     taught = "\n".join(document_words(d) for d in corpus).casefold()
     genread = VerbalizerConfig()
     out: list[dict[str, Any]] = []
@@ -853,17 +859,19 @@ def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
         if len(out) == n:
             break
         subject, question = fact.subj.casefold(), fact.question.casefold()
+        reply = UNKNOWN_VERBALIZATION.format(subject=fact.subj)
         if fact.row in used or subject in names or subject in taught or \
-                any(subject in q or s in question for s, q in chosen):
+                any(subject in q or s in question for s, q in chosen) or \
+                named.search(f"{question}\n{reply.casefold()}"):
             continue
         chosen.append((subject, question))
         out.append({"id": f"skill-unknown-{len(out)}", "kind": "skill-unknown",
                     "row": fact.row, "question": fact.question, "subject": fact.subj,
-                    "messages": _messages(genread.render(fact.question),
-                                          UNKNOWN_VERBALIZATION.format(subject=fact.subj))})
+                    "messages": _messages(genread.render(fact.question), reply)})
     if len(out) < n:
-        raise ValueError(f"only {len(out)} PopQA subjects appear nowhere in the corpus for "
-                         f"skill_unknown={n}; ask for fewer")
+        raise ValueError(f"only {len(out)} PopQA subjects appear nowhere in the corpus (and "
+                         f"name no manifest entity) for skill_unknown={n}; ask for at most "
+                         f"{len(out)}")
     return out
 
 
