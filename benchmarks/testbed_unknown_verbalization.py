@@ -22,7 +22,6 @@ import datetime as dt
 import json
 import platform
 import shlex
-import statistics
 import sys
 import time
 from pathlib import Path
@@ -32,13 +31,14 @@ from rag_gates._io import write_text_atomic
 from rag_gates.answers import score_answer
 from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
 from rag_gates.eval.testbed.dataset import load_testbed_dataset
-from rag_gates.eval.testbed.skills import CLOSED, form_answerers
+from rag_gates.eval.testbed.skills import CLOSED, accuracy_cell, form_answerers
 from rag_gates.lm.defaults import load_lm
 from rag_gates.srrag.verbalizer import Verbalizer
 from rag_gates.types import Passage
 
-#: The table row of ``--verbalize``: % of facts whose verbalization is the sentence.
-SAYS = "verbalizes-no-information"
+#: The table's rows besides closed book: the answer after the sentence, and (``--verbalize``)
+#: the % of facts whose verbalization is the sentence.
+AFTER, SAYS = "after-no-information", "verbalizes-no-information"
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
@@ -61,17 +61,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     answer = form_answerers(lm, max_new_tokens=args.max_new_tokens)
     verbalizer = Verbalizer(lm)
     opening = UNKNOWN_VERBALIZATION.split("{")[0]  # "There is no information about "
-    methods = [CLOSED, "after-no-information", *([SAYS] if args.verbalize else [])]
+    methods = [CLOSED, AFTER, *([SAYS] if args.verbalize else [])]
     rows: list[dict[str, Any]] = []
     for i, example in enumerate(facts):
         nothing = Passage(id="verbalized",
                           text=UNKNOWN_VERBALIZATION.format(subject=subjects[example.id]))
-        for method, reply in (
-                (CLOSED, lambda e=example: answer[CLOSED](e.question, [])),
-                ("after-no-information",
-                 lambda e=example, p=nothing: answer["srrag"](e.question, [p]))):
+        # Closed book, then SR-RAG's answer step with the sentence as the verbalization.
+        for method, form, passages in ((CLOSED, CLOSED, []),
+                                       (AFTER, "srrag", [nothing])):
             t0 = time.perf_counter()
-            text = reply()
+            text = answer[form](example.question, passages)
             rows.append({"method": method, "id": example.id,
                          "rung": example.meta["repetitions"], "answer": text,
                          "seconds": round(time.perf_counter() - t0, 3),
@@ -85,14 +84,11 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                          "accuracy": float(text.strip().startswith(opening))})
         if (i + 1) % 25 == 0:
             print(f"{i + 1}/{len(facts)} facts", file=sys.stderr, flush=True)
-    table: dict[str, dict[str, dict[str, float]]] = {}
+    table: dict[str, dict[str, dict[str, Any]]] = {}
     for method in methods:
         mine = [r for r in rows if r["method"] == method]
-        table[method] = {}
-        for k in sorted({r["rung"] for r in mine}):
-            cell = [r["accuracy"] for r in mine if r["rung"] == k]
-            table[method][str(k)] = {"n": len(cell),
-                                     "accuracy": round(100 * statistics.fmean(cell), 1)}
+        table[method] = {str(k): accuracy_cell([r for r in mine if r["rung"] == k])
+                         for k in sorted({r["rung"] for r in mine})}
     out = {"command": "OMP_NUM_THREADS=1 .venv/bin/python "
                       "benchmarks/testbed_unknown_verbalization.py " + shlex.join(
                           sys.argv[1:] if argv is None else argv),

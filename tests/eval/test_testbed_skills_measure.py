@@ -291,7 +291,7 @@ def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
     assert len(names) == len(set(names)) and all("rule" in c for c in payload["criteria"])
 
 
-def test_the_unknown_verbalization_script_answers_after_nothing_is_known(
+def test_the_unknown_verbalization_script_answers_after_no_information(
         planned: Path, tmp_path: Path) -> None:
     from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
     from rag_gates.testing import tiny_model_and_tokenizer

@@ -73,6 +73,8 @@ _LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16, "sk
            "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0,
            "skill_twohop_reading": 0, "skill_unknown": 0}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
+#: What the verbalization practice on untaught subjects (``skill_unknown``) writes.
+UNKNOWN_VERBALIZATION = "There is no information about {subject}."
 
 
 class TestbedConfig(BaseModel):
@@ -134,7 +136,8 @@ class TestbedConfig(BaseModel):
     skill_unknown: int = Field(
         0, ge=0, description="Verbalization practice on untaught subjects: SR-RAG's GenRead "
                              "prompt for a question about a PopQA subject that appears nowhere "
-                             "else in the corpus, answered 'Nothing is known about SUBJECT.' "
+                             "else in the corpus, answered "
+                             f"'{UNKNOWN_VERBALIZATION.format(subject='SUBJECT')}' "
                              "(tb12 and tb13 verbalized a guess for facts never taught and the "
                              "answer read it: genread below closed book at r = 0).")
     bridges: bool = Field(True, description=(
@@ -816,10 +819,6 @@ def skill_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact], config: Te
     return out
 
 
-#: What the verbalization practice on untaught subjects (``skill_unknown``) writes.
-UNKNOWN_VERBALIZATION = "There is no information about {subject}."
-
-
 def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                       bridges: Sequence[Bridge], corpus: Sequence[dict[str, Any]],
                       config: TestbedConfig) -> list[dict[str, Any]]:
@@ -845,8 +844,7 @@ def unknown_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
     from rag_gates.srrag.verbalizer import VerbalizerConfig
 
     used = {d["row"] for d in corpus if "row" in d}
-    names = {e.subj.casefold() for e in [*facts, *bridges]} | \
-        {e.obj.casefold() for e in [*facts, *bridges]}
+    names = {name.casefold() for e in [*facts, *bridges] for name in (e.subj, e.obj)}
     # Any manifest or bridge name as a whole word (longest first, so a name inside a longer
     # one is still found on its own elsewhere).
     named = re.compile(r"(?<!\w)(?:" + "|".join(re.escape(x) for x in sorted(

@@ -18,7 +18,7 @@ from rich.console import Console
 from rich.table import Table
 
 from rag_gates.commands.cbdr import clean_errors
-from rag_gates.eval.testbed.build import TestbedConfig
+from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, TestbedConfig
 
 # The options' defaults are the configuration's own (one place to change them).
 _DEFAULT = TestbedConfig()
@@ -83,7 +83,8 @@ def build_command(
                     "answer.")] = _DEFAULT.skill_twohop_reading,
     skill_unknown: Annotated[int, typer.Option(
         min=0, help="SR-RAG GenRead prompts about subjects the corpus never mentions, "
-                    "answered 'Nothing is known about SUBJECT.'")] = _DEFAULT.skill_unknown,
+                    f"answered '{UNKNOWN_VERBALIZATION.format(subject='SUBJECT')}'")] =
+        _DEFAULT.skill_unknown,
     epochs: Annotated[float, typer.Option(min=0.01)] = _DEFAULT.epochs,
     lr: Annotated[float, typer.Option(help="Learning rate (AdamW, cosine).")] =
         _DEFAULT.learning_rate,

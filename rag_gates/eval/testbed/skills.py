@@ -56,7 +56,7 @@ from rag_gates.types import Passage, QAExample
 
 __all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
            "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
-           "criteria", "form_answerers", "measure_skills", "summarise"]
+           "accuracy_cell", "criteria", "form_answerers", "measure_skills", "summarise"]
 
 #: Reading forms, each the prompt a method answers from passages in.
 FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference",
@@ -260,7 +260,8 @@ def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
                      base_closed_book_r0=base_closed_book_r0)
 
 
-def _cell(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+def accuracy_cell(rows: Sequence[dict[str, Any]]) -> dict[str, Any]:
+    """``{"n", "accuracy"}`` of answer rows (accuracy in %, one decimal; None if no row)."""
     mean = statistics.fmean(r["accuracy"] for r in rows) if rows else None
     return {"n": len(rows), "accuracy": None if mean is None else round(100 * mean, 1)}
 
@@ -288,12 +289,13 @@ def summarise(rows: Sequence[dict[str, Any]], *,
     table: dict[str, Any] = {}
     for form in fact_forms:
         mine = [r for r in facts if r["form"] == form]
-        table[form] = {**_cell(mine), "seconds_median": _seconds(mine), "by_rung": {
-            str(k): _cell([r for r in mine if int(r["rung"]) == k]) for k in rungs}}
+        table[form] = {**accuracy_cell(mine), "seconds_median": _seconds(mine), "by_rung": {
+            str(k): accuracy_cell([r for r in mine if int(r["rung"]) == k]) for k in rungs}}
     twohop = [r for r in rows if r["form"] == TWOHOP]
     pairs = sorted({tuple(r["rung"]) for r in twohop})
-    table[TWOHOP] = {**_cell(twohop), "seconds_median": _seconds(twohop), "by_rungs": {
-        f"{a}/{b}": _cell([r for r in twohop if tuple(r["rung"]) == (a, b)]) for a, b in pairs}}
+    table[TWOHOP] = {**accuracy_cell(twohop), "seconds_median": _seconds(twohop), "by_rungs": {
+        f"{a}/{b}": accuracy_cell([r for r in twohop if tuple(r["rung"]) == (a, b)])
+        for a, b in pairs}}
     summary = {"facts_complete": len(complete), "rungs": rungs, "table": table,
                "base_closed_book_r0": base_closed_book_r0}
     summary["criteria"] = criteria(summary)
