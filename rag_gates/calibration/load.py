@@ -29,7 +29,14 @@ from pydantic import JsonValue
 from rag_gates._text import check_text
 from rag_gates.calibration.spec import GateSpec, ModelIdentity
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
-from rag_gates.gate import UNDECIDED_SCORE, Cascade, Gate, Weighted, parse_gate_expression
+from rag_gates.gate import (
+    UNDECIDED_SCORE,
+    Cascade,
+    Gate,
+    Weighted,
+    check_threshold,
+    parse_gate_expression,
+)
 from rag_gates.types import GateDecision
 
 __all__ = ["CertifiedGate", "GateContext", "available_core_gates", "load_gate",
@@ -263,4 +270,20 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
             else None
         inner = parse_gate_expression(whole, resolve) if whole is not None \
             else _build(spec.gate, ctx, spec.threshold)
+        if whole is None:
+            _check_spec_threshold(spec, inner, source)
     return CertifiedGate(inner, spec, source=source)
+
+
+def _check_spec_threshold(spec: GateSpec, gate: Gate, source: str) -> None:
+    # A factory may clamp the threshold into its gate's own parameter (CBDR's beta, QuCo's
+    # tau): the wrapper still compares against the spec's, and one off the gate's score
+    # scale would never (or always) retrieve. Refuse it, as the gate's constructor would.
+    scale = getattr(gate, "threshold_range", None)
+    if spec.threshold is None or scale is None:
+        return
+    try:
+        check_threshold(spec.gate, spec.threshold, scale)
+    except ValueError as exc:
+        raise CalibrationError(f"{source}: {exc}; recalibrate with rag-gates calibrate "
+                               "(the spec's scores were not this gate's)") from None

@@ -330,3 +330,26 @@ def test_an_expression_spec_builds_the_composed_gate() -> None:
         d = gate.decide(q)
         assert d.score == pytest.approx(composed.decide(q).score)
         assert d.retrieve == (d.score >= spec.threshold)
+
+
+def test_a_spec_threshold_off_the_gates_score_scale_is_refused(tiny: Any) -> None:
+    """CBDR's factory turns the threshold into beta (clamped to [0, 1]); a spec whose scores
+    were not CBDR's (here: the long-words share, tripled) certifies a threshold above 1, at
+    which the wrapper would never retrieve. load_gate refuses it instead."""
+    from tests.unit.test_gate_fail_closed import probe_for
+
+    model = ModelIdentity(name="m", fingerprint="1" * 64)
+    records = [r.model_copy(update={"scores": {"cbdr": 3 * r.scores["long-words"]}})
+               for r in _word_records()]
+    spec = calibrate(records, max_loss=0.1, model=model, retriever="-",
+                     composite=False).spec_for("cbdr")
+    assert spec.certified and spec.threshold is not None and spec.threshold > 1.0
+    with pytest.raises(CalibrationError, match="score scale"):
+        load_gate(spec, lm=tiny, probe=probe_for(tiny), allow_other_model=True)
+    # The same records on CBDR's own scale load and decide at the spec's threshold.
+    records = [r.model_copy(update={"scores": {"cbdr": r.scores["long-words"]}})
+               for r in _word_records()]
+    spec = calibrate(records, max_loss=0.1, model=model, retriever="-",
+                     composite=False).spec_for("cbdr")
+    gate = load_gate(spec, lm=tiny, probe=probe_for(tiny), allow_other_model=True)
+    assert gate.decide("Who wrote Hamlet?").threshold == spec.threshold
