@@ -233,9 +233,11 @@ def main(argv: Sequence[str] | None = None) -> None:
             from rag_gates.lm.defaults import load_default_lm
             torch.set_num_threads(1)
             lm = load_default_lm()
-            ex = LLMExtractor(lm)
+            # Scored as before: an unreadable reply is no claim (the gate's on_error is not
+            # what this benchmark measures).
+            ex = LLMExtractor(lm, on_unreadable="empty")
             results[name] = measure(name, ex, rows[: args.llm_questions], args.llm_sentences)
-            raw = LLMExtractor(lm, skip_non_factual=False)
+            raw = LLMExtractor(lm, skip_non_factual=False, on_unreadable="empty")
             nf = [r["non_factual"] for r in rows[: args.llm_sentences // 2]]
             raw_claims = [raw.claims(s) for s in nf]
             results[name]["claims"]["non_factual_empty_without_shortcut"] = round(

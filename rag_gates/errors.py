@@ -6,6 +6,7 @@ __all__ = [
     "ArtifactError",
     "CalibrationError",
     "ContextLengthError",
+    "ExtractionError",
     "FileInUseError",
     "ModelNotFoundError",
     "ProbeMismatchError",
@@ -30,6 +31,12 @@ class RagGatesError(Exception):
 
 class ContextLengthError(RagGatesError, ValueError):
     """A prompt does not fit the model's context window."""
+
+
+class ExtractionError(RagGatesError, ValueError):
+    """An extractor's model replied with text holding no usable item (neither items nor the
+    empty list ``[]``): the input's entities are unknown, so a gate that needs them cannot
+    decide and retrieves (QuCo's ``on_error``)."""
 
 
 class ModelNotFoundError(RagGatesError, FileNotFoundError):

@@ -17,6 +17,7 @@ __all__ = [
     "IndexBuildError",
     "IndexExistsError",
     "IndexNotFoundError",
+    "InvalidCountError",
     "InvalidPhraseError",
     "PhraseTooLongError",
     "UnsupportedScopeError",
@@ -46,6 +47,12 @@ class PhraseTooLongError(InvalidPhraseError):
 
 class UnsupportedScopeError(CorpusError, ValueError):
     """The backend cannot answer co-occurrence in the requested scope."""
+
+
+class InvalidCountError(CorpusError, ValueError):
+    """A backend answered a count that is not a finite number >= 0 (a third-party backend
+    that skips the result types' validation): a corpus failure, so gates follow their
+    ``on_error``."""
 
 
 class IndexNotFoundError(CorpusError, FileNotFoundError):

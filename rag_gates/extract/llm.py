@@ -6,10 +6,15 @@ question gives partial items ``[["entity", "relation"], ...]``, a non-factual co
 ("Thus, ...") gives ``[]``. :class:`LLMExtractor` prompts an instruction model with the
 paper's examples (Table A.1) as few-shot turns and parses the reply.
 
-Parsing is forgiving and never raises: JSON first, then Python-literal syntax (single
-quotes), then a regex over ``["a", "b"(, "c")]`` items; a reply with no usable item yields
-``[]`` and a ``logging`` warning. Errors of the model itself (a network error of an API
-model, a prompt too long for its context) propagate, so the caller's error policy applies.
+Parsing is forgiving: JSON first, then Python-literal syntax (single quotes), then a regex
+over ``["a", "b"(, "c")]`` items; :func:`parse_items` never raises and gives ``[]`` for a
+reply with no usable item. :class:`LLMExtractor` tells the two ``[]`` apart: the model's own
+``[]`` is "no entity", while a reply with no usable item (prose, an empty reply, or items
+that all name something absent from the input) raises
+:class:`~rag_gates.errors.ExtractionError`, so a gate that needs the entities retrieves
+instead of reading a failed extraction as "nothing to check" (``on_unreadable="empty"``
+restores ``[]``). Errors of the model itself (a network error of an API model, a prompt too
+long for its context) propagate too, so the caller's error policy applies.
 
 Prompt format: by default one prompt string, the instruction then the examples as
 ``Input: ... / Output: ...`` pairs and the new input. A chat model's wrapper puts that string
@@ -36,8 +41,9 @@ import json
 import logging
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, Literal
 
+from rag_gates.errors import ExtractionError
 from rag_gates.extract.base import BaseExtractor, Claim
 from rag_gates.extract.heuristic import is_non_factual
 from rag_gates.lm.base import Prompt, TextLM
@@ -108,6 +114,9 @@ def _load(text: str) -> list[list[Any]] | None:
     return None
 
 
+_EMPTY_LIST = re.compile(r"^\[\s*\]")
+
+
 def _lenient(text: str) -> list[list[Any]]:
     """Last resort for quotes inside values: ``[["a "b" c", "d"]]`` split on ``", "``."""
     start, end = text.find("[["), text.rfind("]]")
@@ -143,7 +152,7 @@ def parse_items(reply: str, *, question: bool = False) -> list[Claim]:
         else:
             items = _lenient(text)
         if not items:
-            if not re.match(r"^\[\s*\]", text):
+            if not _EMPTY_LIST.match(text):
                 logger.warning("extractor reply is not a list of items; no claims: %r",
                                text[:200])
             return []
@@ -176,6 +185,9 @@ class LLMExtractor(BaseExtractor):
         grounded: drop items whose head (or tail) does not occur in the input text
             (case-insensitive); small models copy entities from the few-shot examples.
         few_shot: the (input, output) examples; the paper's Table A.1 by default.
+        on_unreadable: a reply with no usable item (not the model's own ``[]``) raises
+            :class:`~rag_gates.errors.ExtractionError` (``"raise"``, the default: QuCo's
+            gate and verifier then fail closed) or gives ``[]`` (``"empty"``).
 
     Example:
         >>> ex = LLMExtractor(lm)
@@ -194,6 +206,7 @@ class LLMExtractor(BaseExtractor):
         skip_non_factual: bool = True,
         grounded: bool = True,
         few_shot: Sequence[tuple[str, str]] = FEW_SHOT,
+        on_unreadable: Literal["raise", "empty"] = "raise",
     ) -> None:
         if not hasattr(lm, "generate"):
             raise TypeError(f"lm must be a TextLM (with .generate), got {type(lm).__name__}")
@@ -205,6 +218,9 @@ class LLMExtractor(BaseExtractor):
         self.skip_non_factual = skip_non_factual
         self.grounded = grounded
         self.few_shot = tuple(few_shot)
+        if on_unreadable not in ("raise", "empty"):
+            raise ValueError(f"on_unreadable must be 'raise' or 'empty', got {on_unreadable!r}")
+        self.on_unreadable = on_unreadable
         self.name = f"llm:{getattr(lm, 'model_id', type(lm).__name__)}"
 
     def prompt(self, text: str) -> Prompt:
@@ -227,19 +243,34 @@ class LLMExtractor(BaseExtractor):
             return []
         generation = self.lm.generate(self.prompt(text), max_new_tokens=self.max_new_tokens,
                                       stop=["\n"], temperature=0.0)
-        claims = parse_items(generation.text, question=text.endswith("?"))
+        reply = generation.text
+        claims = parse_items(reply, question=text.endswith("?"))
+        if not claims and not _EMPTY_LIST.match(reply.strip()):
+            return self._unreadable(f"the reply holds no item: {reply.strip()[:120]!r}")
         if not self.grounded:
             return claims
         haystack = text.casefold().replace("’", "'")
         kept = [c for c in claims if all(
             v.casefold().replace("’", "'") in haystack for v in (c.head, c.tail) if v)]
+        if claims and not kept:
+            # Small models copy entities from the few-shot examples instead of the input's.
+            return self._unreadable("every item names something absent from the input: "
+                                    f"{[c.head for c in claims][:5]}")
         if len(kept) < len(claims):
             logger.debug("dropped %d extractor items not found in the input",
                          len(claims) - len(kept))
         return kept
 
+    def _unreadable(self, why: str) -> list[Claim]:
+        if self.on_unreadable == "raise":
+            raise ExtractionError(f"{self.name}: {why}")
+        logger.warning("%s: %s; no claims", self.name, why)
+        return []
+
     def claims(self, sentence: str) -> list[Claim]:
-        """Claims of ``sentence`` (partial ones for a question); ``[]`` if none or unparseable."""
+        """Claims of ``sentence`` (partial ones for a question); ``[]`` if the model says none
+        (:class:`~rag_gates.errors.ExtractionError` for a reply with no usable item, unless
+        ``on_unreadable="empty"``)."""
         return self._extract(sentence)
 
     def entities(self, question: str) -> list[str]:

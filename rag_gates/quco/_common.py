@@ -7,9 +7,11 @@ import time
 from collections.abc import Callable
 from typing import Literal, TypeVar, cast
 
-from rag_gates.corpus.errors import CorpusError
+from rag_gates.corpus.errors import CorpusError, InvalidCountError
+from rag_gates.gate import out_of_range
 
-__all__ = ["OnError", "check_on_error", "default_extractor_or_given", "timed_ms"]
+__all__ = ["OnError", "check_on_error", "checked_count", "default_extractor_or_given",
+           "timed_ms"]
 
 logger = logging.getLogger("rag_gates.quco")
 
@@ -52,3 +54,13 @@ def corpus_failure(policy: OnError, what: str, error: CorpusError) -> None:
         raise error
     logger.warning("corpus statistics failed for %s (%s: %s); on_error=%r",
                    what, type(error).__name__, error, policy)
+
+
+def checked_count(value: object, what: str) -> float:
+    """``value`` if it is a finite count (>= 0), else :class:`InvalidCountError`: every count
+    is checked before it is combined, since ``min`` or ``<`` with a NaN answers as if the
+    NaN were not there."""
+    problem = out_of_range(value, low=0.0)
+    if problem is not None:
+        raise InvalidCountError(f"the corpus answered an invalid count for {what}: {problem}")
+    return float(value)  # type: ignore[arg-type]  # out_of_range checked it is a number

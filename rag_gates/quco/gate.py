@@ -14,7 +14,9 @@ labelled questions; :meth:`QuCoGate.tau_from_threshold` converts back.
 Outcomes of odd input, all documented in the decision's ``evidence``:
 
 * no entity extracted: no retrieval (score 0.0, ``evidence["entities"] == []``), as the paper;
-* the corpus fails (timeout, 5xx, missing index): the ``on_error`` policy: ``"retrieve"``
+* the corpus fails (timeout, 5xx, missing index, a count that is not a finite number), or
+  the extractor's reply is unreadable (:class:`~rag_gates.errors.ExtractionError`, not the
+  model's own ``[]``): the ``on_error`` policy: ``"retrieve"``
   (the gate could not decide: it retrieves, and so does any composite holding it),
   ``"skip"`` (score 0.0) or ``"raise"``; ``evidence["error"]`` names the failure,
   and :attr:`QuCoGate.errors` counts them;
@@ -38,13 +40,16 @@ from pydantic import JsonValue
 
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import CorpusError
+from rag_gates.errors import ExtractionError
 from rag_gates.extract.base import Extractor
 from rag_gates.gate import BaseGate
 from rag_gates.quco._common import (
     OnError,
     check_on_error,
+    checked_count,
     corpus_failure,
     default_extractor_or_given,
+    logger,
     timed_ms,
 )
 
@@ -68,7 +73,8 @@ class QuCoGate(BaseGate):
             the corpus: 100,000 (HotpotQA) / 1,000 (2Wiki) on the 4.6T-token hosted index in
             the paper; calibrate it for a local index with ``rag-gates eval-gate``.
         aggregate: ``"mean"`` (paper) or ``"min"`` over the entities' counts.
-        on_error: ``"retrieve"`` | ``"skip"`` | ``"raise"`` when the corpus fails.
+        on_error: ``"retrieve"`` | ``"skip"`` | ``"raise"`` when the corpus or the
+            extractor fails.
     """
 
     name = "quco"
@@ -105,7 +111,20 @@ class QuCoGate(BaseGate):
         return 1.0 / threshold - 1.0
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        entities, extract_ms = timed_ms(lambda: self.extractor.entities(query))
+        try:
+            entities, extract_ms = timed_ms(lambda: self.extractor.entities(query))
+        except ExtractionError as error:
+            # An unreadable extractor reply is not "no entity": the question's rarity is
+            # unknown, so the on_error policy applies as to a failed corpus lookup.
+            self.errors += 1
+            if self.on_error == "raise":
+                raise
+            logger.warning("entity extraction failed for %r (%s); on_error=%r", query[:80],
+                           error, self.on_error)
+            return (math.nan if self.on_error == "retrieve" else 0.0), {
+                "entities": [], "tau_entity": self.tau_entity, "aggregate": self.aggregate,
+                "error": f"{type(error).__name__}: {error}", "failed": "entity extraction",
+                "on_error": self.on_error, "corpus_ms": 0.0}
         evidence: dict[str, JsonValue] = {
             "entities": list(entities), "tau_entity": self.tau_entity,
             "aggregate": self.aggregate, "extract_ms": extract_ms,
@@ -115,6 +134,8 @@ class QuCoGate(BaseGate):
             return 0.0, evidence
         try:
             results, corpus_ms = timed_ms(lambda: self.stats.count_batch(entities))
+            for entity, result in zip(entities, results, strict=True):
+                checked_count(result.value, f"entity {entity!r}")
         except CorpusError as error:
             self.errors += 1
             corpus_failure(self.on_error, f"entities {entities}", error)
@@ -134,13 +155,13 @@ class QuCoGate(BaseGate):
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:
-            return f"corpus statistics failed ({evidence['error']}); on_error: retrieve"
+            return f"{_failed(evidence)} failed ({evidence['error']}); on_error: retrieve"
         return super().undecided(score, evidence)
 
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:
             verb = "retrieve" if retrieve else "answer without retrieval"
-            return f"corpus statistics failed ({evidence['error']}); on_error: {verb}"
+            return f"{_failed(evidence)} failed ({evidence['error']}); on_error: {verb}"
         if not evidence.get("entities"):
             return "no entity found in the question: answer without retrieval"
         frequency = evidence.get("frequency")
@@ -148,3 +169,7 @@ class QuCoGate(BaseGate):
         verb = "rare in the corpus: retrieve" if retrieve else "known to the corpus: no retrieval"
         return (f"{self.aggregate} entity count {frequency:.4g} {relation} tau_entity "
                 f"{self.tau_entity:.4g}: {verb}")
+
+
+def _failed(evidence: dict[str, JsonValue]) -> str:
+    return str(evidence.get("failed", "corpus statistics"))

@@ -28,6 +28,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import time
 from collections.abc import Sequence
 from typing import Any
 
@@ -37,13 +38,16 @@ from rag_gates._text import check_encodable
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.corpus.errors import CorpusError
 from rag_gates.corpus.types import Scope, parse_scope
+from rag_gates.errors import ExtractionError
 from rag_gates.extract.base import Claim, Extractor
 from rag_gates.extract.sentences import split_sentences
 from rag_gates.quco._common import (
     OnError,
     check_on_error,
+    checked_count,
     corpus_failure,
     default_extractor_or_given,
+    logger,
     timed_ms,
 )
 
@@ -79,14 +83,20 @@ class SentenceCheck(BaseModel):
 
     sentence: str
     checks: tuple[ClaimCheck, ...] = ()
+    unreadable: str | None = Field(
+        None, description="Why the extractor's reply for this sentence held no usable item "
+                          "(on_error='retrieve'): the sentence is flagged, and it is its own "
+                          "retrieval query.")
 
     @property
     def flagged(self) -> bool:
-        return any(c.flagged for c in self.checks)
+        return self.unreadable is not None or any(c.flagged for c in self.checks)
 
     def queries(self) -> list[str]:
-        """One retrieval query per flagged claim of this sentence, de-duplicated."""
-        return list(dict.fromkeys(c.query for c in self.checks if c.flagged))
+        """One retrieval query per flagged claim of this sentence (the sentence itself when
+        its claims could not be read), de-duplicated."""
+        own = [self.sentence] if self.unreadable is not None else []
+        return list(dict.fromkeys(own + [c.query for c in self.checks if c.flagged]))
 
 
 class Verification(BaseModel):
@@ -99,7 +109,8 @@ class Verification(BaseModel):
     scope: str
     extract_ms: float = Field(0.0, ge=0.0, description="Time spent extracting claims.")
     corpus_ms: float = Field(0.0, ge=0.0, description="Time spent on corpus queries.")
-    errors: int = Field(0, ge=0, description="Corpus failures met (see on_error).")
+    errors: int = Field(0, ge=0, description="Corpus or extractor failures met (see "
+                                             "on_error).")
 
     @property
     def flagged(self) -> list[ClaimCheck]:
@@ -112,8 +123,9 @@ class Verification(BaseModel):
 
     @property
     def queries(self) -> list[str]:
-        """One retrieval query per flagged claim, de-duplicated, in order."""
-        return list(dict.fromkeys(c.query for c in self.flagged))
+        """One retrieval query per flagged claim (or unreadable sentence), de-duplicated, in
+        order."""
+        return list(dict.fromkeys(q for s in self.sentences for q in s.queries()))
 
     def summary(self) -> dict[str, Any]:
         """A JSON-ready digest: flagged claims with their counts and the queries to run."""
@@ -125,6 +137,8 @@ class Verification(BaseModel):
                 for c in self.flagged
             ],
             "queries": self.queries,
+            "unreadable": [{"sentence": s.sentence, "reason": s.unreadable}
+                           for s in self.sentences if s.unreadable is not None],
             "claims_checked": sum(len(s.checks) for s in self.sentences),
             "sentences": len(self.sentences),
         }
@@ -186,8 +200,25 @@ class ClaimVerifier:
         extract_ms = corpus_ms = 0.0
         errors = 0
         for sentence in sentences:
-            claims, ms = timed_ms(lambda s=sentence: self.extractor.claims(s))  # type: ignore[misc]
-            extract_ms += ms
+            start = time.perf_counter()
+            try:
+                claims = self.extractor.claims(sentence)
+            except ExtractionError as error:
+                # Unknown claims are not "no claim": the on_error policy, as for the corpus.
+                extract_ms += (time.perf_counter() - start) * 1000.0
+                errors += 1
+                self.errors += 1
+                if self.on_error == "raise":
+                    raise
+                logger.warning("claim extraction failed for %r (%s); on_error=%r",
+                               sentence[:80], error, self.on_error)
+                checked.append(SentenceCheck(sentence=sentence, unreadable=(
+                    f"{type(error).__name__}: {error}" if self.on_error == "retrieve"
+                    else None)))
+                if stop_at_first_flag and checked[-1].flagged:
+                    break
+                continue
+            extract_ms += (time.perf_counter() - start) * 1000.0
             checks: list[ClaimCheck] = []
             for claim in claims:
                 if claim.is_partial and not self.check_partial:
@@ -216,6 +247,7 @@ class ClaimVerifier:
         try:
             if claim.tail is None:
                 head = self.stats.count(claim.head)
+                checked_count(head.value, f"head {claim.head!r}")
                 flagged = head.value < self.min_head_count
                 relation = "<" if flagged else ">="
                 return ClaimCheck(
@@ -224,6 +256,7 @@ class ClaimVerifier:
                     reason=f"count({claim.head!r}) = {head.value} {relation} "
                            f"min_head_count {self.min_head_count}")
             cooc = self.stats.cooccurrence(claim.head, claim.tail, self.scope)
+            checked_count(cooc.value, f"the pair {claim.head!r} / {claim.tail!r}")
         except CorpusError as error:
             self.errors += 1
             corpus_failure(self.on_error, f"claim {claim.head!r} / {claim.tail!r}", error)

@@ -8,6 +8,7 @@ from typing import Any
 
 import pytest
 
+from rag_gates.errors import ExtractionError
 from rag_gates.extract import Claim, Extractor, LLMExtractor, parse_items
 from rag_gates.extract.llm import FEW_SHOT, INSTRUCTION
 from rag_gates.lm.base import BaseTextLM, Prompt
@@ -105,13 +106,25 @@ def test_parse_variants(reply: str, expected: list[tuple[str, str, str | None]])
      '[["", "relation", "tail"]]', '[["A"]]', '[["A", "b", "c", "d"]]', '[["A", 3]]',
      "null", "[[null, null]]", "]]][[[", "\x00\x01\x02", "[" * 5000],
 )
-def test_malformed_replies_give_empty_and_warn(reply: str,
-                                               caplog: pytest.LogCaptureFixture) -> None:
-    ex = LLMExtractor(CannedLM(reply))
+def test_malformed_replies_raise_or_give_empty_and_warn(
+        reply: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A reply with no usable item is not the model's "[]": by default it raises (a gate
+    then cannot decide and retrieves); with on_unreadable="empty" it is [] and a warning."""
+    with pytest.raises(ExtractionError, match="canned"):
+        LLMExtractor(CannedLM(reply)).claims("Kumbasaram was released in 2017.")
+    with pytest.raises(ExtractionError):
+        LLMExtractor(CannedLM(reply)).entities("When was Kumbasaram released?")
+    ex = LLMExtractor(CannedLM(reply), on_unreadable="empty")
     with caplog.at_level(logging.WARNING, logger="rag_gates.extract.llm"):
         assert ex.claims("Kumbasaram was released in 2017.") == []
         assert ex.entities("When was Kumbasaram released?") == []
     assert caplog.records, "a malformed reply must be logged"
+
+
+@pytest.mark.parametrize("reply", ["[]", "[ ]", "[]."])
+def test_the_models_own_empty_list_is_no_entity(reply: str) -> None:
+    ex = LLMExtractor(CannedLM(reply))
+    assert ex.claims("It was a good year.") == [] and ex.entities("Why not?") == []
 
 
 def test_question_items_drop_tails() -> None:
@@ -133,6 +146,8 @@ def test_bad_arguments() -> None:
         LLMExtractor(object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="max_new_tokens"):
         LLMExtractor(CannedLM("[]"), max_new_tokens=0)
+    with pytest.raises(ValueError, match="on_unreadable"):
+        LLMExtractor(CannedLM("[]"), on_unreadable="skip")  # type: ignore[arg-type]
     with pytest.raises(TypeError):
         LLMExtractor(CannedLM("[]")).claims(None)  # type: ignore[arg-type]
 
@@ -140,7 +155,10 @@ def test_bad_arguments() -> None:
 async def test_async_and_batch() -> None:
     ex = LLMExtractor(CannedLM('[["A", "r", "B"]]'))
     assert triples(await ex.aclaims("A r B.")) == [("A", "r", "B")]
-    assert ex.entities_batch(["A?", "B?"]) == [["A"], []]  # "A" is not in "B?": dropped
+    with pytest.raises(ExtractionError, match="absent from the input"):
+        ex.entities_batch(["A?", "B?"])  # "A" is not in "B?": nothing of the input's found
+    lenient = LLMExtractor(CannedLM('[["A", "r", "B"]]'), on_unreadable="empty")
+    assert lenient.entities_batch(["A?", "B?"]) == [["A"], []]
 
 
 def test_grounding_drops_copied_examples() -> None:
@@ -150,20 +168,23 @@ def test_grounding_drops_copied_examples() -> None:
     assert triples(LLMExtractor(lm).claims(sentence)) == [("Scott Derrickson", "born in", "1966")]
     assert len(LLMExtractor(lm, grounded=False).claims(sentence)) == 2
     lm.reply = '[["Scott Derrickson", "born in", "1970"]]'  # a tail not in the text
-    assert LLMExtractor(lm).claims(sentence) == []
+    with pytest.raises(ExtractionError, match="absent from the input"):
+        LLMExtractor(lm).claims(sentence)
+    assert LLMExtractor(lm, on_unreadable="empty").claims(sentence) == []
 
 
 def test_tiny_random_model_never_raises() -> None:
-    """Garbage from a random-weight model: lists of claims, never an exception."""
+    """Garbage from a random-weight model, read leniently: lists of claims, never an
+    exception (by default the same garbage is an ExtractionError, tested above)."""
     from rag_gates.testing import tiny_lm
 
     tiny = tiny_lm(seed=1, max_context=2048)  # the few-shot prompt is ~1.1k tiny-BPE tokens
-    ex = LLMExtractor(tiny, max_new_tokens=24)
+    ex = LLMExtractor(tiny, max_new_tokens=24, on_unreadable="empty")
     for text in ["Kumbasaram was released in 2017.",
                  "Which film came out first, Kumbasaram or Mystery Of The 13th Guest?",
                  "Who created Tom and Jerry?"]:
         claims = ex.claims(text)
         assert isinstance(claims, list) and all(isinstance(c, Claim) for c in claims)
         assert isinstance(ex.entities(text), list)
-    chat = LLMExtractor(tiny, max_new_tokens=8, chat=True)
+    chat = LLMExtractor(tiny, max_new_tokens=8, chat=True, on_unreadable="empty")
     assert isinstance(chat.claims("Kumbasaram was released in 2017."), list)

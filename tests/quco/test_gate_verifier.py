@@ -10,6 +10,7 @@ from pydantic import JsonValue
 
 from rag_gates.corpus import CorpusStats, HostedInfiniGram
 from rag_gates.corpus.errors import CorpusError
+from rag_gates.errors import ExtractionError
 from rag_gates.extract.base import Claim
 from rag_gates.gate import BaseGate
 from rag_gates.quco import ClaimVerifier, QuCoGate, Verification
@@ -164,6 +165,95 @@ def test_gate_on_error_raise(extractor: GazetteerExtractor) -> None:
     gate = QuCoGate(FailingStats(), extractor, on_error="raise")
     with pytest.raises(CorpusError, match="timed out"):
         gate.decide("Did Ed Wood know Tim Burton?")
+
+
+class OneNaNCount(CorpusStats):
+    """The real local index, except that one phrase's count (and every co-occurrence with
+    it) comes back NaN, as from a backend that skips the result types' validation."""
+
+    backend_name = "one-nan"
+    index_name = "one-nan"  # type: ignore[assignment]
+    index_key = "one-nan"  # type: ignore[assignment]
+
+    def __init__(self, real: Any, broken: str) -> None:
+        self.real, self.broken = real, broken
+
+    def count(self, phrase: str) -> Any:
+        result = self.real.count(phrase)
+        if phrase != self.broken:
+            return result
+        return type(result).model_construct(**{**dict(result), "value": float("nan")})
+
+    def cooccurrence(self, a: str, b: str, scope: Any = "document") -> Any:
+        result = self.real.cooccurrence(a, b, scope)
+        if self.broken not in (a, b):
+            return result
+        return type(result).model_construct(**{**dict(result), "value": float("nan")})
+
+
+@pytest.mark.parametrize("aggregate", ["min", "mean"])
+def test_a_nan_count_anywhere_makes_the_gate_retrieve(stats: Any, extractor: GazetteerExtractor,
+                                                      aggregate: Any) -> None:
+    """``min([1e6, nan])`` is 1e6: before every count was checked, a NaN in second place
+    let the gate skip on the first entity's count alone."""
+    question = "Were Scott Derrickson and Ed Wood of the same nationality?"
+    assert extractor.entities(question) == ["Scott Derrickson", "Ed Wood"]
+    healthy = QuCoGate(stats, extractor, tau_entity=0, aggregate=aggregate).decide(question)
+    assert healthy.retrieve is False  # both names are in the corpus: a confident skip
+    for broken in ("Scott Derrickson", "Ed Wood"):
+        gate = QuCoGate(OneNaNCount(stats, broken), extractor, tau_entity=0,
+                        aggregate=aggregate)
+        d = gate.decide(question)
+        assert d.retrieve is True and "undecided" in d.evidence, d.reason
+        assert "invalid count" in d.reason and repr(broken) in d.reason
+        assert gate.errors == 1
+
+
+def test_a_nan_count_flags_the_claim(stats: Any, extractor: GazetteerExtractor) -> None:
+    sentence = "Ed Wood was directed by Tim Burton."
+    assert not ClaimVerifier(stats, extractor, tau_cooc=1).verify(sentence).flagged
+    report = ClaimVerifier(OneNaNCount(stats, "Tim Burton"), extractor,
+                           tau_cooc=1).verify(sentence)
+    check = report.sentences[0].checks[0]
+    assert check.flagged and report.errors == 1 and "invalid count" in str(check.error)
+
+
+@pytest.mark.parametrize(("policy", "retrieve"), [("retrieve", True), ("skip", False)])
+def test_an_unreadable_extractor_reply_is_not_no_entity(stats: Any, policy: Any,
+                                                         retrieve: bool) -> None:
+    """The model's own "[]" means no entity (no retrieval, as the paper); prose from the
+    extractor's model means the entities are unknown: the on_error policy applies."""
+    from rag_gates.extract import LLMExtractor
+    from tests.extract.test_llm import CannedLM
+
+    question = "Who directed Jaws?"
+    none = QuCoGate(stats, LLMExtractor(CannedLM("[]")), tau_entity=1e12).decide(question)
+    assert none.retrieve is False and "no entity" in none.reason
+    gate = QuCoGate(stats, LLMExtractor(CannedLM("Sure! The entity is Jaws.")),
+                    tau_entity=1e12, on_error=policy)
+    d = gate.decide(question)
+    assert d.retrieve is retrieve and gate.errors == 1, d.reason
+    assert "entity extraction failed" in d.reason and "ExtractionError" in d.reason
+    assert ("undecided" in d.evidence) is retrieve
+    with pytest.raises(ExtractionError):
+        QuCoGate(stats, LLMExtractor(CannedLM("Sure!")), on_error="raise").decide(question)
+
+
+def test_an_unreadable_claim_reply_flags_the_sentence(stats: Any) -> None:
+    from rag_gates.extract import LLMExtractor
+    from tests.extract.test_llm import CannedLM
+
+    sentence = "Ed Wood was directed by Tim Burton."
+    verifier = ClaimVerifier(stats, LLMExtractor(CannedLM("I am not sure.")))
+    report = verifier.verify(sentence)
+    assert report.first_flagged == 0 and report.errors == 1 and verifier.errors == 1
+    assert report.queries == [sentence] and report.flagged == []
+    assert "no item" in str(report.sentences[0].unreadable)
+    assert report.summary()["unreadable"][0]["sentence"] == sentence
+    skipped = ClaimVerifier(stats, LLMExtractor(CannedLM("I am not sure.")), on_error="skip")
+    assert skipped.verify(sentence).first_flagged is None
+    with pytest.raises(ExtractionError):
+        ClaimVerifier(stats, LLMExtractor(CannedLM("?")), on_error="raise").verify(sentence)
 
 
 @pytest.mark.parametrize(("policy", "flagged"), [("retrieve", True), ("skip", False)])
