@@ -57,6 +57,7 @@ __all__ = [
     "check_in_range",
     "check_threshold",
     "decision_margin",
+    "gate_error_decision",
     "is_gate_expression",
     "json_safe",
     "logistic_combination",
@@ -67,6 +68,32 @@ __all__ = [
 
 UNDECIDED_SCORE = sys.float_info.max
 """The score of a decision the gate could not make: finite (valid JSON), above any threshold."""
+
+
+def gate_error_decision(gate: Any, error: BaseException) -> GateDecision:
+    """The fail-closed decision for a gate whose ``decide`` raised: retrieve, at
+    :data:`UNDECIDED_SCORE`, the error in the reason and in ``evidence["error"]``. For a
+    caller that must not let the exception through (an agent's tool: LlamaIndex turns it
+    into an error message and the LLM answers without the documents).
+
+    Example:
+        >>> from rag_gates.confidence import FirstTokenProbGate
+        >>> gate = FirstTokenProbGate(lm)                                  # doctest: +SKIP
+        >>> d = gate_error_decision(gate, TimeoutError("no answer in 30 s"))  # doctest: +SKIP
+        >>> d.retrieve, d.evidence["error"]                                # doctest: +SKIP
+        (True, 'TimeoutError: no answer in 30 s')
+    """
+    said = f"{type(error).__name__}: {error}"[:500]
+    why = f"it raised {said}"
+    threshold = getattr(gate, "threshold", 0.0)
+    return GateDecision(
+        gate=str(getattr(gate, "name", type(gate).__name__)), retrieve=True,
+        score=UNDECIDED_SCORE,
+        threshold=threshold if isinstance(threshold, int | float) and math.isfinite(threshold)
+        else 0.0,
+        reason=f"{getattr(gate, 'name', type(gate).__name__)} could not decide ({why}): "
+               "retrieve",
+        evidence={"undecided": why, "error": said})
 
 
 def out_of_range(value: object, low: float = -math.inf, high: float = math.inf, *,

@@ -265,3 +265,39 @@ async def test_search_tool_parallel_calls_keep_their_own_decisions(corpus_stats:
     assert [o.raw_output.decision.retrieve for o in outs] == [True, False] * 3
     assert [json.loads(o.content)["retrieved"] for o in outs] == [True, False] * 3
     assert [bool(o.raw_output.nodes) for o in outs] == [True, False] * 3
+
+
+async def test_a_gate_that_raises_makes_the_search_tool_retrieve_and_say_why(
+        tiny_li: Any) -> None:
+    """An agent turns a tool's exception into an error message and answers without the
+    documents; so the search tool fails closed: a query too long for the gate's model
+    retrieves, and the decision names the error. The retriever itself still raises by
+    default (a query engine's caller sees the error), and retrieves with on_gate_error."""
+    from rag_gates.confidence import FirstTokenProbGate
+    from rag_gates.errors import ContextLengthError
+    from rag_gates.gate import UNDECIDED_SCORE
+
+    long_query = "Ed Wood " * 400  # 800 words: over the tiny model's 256-token context
+    retriever = GatedRetriever(PassageRetriever(bm25(), similarity_top_k=TOP_K),
+                               gate=FirstTokenProbGate(tiny_li))
+    tool = gated_retriever_tool(retriever)
+    for out in (tool.call(query=long_query), await tool.acall(query=long_query)):
+        assert not out.is_error
+        decision = out.raw_output.decision
+        assert decision.retrieve is True and decision.score == UNDECIDED_SCORE
+        assert decision.evidence["error"].startswith("ContextLengthError")
+        assert "could not decide" in decision.reason
+        assert len(out.raw_output.nodes) == TOP_K
+        assert json.loads(out.content)["retrieved"] is True
+    with pytest.raises(ContextLengthError):  # the tool's policy did not leak out of its call
+        retriever.retrieve(long_query)
+    with pytest.raises(ContextLengthError):
+        gated_retriever_tool(retriever, on_gate_error="raise").call(query=long_query)
+    lenient = GatedRetriever(PassageRetriever(bm25(), similarity_top_k=TOP_K),
+                             gate=FirstTokenProbGate(tiny_li), on_gate_error="retrieve")
+    nodes = await lenient.aretrieve(long_query)
+    assert len(nodes) == TOP_K and lenient.last_decision is not None
+    assert lenient.last_decision.evidence["error"].startswith("ContextLengthError")
+    with pytest.raises(ValueError, match="on_gate_error"):
+        GatedRetriever(PassageRetriever(bm25()), gate=FirstTokenProbGate(tiny_li),
+                       on_gate_error="skip")  # type: ignore[arg-type]

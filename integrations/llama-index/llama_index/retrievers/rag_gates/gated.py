@@ -8,7 +8,9 @@ decision is dispatched as a :class:`GateDecisionEvent` through LlamaIndex instru
 
 from __future__ import annotations
 
-from typing import Any
+import logging
+from contextvars import ContextVar
+from typing import Any, Literal
 
 import llama_index.core.instrumentation as instrument
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -18,12 +20,18 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
 from pydantic import Field, JsonValue
 
-from rag_gates.gate import Gate
+from rag_gates.gate import Gate, gate_error_decision
 from rag_gates.types import GateDecision
 
 __all__ = ["GateDecisionEvent", "GatedRetriever"]
 
 dispatcher = instrument.get_dispatcher(__name__)
+logger = logging.getLogger(__name__)
+
+GateErrorPolicy = Literal["raise", "retrieve"]
+_GATE_ERROR_POLICY: ContextVar[GateErrorPolicy | None] = ContextVar(
+    "rag_gates_gate_error_policy", default=None)
+"""Set by ``gated_retriever_tool`` for one call: an agent's tool must not raise (below)."""
 
 
 class GateDecisionEvent(BaseEvent):
@@ -96,6 +104,12 @@ class GatedRetriever(BaseRetriever):
             ``adecide(query)`` returning a ``GateDecision``.
         annotation_key (str): Node metadata key for the decision. Defaults to
             ``"rag_gates"``.
+        on_gate_error (str): when ``gate.decide`` raises (a prompt too long for the gate's
+            model, a served model's timeout): ``"raise"`` (default: the query fails with
+            the gate's error) or ``"retrieve"`` (fail closed: retrieve, the decision's
+            reason and ``evidence["error"]`` name the error, and a warning is logged).
+            ``gated_retriever_tool`` uses ``"retrieve"`` for its calls, since an agent
+            turns a tool's exception into a message and answers without the documents.
         callback_manager (CallbackManager | None): LlamaIndex callback manager.
 
     Example:
@@ -116,6 +130,7 @@ class GatedRetriever(BaseRetriever):
         gate: Gate,
         annotation_key: str = ANNOTATION_KEY,
         callback_manager: CallbackManager | None = None,
+        on_gate_error: GateErrorPolicy = "raise",
         **kwargs: Any,
     ) -> None:
         if not isinstance(retriever, BaseRetriever):
@@ -131,7 +146,11 @@ class GatedRetriever(BaseRetriever):
             )
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
+        if on_gate_error not in ("raise", "retrieve"):
+            raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got "
+                             f"{on_gate_error!r}")
         super().__init__(callback_manager=callback_manager, **kwargs)
+        self.on_gate_error: GateErrorPolicy = on_gate_error
         self.retriever = retriever
         self.gate = gate
         self.annotation_key = annotation_key
@@ -142,6 +161,27 @@ class GatedRetriever(BaseRetriever):
         data = emit_decision(self.gate, query_bundle.query_str, decision)
         self.last_decision = decision
         return data
+
+    def _gate_failed(self, query_str: str, error: Exception) -> GateDecision:
+        if (_GATE_ERROR_POLICY.get() or self.on_gate_error) == "raise":
+            raise error
+        logger.warning("gate %r raised on %r (%s: %s); on_gate_error='retrieve': retrieve",
+                       getattr(self.gate, "name", "?"), query_str[:80], type(error).__name__,
+                       error)
+        return gate_error_decision(self.gate, error)
+
+    def _decide(self, query_str: str) -> GateDecision:
+        """The gate's decision, or (``on_gate_error="retrieve"``) the fail-closed one."""
+        try:
+            return self.gate.decide(query_str)
+        except Exception as error:  # any failure to decide is "undecided"
+            return self._gate_failed(query_str, error)
+
+    async def _adecide(self, query_str: str) -> GateDecision:
+        try:
+            return await self.gate.adecide(query_str)
+        except Exception as error:  # any failure to decide is "undecided"
+            return self._gate_failed(query_str, error)
 
     def _annotated(
         self, nodes: list[NodeWithScore], data: dict[str, JsonValue]
@@ -158,13 +198,13 @@ class GatedRetriever(BaseRetriever):
         return self._skipped(query_bundle, data)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        data = self._record(query_bundle, self.gate.decide(query_bundle.query_str))
+        data = self._record(query_bundle, self._decide(query_bundle.query_str))
         if not data["retrieve"]:
             return self._skipped(query_bundle, data)
         return self._annotated(self.retriever.retrieve(query_bundle), data)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        data = self._record(query_bundle, await self.gate.adecide(query_bundle.query_str))
+        data = self._record(query_bundle, await self._adecide(query_bundle.query_str))
         if not data["retrieve"]:
             return await self._askipped(query_bundle, data)
         return self._annotated(await self.retriever.aretrieve(query_bundle), data)

@@ -15,7 +15,11 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 from llama_index.retrievers.rag_gates import gated
 from llama_index.retrievers.rag_gates.convert import nodes_to_passages
-from llama_index.retrievers.rag_gates.gated import GateDecisionEvent, GatedRetriever
+from llama_index.retrievers.rag_gates.gated import (
+    GateDecisionEvent,
+    GatedRetriever,
+    GateErrorPolicy,
+)
 from pydantic import BaseModel, Field
 
 from rag_gates.quco import ClaimVerifier
@@ -77,6 +81,10 @@ def claim_verifier_tool(
         name: the tool name the agent sees.
         description: the tool description the agent sees.
         return_direct: end the agent loop with the tool's output.
+        on_gate_error: when the gate raises during a call: ``"retrieve"`` (default: fail
+            closed, the returned decision names the error; an agent turns a tool's exception
+            into a message and answers without the documents) or ``"raise"``. Applies to
+            this tool's calls only; the retriever's own ``on_gate_error`` is left as it is.
 
     Instantiate:
         ```python
@@ -197,6 +205,7 @@ def gated_retriever_tool(
     name: str = SEARCH_DOCUMENTS_NAME,
     description: str = SEARCH_DOCUMENTS_DESCRIPTION,
     return_direct: bool = False,
+    on_gate_error: GateErrorPolicy = "retrieve",
 ) -> FunctionTool:
     """A :class:`~llama_index.retrievers.rag_gates.GatedRetriever` as a ``FunctionTool`` that
     says what its gate decided.
@@ -215,6 +224,10 @@ def gated_retriever_tool(
         name: the tool name the agent sees.
         description: the tool description the agent sees.
         return_direct: end the agent loop with the tool's output.
+        on_gate_error: when the gate raises during a call: ``"retrieve"`` (default: fail
+            closed, the returned decision names the error; an agent turns a tool's exception
+            into a message and answers without the documents) or ``"raise"``. Applies to
+            this tool's calls only; the retriever's own ``on_gate_error`` is left as it is.
 
     Example:
         ```python
@@ -240,15 +253,19 @@ def gated_retriever_tool(
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
+    if on_gate_error not in ("raise", "retrieve"):
+        raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got {on_gate_error!r}")
     _install_catcher()
 
     def search_documents(query: str) -> GatedRetrieval:
         """Search the documents behind a retrieval gate."""
         decisions: list[GateDecision] = []
         token = _CALL_DECISIONS.set(decisions)
+        policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
             nodes = retriever.retrieve(query)
         finally:
+            gated._GATE_ERROR_POLICY.reset(policy)
             _CALL_DECISIONS.reset(token)
         return _gated_retrieval(decisions, nodes)
 
@@ -256,9 +273,11 @@ def gated_retriever_tool(
         """Search the documents behind a retrieval gate."""
         decisions: list[GateDecision] = []
         token = _CALL_DECISIONS.set(decisions)
+        policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
             nodes = await retriever.aretrieve(query)
         finally:
+            gated._GATE_ERROR_POLICY.reset(policy)
             _CALL_DECISIONS.reset(token)
         return _gated_retrieval(decisions, nodes)
 
