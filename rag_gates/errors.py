@@ -8,6 +8,7 @@ __all__ = [
     "ContextLengthError",
     "ExtractionError",
     "FileInUseError",
+    "LogprobsMissingError",
     "ModelNotFoundError",
     "ProbeMismatchError",
     "RagGatesError",
@@ -100,6 +101,13 @@ class ServerLogprobError(ServerReplyError):
     """The server reported a log-probability that is not one (not finite, or above 0 by more
     than float rounding): a decision read from it would be wrong, so none is made (gates
     retrieve)."""
+
+
+class LogprobsMissingError(ServerLogprobError, ValueError):
+    """A model wrapper returned no usable token log-probabilities although they were
+    requested (a LangChain or LlamaIndex adapter over a provider that dropped or reshaped
+    them): configure the model to return them. A gate reading them cannot decide and
+    retrieves."""
 
 
 class ServerUnavailableError(ServerError):

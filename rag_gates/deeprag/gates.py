@@ -24,7 +24,7 @@ from typing import Any
 from pydantic import JsonValue
 
 from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
-from rag_gates.errors import WhiteBoxRequiredError
+from rag_gates.errors import ServerLogprobError, WhiteBoxRequiredError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import Prompt, capabilities_of, require_white_box
 
@@ -151,12 +151,20 @@ class MarkerLikelihoodGate(BaseGate):
             raise ValueError("MarkerLikelihoodGate needs prompt=<the prompt ending after the "
                              "subquery line>; DeepRAG passes it")
         if self.method == "score":
-            retrieve, direct = self.lm.score(prompt, [RETRIEVE, INTERMEDIATE])
+            try:
+                retrieve, direct = self.lm.score(prompt, [RETRIEVE, INTERMEDIATE])
+            except ServerLogprobError as exc:  # a served model's numbers are not logprobs
+                return float("nan"), {"method": "score",
+                                      "logprob_error": f"{type(exc).__name__}: {exc}"}
             lr, ld = retrieve.total, direct.total
             evidence: dict[str, JsonValue] = {"logp_retrieve": lr, "logp_direct": ld,
                                               "method": "score"}
             return lr - ld, evidence
-        g = self.lm.generate(prompt, max_new_tokens=1, logprobs=self.TOP)
+        try:
+            g = self.lm.generate(prompt, max_new_tokens=1, logprobs=self.TOP)
+        except ServerLogprobError as exc:  # missing or broken log-probabilities
+            return float("nan"), {"method": "top_logprobs",
+                                  "logprob_error": f"{type(exc).__name__}: {exc}"}
         top = g.logprobs[0].top_logprobs if g.logprobs else []
         bad = next((f"{t.token!r}: {p}" for t in top if (p := logprob_problem(t.logprob))), None)
         if bad is not None:  # an adapter passed on a broken server's values unchecked
@@ -177,6 +185,13 @@ class MarkerLikelihoodGate(BaseGate):
         lr = floor if lr_found is None else lr_found
         ld = floor if ld_found is None else ld_found
         evidence.update(logp_retrieve=lr, logp_direct=ld)
+        # A marker outside the top K is only known to be at most the K-th value, so the
+        # difference is a bound: lower when the direct marker is missing, upper when the
+        # retrieve marker is. It decides only when the bound is on the threshold's far side.
+        if (ld_found is None and lr - ld < self.threshold) or (
+                lr_found is None and lr - ld >= self.threshold):
+            evidence["bounded_score"] = lr - ld
+            return float("nan"), evidence
         return lr - ld, evidence
 
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
@@ -187,7 +202,12 @@ class MarkerLikelihoodGate(BaseGate):
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "logprob_error" in evidence:
-            return f"a reported log-probability is not one ({evidence['logprob_error']})"
+            return f"the model's log-probabilities are unusable ({evidence['logprob_error']})"
+        if "bounded_score" in evidence:
+            side = ">=" if evidence.get("direct_bound") else "<="
+            return (f"a marker is outside the model's top {self.TOP} next tokens, so the "
+                    f"score is only known to be {side} {evidence['bounded_score']:.3g}, on "
+                    f"neither side of the threshold for certain")
         if evidence.get("method") == "top_logprobs":
             return f"neither marker begins any of the model's top {self.TOP} next tokens"
         return f"the marker log-probabilities are not finite ({score!r})"

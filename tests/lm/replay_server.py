@@ -9,7 +9,8 @@ Tests can queue faults (``server.faults.append(("status", 429))``: a status with
 ``Retry-After: 0``, ``sleep`` seconds, ``malformed`` JSON, ``drop`` the connection, ``body``
 replaced, ``echo_auth``: a status whose body and headers repeat the request's
 ``Authorization`` header, as some servers do; ``big``: a 200 body of that many bytes with a
-``Content-Length``, ``big_chunked`` the same in chunks without one) and set
+``Content-Length``, ``big_chunked`` the same in chunks without one; ``reply``: a body made
+by a function of the request's JSON, so concurrent requests each get their own) and set
 ``server.transform`` to edit replayed JSON (a server whose echo carries no prompt
 log-probabilities, say). It records every request's headers for the API-key tests.
 
@@ -133,6 +134,9 @@ def _handler(server: ReplayServer) -> type[BaseHTTPRequestHandler]:
                     return
                 if kind == "body":
                     self._send(200, "application/json", arg)
+                    return
+                if kind == "reply":  # a body made from the request's JSON, whatever its order
+                    self._send(200, "application/json", arg(json.loads(body)))
                     return
                 if kind == "refuse":
                     self._send(400, "application/json", arg)

@@ -501,3 +501,46 @@ def test_a_streamed_reply_over_the_size_limit_is_refused(server: ReplayServer) -
     server.faults.append(("big_chunked", 64 * 1024))  # one endless line, no newline
     with pytest.raises(ServerReplyError, match="max_response_bytes"):
         list(lm.stream(PROBE_RAW, max_new_tokens=8))
+
+
+def test_deeprag_likelihood_gate_fails_closed_on_broken_prompt_log_probabilities(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM) -> None:
+    """The marker likelihood reads the prompt's log-probabilities (``score``): a server
+    reporting +5.0 there raised out of the gate and ended the DeepRAG run; now the step
+    retrieves and the decision names the error."""
+    from rag_gates.deeprag.gates import MarkerLikelihoodGate
+    from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+
+    gate = MarkerLikelihoodGate(raw_lm)
+    assert gate.method == "score"
+    prompt = "Question: Who directed Jaws?\nFollow up: Who directed Jaws?\n"
+    def echoes(values: dict[str, float]) -> None:
+        """The next two requests (one per marker, sent concurrently) get their echoes."""
+        def reply(request: dict[str, Any]) -> bytes:
+            marker = next(m for m in values if request["prompt"] == prompt + m)
+            return _echo(prompt, marker, values[marker])
+        server.faults.extend([("reply", reply)] * 2)
+
+    echoes({RETRIEVE: -2.5, INTERMEDIATE: -0.5})  # healthy: the direct marker is likelier
+    healthy = gate.decide("Who directed Jaws?", prompt=prompt)
+    assert healthy.retrieve is False and healthy.score == pytest.approx(-2.0), healthy.reason
+    echoes({RETRIEVE: 5.0, INTERMEDIATE: 5.0})
+    d = gate.decide("Who directed Jaws?", prompt=prompt)
+    assert d.retrieve and "undecided" in d.evidence, d.reason
+    assert "ServerLogprobError" in d.reason and "unusable" in d.reason
+
+
+def _echo(prompt: str, continuation: str, logprob: float) -> bytes:
+    """An echoed completions reply (a server's reply, not a recording): the prompt as two
+    tokens, the continuation as one with the given log-probability, reported both at its
+    own position and in the previous one's top list (this server's echo is shifted by one,
+    which the client corrects)."""
+    import json
+
+    return json.dumps({"object": "text_completion", "choices": [{
+        "index": 0, "text": prompt + continuation, "finish_reason": "length", "logprobs": {
+            "tokens": [prompt[:-1], prompt[-1:], continuation],
+            "token_logprobs": [None, -1.0, logprob],
+            "top_logprobs": [None, {continuation: logprob}, {continuation: logprob}],
+            "text_offset": [0, len(prompt) - 1, len(prompt)]}}],
+        "usage": {"prompt_tokens": 3, "completion_tokens": 0}}).encode()

@@ -16,6 +16,7 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, System
 from pydantic import ValidationError
 
 from langchain_rag_gates.chat_models import ChatRagGates
+from rag_gates.errors import LogprobsMissingError
 from rag_gates.lm.base import (
     BaseTextLM,
     Prompt,
@@ -245,14 +246,14 @@ class LangChainTextLM(BaseTextLM):
         raw = metadata.get("logprobs")
         content = raw.get("content") if isinstance(raw, Mapping) else None
         if not isinstance(content, list):
-            raise ValueError(
+            raise LogprobsMissingError(
                 f"{self.model_id} returned no logprobs although they were requested "
                 "(expected response_metadata['logprobs']['content'], OpenAI shape)"
             )
         try:
             return [TokenLogprob.model_validate(item) for item in content]
         except ValidationError as exc:
-            raise ValueError(
+            raise LogprobsMissingError(
                 f"{self.model_id} returned logprobs in an unknown shape; expected OpenAI's "
                 f"{{'token', 'logprob', 'bytes', 'top_logprobs'}} entries: {exc}"
             ) from exc

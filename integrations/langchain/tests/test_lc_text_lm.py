@@ -314,7 +314,53 @@ def test_a_logprob_above_zero_makes_the_confidence_gates_retrieve() -> None:
     assert "answer token 0" in d.reason and "above 0.0" in d.reason, d.reason
     marker = MarkerLikelihoodGate(as_text_lm(LogprobChat(reply="Paris", reply_metadata=broken)))
     d = marker.decide("Follow up: Who?", prompt="Follow up: Who?\n")
-    assert d.retrieve is True and "is not one" in d.reason, d.reason
+    assert d.retrieve is True and "unusable" in d.reason and "above 0.0" in d.reason, d.reason
+
+
+def test_logprobs_the_provider_dropped_make_the_confidence_gates_retrieve() -> None:
+    """A model configured for logprobs whose reply lacks them: the adapter's error is a
+    LogprobsMissingError (still a ValueError), and a gate reading them cannot decide, so it
+    retrieves and says why, instead of failing the user's chain."""
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.deeprag.gates import MarkerLikelihoodGate
+    from rag_gates.errors import LogprobsMissingError
+
+    class LogprobChat(RecordingChat):
+        logprobs: bool | None = None
+        top_logprobs: int | None = None
+
+    lm = as_text_lm(LogprobChat(reply="Paris"))
+    with pytest.raises(LogprobsMissingError, match="returned no logprobs"):
+        lm.generate(QUESTION, logprobs=1)
+    for gate, signals in ((AnswerLogprobGate(lm, threshold=0.5), {}),
+                          (MarkerLikelihoodGate(lm), {"prompt": "Follow up: Who?\n"})):
+        d = gate.decide(QUESTION, **signals)
+        assert d.retrieve is True and "undecided" in d.evidence, d.reason
+        assert "returned no logprobs" in d.reason, d.reason
+
+
+def test_a_marker_outside_the_top_k_decides_only_on_the_far_side_of_the_threshold() -> None:
+    """The direct marker missing from the top 20 bounds the score from below (its log p is
+    at most the 20th value): above the threshold that decides, below it does not."""
+    from rag_gates.deeprag.gates import MarkerLikelihoodGate
+
+    class LogprobChat(RecordingChat):
+        logprobs: bool | None = None
+        top_logprobs: int | None = None
+
+    top = [{"token": "Let", "logprob": -3.0, "bytes": None}] + [
+        {"token": f"w{i}", "logprob": -3.0 - i * 0.05, "bytes": None} for i in range(1, 20)]
+    floor = top[-1]["logprob"]  # -3.95: "Intermediate answer:" is somewhere below it
+    metadata = {"logprobs": {"content": [{"token": "Let", "logprob": -3.0, "bytes": None,
+                                          "top_logprobs": top}]}}
+    lm = as_text_lm(LogprobChat(reply="Let", reply_metadata=metadata))
+    bound = -3.0 - floor  # the true score is at least 0.95
+    assert MarkerLikelihoodGate(lm, threshold=0.5).decide(
+        QUESTION, prompt="Follow up: Who?\n").retrieve is True  # 0.5 <= the bound: certain
+    above = MarkerLikelihoodGate(lm, threshold=2.0).decide(QUESTION, prompt="Follow up: Who?\n")
+    assert above.retrieve is True and "undecided" in above.evidence, above.reason
+    assert above.evidence["bounded_score"] == pytest.approx(bound)
+    assert "only known to be >=" in above.reason
 
 
 def test_prompts_and_arguments_are_validated() -> None:

@@ -15,6 +15,7 @@ from llama_index.core.llms import LLM
 from llama_index.llms.rag_gates.base import LOGPROBS_LAYOUT, LOGPROBS_LAYOUT_KEY, RagGatesLLM
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates.errors import LogprobsMissingError
 from rag_gates.lm.base import (
     BaseTextLM,
     Prompt,
@@ -214,7 +215,7 @@ class LlamaIndexTextLM(BaseTextLM):
                     # Keep the tokens through the one that completed the stop string.
                     token_logprobs = _through(token_logprobs, found[1])
             if token_logprobs is None and self._supports_logprobs and text:
-                raise ValueError(
+                raise LogprobsMissingError(
                     f"{type(self.llm).__name__} returned no token log-probabilities; "
                     "configure it to return them (e.g. OpenAI(logprobs=True, "
                     "top_logprobs=5)) or pass supports_logprobs=False to as_text_lm"
