@@ -179,10 +179,10 @@ class DeepRAG:
             if nudged:
                 malformed.append(MalformedStep(kind="no_marker", step=len(steps), text=raw,
                                                action="nudged"))
-            if st.kind == "final":
-                stop_reason, final = "answered", st.final or None
-                break
             problem = step_problem(st, steps)
+            if st.kind == "final" and problem is None:
+                stop_reason, final = "answered", st.final
+                break
             if problem is not None:
                 stop_reason = "malformed"
                 retrieved = any(s.passages is not None for s in steps)

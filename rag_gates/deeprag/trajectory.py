@@ -123,7 +123,8 @@ class MalformedStep(BaseModel):
 
     ``kind``: ``no_marker`` (the text starts with neither ``Follow up:`` nor ``So the final
     answer is:``; asked again with ``Follow up:`` written for the model when the loop nudges,
-    ``action="nudged"``), ``empty_subquery``, ``repeated_subquery`` (asked before: a loop) --
+    ``action="nudged"``), ``empty_subquery``, ``repeated_subquery`` (asked before: a loop),
+    ``empty_final`` (the final-answer marker with no answer after it) --
     each ends the decomposition with a forced final answer -- or ``no_decision`` (generate
     mode: a subquery followed by neither decision marker), which retrieves (the fail-closed
     rule).
@@ -131,7 +132,8 @@ class MalformedStep(BaseModel):
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
-    kind: Literal["no_marker", "empty_subquery", "repeated_subquery", "no_decision"]
+    kind: Literal["no_marker", "empty_subquery", "repeated_subquery", "empty_final",
+                  "no_decision"]
     step: int = Field(..., ge=0, description="Index of the step it happened at.")
     text: str = Field(..., description="What the model wrote.")
     action: Literal["forced_final", "retrieved", "nudged"]
@@ -337,13 +339,15 @@ def read_step(text: str) -> StepText:
     return StepText(kind="subquery", subquery=subquery)
 
 
-Problem = Literal["no_marker", "empty_subquery", "repeated_subquery"]
+Problem = Literal["no_marker", "empty_subquery", "repeated_subquery", "empty_final"]
 
 
 def step_problem(st: StepText, steps: Sequence[Step]) -> Problem | None:
     """Why a step cannot be taken as written (see :class:`MalformedStep`), or None."""
     if st.kind == "none":
         return "no_marker"
+    if st.kind == "final":
+        return None if st.final else "empty_final"
     if not st.subquery:
         return "empty_subquery"
     if any(same_subquery(st.subquery, s.subquery) for s in steps):

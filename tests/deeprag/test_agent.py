@@ -189,6 +189,25 @@ def test_missing_decision_marker_retrieves(bm25: Any) -> None:
     assert t.steps[1].passages is not None and result.trace.retrievals == 1
 
 
+def test_an_empty_final_answer_at_once_retrieves_before_answering(bm25: Any) -> None:
+    """The final-answer marker with nothing after it decides nothing: before, the run
+    answered closed book with no decision and no retrieval; now it is an unreadable step."""
+    def blank_then_answer(question: str, so_far: str) -> str:
+        if not so_far:
+            return f"{FINAL}\n"
+        return jaws_world(question, so_far)
+
+    result = DeepRAG(ScriptedLM(blank_then_answer), bm25).run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [("empty_final", 0,
+                                                                  "retrieved")]
+    assert t.stop_reason == "malformed" and result.trace.retrievals == 1
+    [step] = t.steps
+    assert step.subquery == QUESTION and step.passages is not None
+    assert step.decision.retrieve and "empty_final" in step.decision.reason
+    assert kinds(result)[-1] == "final-forced"
+
+
 def test_a_question_with_no_decomposition_is_answered_directly(bm25: Any) -> None:
     # The model writes the final answer at once: no step, no decision, no retrieval.
     lm = ScriptedLM(lambda question, so_far: f"{FINAL} Paris\n")
