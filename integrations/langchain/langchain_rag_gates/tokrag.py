@@ -28,8 +28,9 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
     lockstep; where they disagree, the token the documents support is kept.
 
     Input: a dict ``{"question": str, "documents": [Document | (Document, score) | str]}``
-    (keys configurable), so it drops into an LCEL chain after a retriever. No documents:
-    plain generation, with a warning in the metadata.
+    (keys configurable), so it drops into an LCEL chain after a retriever. An empty list:
+    plain generation, with a warning in the metadata; a missing documents key is a
+    ``KeyError`` naming the keys given (a chain that calls them ``"context"``, say).
 
     Output: an ``AIMessage`` (``| StrOutputParser()`` gives the text) with
     ``response_metadata["tokrag"]``: one choice per token (both streams' candidates, the side
@@ -119,7 +120,15 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
                             f"'{self.documents_key}': [...]}}, got {type(input).__name__}")
         if self.question_key not in input:
             raise KeyError(f"input has no {self.question_key!r} key (the question)")
-        docs = input.get(self.documents_key) or []
+        if self.documents_key not in input:
+            # Most often the chain names the retriever's output otherwise ("context"): read
+            # as "no documents", every answer would be closed book without a word.
+            raise KeyError(
+                f"input has no {self.documents_key!r} key (the retrieved documents); it has "
+                f"{sorted(map(str, input))}: name the retriever's output "
+                f"{self.documents_key!r}, set documents_key=, or pass "
+                f"{{{self.documents_key!r}: []}} for plain generation")
+        docs = input[self.documents_key] or []
         if isinstance(docs, str | Document):
             raise TypeError(f"{self.documents_key!r} must be a list of documents")
         passages: list[Passage] = []

@@ -114,5 +114,14 @@ def test_cad_and_bad_input(tiny: Any) -> None:
         cad.invoke(Q)
     with pytest.raises(KeyError, match="question"):
         cad.invoke({"documents": DOCS})
+    # The usual LCEL name for the retriever's output is not this runnable's: before, every
+    # answer was closed book without a word.
+    chain = {"question": RunnablePassthrough(), "context": RunnableLambda(lambda q: DOCS)} | cad
+    with pytest.raises(KeyError, match=r"no 'documents' key.*\['context', 'question'\]"):
+        chain.invoke(Q)
+    renamed = TokRAGRunnable(lm=tiny, method="cad", cad_alpha=0.0, max_new_tokens=6,
+                             documents_key="context")
+    assert renamed.invoke({"question": Q, "context": DOCS}).content == cad.invoke(
+        {"question": Q, "documents": DOCS}).content
     with pytest.raises(ValueError, match="question is empty"):
         cad.invoke({"question": "  ", "documents": DOCS})
