@@ -401,12 +401,16 @@ class BaseTextLM(ABC):
         max_new_tokens: int = 128,
         stop: Sequence[str] | None = None,
         temperature: float = 0.0,
+        result: list[Generation] | None = None,
         **kwargs: Any,
     ) -> AsyncIterator[str]:
         """Run :meth:`stream` in a worker thread and hand its pieces to the event loop.
 
         Closing or cancelling the async iterator stops the worker after its current piece,
-        so an abandoned stream does not keep the model busy.
+        so an abandoned stream does not keep the model busy. ``result``: a list the whole
+        :class:`~rag_gates.types.Generation` is appended to when :meth:`stream` returns one
+        (``HFWhiteBoxLM``'s does: finish reason and token counts), since an async
+        generator cannot return it.
         """
         pieces: queue.Queue[tuple[str, object]] = queue.Queue()
         cancelled = threading.Event()
@@ -414,15 +418,20 @@ class BaseTextLM(ABC):
         def produce() -> None:
             stream = self.stream(prompt, max_new_tokens=max_new_tokens, stop=stop,
                                  temperature=temperature, **kwargs)
+            done: object = None
             try:
-                for piece in stream:
-                    if cancelled.is_set():
+                pieces_of = iter(stream)
+                while not cancelled.is_set():
+                    try:
+                        piece = next(pieces_of)
+                    except StopIteration as end:  # what a generator returns, if anything
+                        done = end.value
                         break
                     pieces.put(("piece", piece))
             except BaseException as exc:  # handed to the consumer, re-raised there
                 pieces.put(("error", exc))
             else:
-                pieces.put(("done", None))
+                pieces.put(("done", done))
             finally:
                 close = getattr(stream, "close", None)
                 if close is not None:
@@ -437,6 +446,8 @@ class BaseTextLM(ABC):
                 elif kind == "error":
                     raise value  # type: ignore[misc]
                 else:
+                    if result is not None and isinstance(value, Generation):
+                        result.append(value)
                     return
         finally:
             cancelled.set()

@@ -5,7 +5,7 @@ from __future__ import annotations
 import inspect
 import threading
 from collections.abc import AsyncIterator, Iterator, Sequence
-from typing import Any, Literal, Self
+from typing import Any, Literal, Self, cast
 
 from langchain_core.callbacks import AsyncCallbackManagerForLLMRun, CallbackManagerForLLMRun
 from langchain_core.language_models import BaseChatModel, LangSmithParams
@@ -22,7 +22,7 @@ from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResu
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
 from rag_gates.lm import TextLM, load_lm
-from rag_gates.lm.base import Prompt, validate_prompt
+from rag_gates.lm.base import BaseTextLM, Prompt, validate_prompt
 from rag_gates.lm.defaults import DEFAULT_LM_ID
 from rag_gates.types import ChatMessage, Generation
 
@@ -460,12 +460,20 @@ class ChatRagGates(BaseChatModel):
             },
         )
 
-    def _last_chunk(self) -> ChatGenerationChunk:
+    def _last_chunk(self, generation: object = None) -> ChatGenerationChunk:
+        """The closing chunk: with the finish reason and token counts when the model's
+        stream returned its whole Generation, so a streamed reply (LangChain streams
+        ``invoke`` under ``astream_events``) reads as the same reply as an ``invoke``."""
+        if not isinstance(generation, Generation):
+            return ChatGenerationChunk(
+                message=AIMessageChunk(
+                    content="", response_metadata=self._response_metadata(),
+                    chunk_position="last"))
         return ChatGenerationChunk(
             message=AIMessageChunk(
-                content="", response_metadata=self._response_metadata(), chunk_position="last"
-            )
-        )
+                content="", usage_metadata=_usage(generation),
+                response_metadata=self._response_metadata(), chunk_position="last"),
+            generation_info={"finish_reason": generation.finish_reason})
 
     # ------------------------------------------------------------------ generation
     def _generate(
@@ -520,14 +528,17 @@ class ChatRagGates(BaseChatModel):
                 run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
             return
-        for delta in lm.stream(
-            prompt, **self._gen_args(options, logprobs=False)
-        ):
+        deltas = iter(lm.stream(prompt, **self._gen_args(options, logprobs=False)))
+        while True:
+            try:
+                delta = next(deltas)
+            except StopIteration as end:  # HFWhiteBoxLM's stream returns its Generation
+                yield self._last_chunk(end.value)
+                return
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager:
                 run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
-        yield self._last_chunk()
 
     async def _astream(
         self,
@@ -550,11 +561,14 @@ class ChatRagGates(BaseChatModel):
                 await run_manager.on_llm_new_token(chunk.text, chunk=chunk)
             yield chunk
             return
-        async for delta in lm.astream(
-            prompt, **self._gen_args(options, logprobs=False)
-        ):
+        result: list[Generation] = []
+        args = self._gen_args(options, logprobs=False)
+        # Only the worker-thread astream hands back what stream returned (HFWhiteBoxLM's).
+        deltas = (cast(BaseTextLM, lm).astream(prompt, **args, result=result)
+                  if type(lm).astream is BaseTextLM.astream else lm.astream(prompt, **args))
+        async for delta in deltas:
             chunk = ChatGenerationChunk(message=AIMessageChunk(content=delta))
             if run_manager:
                 await run_manager.on_llm_new_token(delta, chunk=chunk)
             yield chunk
-        yield self._last_chunk()
+        yield self._last_chunk(result[0] if result else None)

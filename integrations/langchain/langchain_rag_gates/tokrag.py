@@ -9,6 +9,7 @@ from typing import Any, Literal, cast
 
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, AIMessageChunk
+from langchain_core.messages.ai import UsageMetadata
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
 from pydantic import ConfigDict, Field, PrivateAttr
 
@@ -152,13 +153,15 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
             meta["logprobs"] = {"content": [t.model_dump() for t in generation.logprobs]}
         return meta
 
+    @staticmethod
+    def _usage(generation: Any) -> UsageMetadata:
+        return {"input_tokens": generation.prompt_tokens,
+                "output_tokens": generation.completion_tokens,
+                "total_tokens": generation.prompt_tokens + generation.completion_tokens}
+
     def _message(self, generation: Any) -> AIMessage:
-        return AIMessage(
-            content=generation.text, response_metadata=self._metadata(generation),
-            usage_metadata={"input_tokens": generation.prompt_tokens,
-                            "output_tokens": generation.completion_tokens,
-                            "total_tokens": generation.prompt_tokens
-                            + generation.completion_tokens})
+        return AIMessage(content=generation.text, response_metadata=self._metadata(generation),
+                         usage_metadata=self._usage(generation))
 
     def _kwargs(self) -> dict[str, Any]:
         return {"max_new_tokens": self.max_new_tokens, "stop": self.stop}
@@ -188,7 +191,7 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
         if isinstance(item, str):
             return AIMessageChunk(content=item)
         return AIMessageChunk(content="", response_metadata=self._metadata(item),
-                              chunk_position="last")
+                              usage_metadata=self._usage(item), chunk_position="last")
 
     def _stream_chunks(self, inputs: Iterator[Any]) -> Iterator[AIMessageChunk]:
         for input in inputs:

@@ -168,8 +168,10 @@ def test_stream_chunks_join_to_invoke_text(chat: ChatRagGates) -> None:
     last = chunks[-1]
     assert last.chunk_position == "last"
     assert last.response_metadata["model_name"] == "tiny-llama-seed0"
-    # rag-gates' stream reports text only: no token counts to invent.
-    assert sum(chunks[1:], chunks[0]).usage_metadata is None
+    # The model's stream returns its whole Generation: the last chunk carries its finish
+    # reason and token counts, so the merged stream is the same reply as invoke's.
+    invoked = chat.invoke(LC_MESSAGES)
+    assert sum(chunks[1:], chunks[0]).usage_metadata == invoked.usage_metadata
 
 
 def test_stream_with_logprobs_is_one_chunk_with_all_metadata(tiny: HFWhiteBoxLM) -> None:
@@ -183,9 +185,17 @@ def test_stream_with_logprobs_is_one_chunk_with_all_metadata(tiny: HFWhiteBoxLM)
 
 
 def test_streaming_field_routes_invoke_through_stream(tiny: HFWhiteBoxLM) -> None:
-    plain = ChatRagGates(lm=tiny, max_tokens=10).invoke(QUESTION)
-    streamed = ChatRagGates(lm=tiny, max_tokens=10, streaming=True).invoke(QUESTION)
-    assert streamed.content == plain.content
+    """LangChain streams invoke under streaming=True (and under astream_events): the reply
+    must still say why it stopped, or a loop reading finish_reason (QuCo's) stops early."""
+    for max_tokens in (4, 40):  # cut by the budget ("length"), then ended by the model
+        plain = ChatRagGates(lm=tiny, max_tokens=max_tokens).invoke(QUESTION)
+        streamed = ChatRagGates(lm=tiny, max_tokens=max_tokens, streaming=True).invoke(QUESTION)
+        assert streamed.content == plain.content
+        assert streamed.response_metadata["finish_reason"] == \
+            plain.response_metadata["finish_reason"]
+        assert streamed.usage_metadata == plain.usage_metadata
+    assert ChatRagGates(lm=tiny, max_tokens=4, streaming=True).invoke(
+        QUESTION).response_metadata["finish_reason"] == "length"
 
 
 # ---------------------------------------------------------------- async
@@ -213,6 +223,10 @@ async def test_astream_chunks_join_to_invoke_text(chat: ChatRagGates) -> None:
     assert len([c for c in chunks if c.content]) > 1
     assert joined(chunks) == text
     assert chunks[-1].response_metadata["model_name"] == "tiny-llama-seed0"
+    merged = sum(chunks[1:], chunks[0])
+    invoked = chat.invoke(LC_MESSAGES)
+    assert merged.usage_metadata == invoked.usage_metadata
+    assert merged.response_metadata["finish_reason"] == invoked.response_metadata["finish_reason"]
 
 
 async def test_abatch(chat: ChatRagGates) -> None:

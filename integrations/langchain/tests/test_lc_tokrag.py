@@ -78,6 +78,8 @@ def test_lcel_chain_after_a_retriever_streams_and_runs_async(tiny: Any) -> None:
     assert ends.outputs["TokRAGRunnable"].content == msg.content
     assert chunks[-1].response_metadata[CHOICES_KEY]["choices"] == \
         msg.response_metadata[CHOICES_KEY]["choices"]
+    merged = sum(chunks[1:], chunks[0])
+    assert merged.usage_metadata == msg.usage_metadata and msg.usage_metadata is not None
     assert asyncio.run(chain.ainvoke(Q)).content == msg.content
 
     async def collect() -> str:
