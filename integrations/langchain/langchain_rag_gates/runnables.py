@@ -255,23 +255,39 @@ class GateRouter(RunnableSerializable[Any, Any]):
     def _route(self, decision: GateDecision) -> tuple[Runnable[Any, Any], str]:
         return (self.retrieve, RETRIEVE_TAG) if decision.retrieve else (self.direct, DIRECT_TAG)
 
-    def _reused(self, input: Any, decision: GateDecision, data: dict[str, JsonValue],
-                config: RunnableConfig, *, chunk: bool = False
-                ) -> tuple[Any, dict[str, JsonValue]]:
-        """(output, data): the gate's answer through the direct branch's steps after the
-        model when it is reusable (else output None), and ``data`` with the
-        ``answer_once`` note when a gate generated an answer."""
+    def _reuse_plan(self, input: Any, decision: GateDecision, data: dict[str, JsonValue],
+                    *, chunk: bool) -> tuple[Any, list[Runnable[Any, Any]], dict[str, JsonValue]]:
+        """(message, steps, data): the gate's answer as the model's message and the direct
+        branch's steps after the model, when it is reusable (else message None), and
+        ``data`` with the ``answer_once`` note when a gate generated an answer."""
         if (not self.answer_once or decision.retrieve
                 or find_closed_book_answer(decision) is None):
-            return None, data
+            return None, [], data
         reuse, rest, chat = _reuse(self.direct, decision, input)
         data = {**data, "answer_once": reuse.as_json()}
         if reuse.answer is None or chat is None:
-            return None, data
+            return None, [], data
         cls = AIMessageChunk if chunk else AIMessage
-        output: Any = cls(content=reuse.answer, response_metadata=chat._response_metadata())
-        for step in rest:
+        return (cls(content=reuse.answer, response_metadata=chat._response_metadata()),
+                list(rest), data)
+
+    def _reused(self, input: Any, decision: GateDecision, data: dict[str, JsonValue],
+                config: RunnableConfig, *, chunk: bool = False
+                ) -> tuple[Any, dict[str, JsonValue]]:
+        """(output, data): the reused answer through the steps after the model (else
+        output None); see :meth:`_reuse_plan`."""
+        output, rest, data = self._reuse_plan(input, decision, data, chunk=chunk)
+        for step in rest if output is not None else []:
             output = step.invoke(output, config)
+        return output, data
+
+    async def _areused(self, input: Any, decision: GateDecision, data: dict[str, JsonValue],
+                       config: RunnableConfig, *, chunk: bool = False
+                       ) -> tuple[Any, dict[str, JsonValue]]:
+        """:meth:`_reused` with each step's ``ainvoke`` (a step may be async only)."""
+        output, rest, data = self._reuse_plan(input, decision, data, chunk=chunk)
+        for step in rest if output is not None else []:
+            output = await step.ainvoke(output, config)
         return output, data
 
     # ------------------------------------------------------------------ Runnable
@@ -315,7 +331,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            output, data = self._reused(input, decision, data, child)
+            output, data = await self._areused(input, decision, data, child)
             if output is None:
                 output = await branch.ainvoke(input, child, **kwargs)
             output = _annotate(output, self.annotation_key, data)
@@ -373,7 +389,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            reused, data = self._reused(input, decision, data, child, chunk=True)
+            reused, data = await self._areused(input, decision, data, child, chunk=True)
             merge = _Merger()
             first = True
             async for chunk in (_one(reused) if reused is not None

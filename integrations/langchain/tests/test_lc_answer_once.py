@@ -92,3 +92,25 @@ def test_a_loaded_spec_serves_in_the_router_and_retriever(tiny: Any, tmp_path: A
     assert decision["retrieve"] is False and decision["evidence"]["spec"]["name"] == str(spec)
     assert rec.trace().llm_calls == 1  # the spec's gate generated; reused
     assert GatedRetriever(retriever=Everything(), gate=gate).invoke(question) == []
+
+
+async def test_async_steps_after_the_model_run_on_the_reused_answer(tiny: Any) -> None:
+    """A step after the model that has only an async function: ainvoke and astream run it
+    with ainvoke on the reused answer, as they do on a fresh one (before, the reuse path
+    called its sync invoke, which LangChain refuses for a coroutine function)."""
+    async def shout(message: Any) -> str:
+        return str(message.content).upper()
+
+    rec = TraceRecorder()
+    lm = RecordedLM(tiny, rec)
+    gate = AnswerLogprobGate(lm, threshold=100.0, max_new_tokens=12)  # always skips
+    direct = closed_book_prompt() | ChatRagGates(lm=lm, max_tokens=12) | RunnableLambda(shout)
+    router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
+                           direct=direct)
+    fresh = await direct.ainvoke({"question": QUESTION})
+    out = await router.ainvoke({"question": QUESTION})
+    assert out == fresh and out == out.upper() and out.strip()
+    streamed = [c async for c in router.astream({"question": QUESTION})]
+    assert "".join(streamed) == fresh
+    # One generation for the direct run, one for each routed question (the gate's).
+    assert rec.trace().llm_calls == 3
