@@ -92,3 +92,33 @@ def test_a_loaded_spec_serves_in_the_engine_and_retriever(tiny_li: Any, bm25: An
     nodes = GatedRetriever(PassageRetriever(bm25, similarity_top_k=1), gate=gate).retrieve(
         question)
     assert nodes == []  # the same decision keeps the retriever from running
+
+
+async def test_a_streaming_engine_streams_a_skip_too(tiny_li: Any, bm25: Any) -> None:
+    """index.as_query_engine(streaming=True) behind the gate: a skip is a StreamingResponse
+    (AsyncStreamingResponse from aquery) like a retrieval, so response_gen is always there."""
+    from llama_index.core.base.response.schema import (
+        AsyncStreamingResponse,
+        StreamingResponse,
+    )
+
+    def engine(threshold: float, **kwargs: Any) -> GatedQueryEngine:
+        llm = RagGatesLLM(lm=tiny_li, max_new_tokens=12)
+        inner = RetrieverQueryEngine.from_args(PassageRetriever(bm25, similarity_top_k=1),
+                                               llm=llm, streaming=True)
+        gate = AnswerLogprobGate(tiny_li, threshold=threshold, max_new_tokens=12)
+        return GatedQueryEngine(inner, gate=gate, llm=llm, **kwargs)
+
+    plain = engine(100.0, streaming=False).query(QUESTION)  # skips: the gate's answer
+    assert engine(100.0).streaming and not engine(100.0, streaming=False).streaming
+    skipped = engine(100.0).query(QUESTION)
+    assert isinstance(skipped, StreamingResponse) and skipped.source_nodes == []
+    assert "".join(skipped.response_gen) == plain.response
+    assert skipped.metadata["rag_gates"]["answer_once"]["answer_reused"] is True
+    regenerated = engine(100.0, direct_prompt=DEFAULT_DIRECT_PROMPT).query(QUESTION)
+    assert isinstance(regenerated, StreamingResponse)
+    assert "".join(regenerated.response_gen) == engine(
+        100.0, direct_prompt=DEFAULT_DIRECT_PROMPT, streaming=False).query(QUESTION).response
+    skipped_async = await engine(100.0).aquery(QUESTION)
+    assert isinstance(skipped_async, AsyncStreamingResponse)
+    assert "".join([t async for t in skipped_async.async_response_gen()]) == plain.response

@@ -9,10 +9,16 @@ LLM answer the question itself.
 
 from __future__ import annotations
 
+from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
 from llama_index.core.base.base_query_engine import BaseQueryEngine
-from llama_index.core.base.response.schema import RESPONSE_TYPE, Response
+from llama_index.core.base.response.schema import (
+    RESPONSE_TYPE,
+    AsyncStreamingResponse,
+    Response,
+    StreamingResponse,
+)
 from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM, ChatMessage
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
@@ -84,6 +90,10 @@ class GatedQueryEngine(BaseQueryEngine):
             ``{query_str}`` variable.
         annotation_key (str): metadata key of the decision. Defaults to ``"rag_gates"``.
         callback_manager (CallbackManager | None): LlamaIndex callback manager.
+        streaming (bool | None): answer a skip as a ``StreamingResponse``
+            (``AsyncStreamingResponse`` from ``aquery``) streamed from ``llm``; ``None``
+            (default) follows the inner engine's response synthesizer, so
+            ``index.as_query_engine(streaming=True)`` streams whichever way the gate decides.
 
     Instantiate:
         ```python
@@ -124,6 +134,7 @@ class GatedQueryEngine(BaseQueryEngine):
         direct_prompt: BasePromptTemplate | None = None,
         annotation_key: str = ANNOTATION_KEY,
         callback_manager: CallbackManager | None = None,
+        streaming: bool | None = None,
     ) -> None:
         if not isinstance(query_engine, BaseQueryEngine):
             raise TypeError(
@@ -151,6 +162,11 @@ class GatedQueryEngine(BaseQueryEngine):
         self.direct_prompt: BasePromptTemplate = direct_prompt or DEFAULT_DIRECT_PROMPT
         self._direct_prompt_given = direct_prompt is not None
         self.annotation_key = annotation_key
+        # A skip answers in the inner engine's shape: a streaming engine's caller reads
+        # response_gen whichever way the gate decides.
+        self.streaming: bool = bool(getattr(getattr(
+            query_engine, "_response_synthesizer", None), "_streaming", False)) \
+            if streaming is None else streaming
         self.last_decision: GateDecision | None = None
         """The most recent decision (per instance; read events when queries run concurrently)."""
 
@@ -182,6 +198,16 @@ class GatedQueryEngine(BaseQueryEngine):
     def _direct(self, text: str, data: dict[str, JsonValue]) -> Response:
         return Response(response=text, source_nodes=[], metadata={self.annotation_key: data})
 
+    def _streamed(self, pieces: Generator[str, None, None], data: dict[str, JsonValue]
+                  ) -> StreamingResponse:
+        return StreamingResponse(response_gen=pieces, source_nodes=[],
+                                 metadata={self.annotation_key: data})
+
+    def _astreamed(self, pieces: AsyncGenerator[str, None], data: dict[str, JsonValue]
+                   ) -> AsyncStreamingResponse:
+        return AsyncStreamingResponse(response_gen=pieces, source_nodes=[],
+                                      metadata={self.annotation_key: data})
+
     # ------------------------------------------------------------------ answer once
     def _direct_call(self, decision: GateDecision, query_str: str
                      ) -> tuple[BasePromptTemplate, str, Reuse | None]:
@@ -212,11 +238,13 @@ class GatedQueryEngine(BaseQueryEngine):
         return reusable_answer(decision, lm=llm.lm, prompt=prompt,
                                max_new_tokens=llm.max_new_tokens, temperature=llm.temperature)
 
+    @staticmethod
+    def _noted(data: dict[str, JsonValue], reuse: Reuse | None) -> dict[str, JsonValue]:
+        return data if reuse is None else {**data, "answer_once": reuse.as_json()}
+
     def _answered(self, text: str, data: dict[str, JsonValue], reuse: Reuse | None
                   ) -> Response:
-        if reuse is not None:
-            data = {**data, "answer_once": reuse.as_json()}
-        return self._direct(text, data)
+        return self._direct(text, self._noted(data, reuse))
 
     # ------------------------------------------------------------------ query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
@@ -225,6 +253,11 @@ class GatedQueryEngine(BaseQueryEngine):
         if data["retrieve"]:
             return self._annotated(self.query_engine.query(query_bundle), data)
         template, value, reuse = self._direct_call(decision, query_bundle.query_str)
+        if self.streaming:
+            noted = self._noted(data, reuse)
+            if reuse is not None and reuse.answer is not None:
+                return self._streamed(_once(reuse.answer), noted)
+            return self._streamed(self.llm.stream(template, query_str=value), noted)
         if reuse is not None and reuse.answer is not None:
             return self._answered(reuse.answer, data, reuse)
         return self._answered(self.llm.predict(template, query_str=value), data, reuse)
@@ -235,6 +268,19 @@ class GatedQueryEngine(BaseQueryEngine):
         if data["retrieve"]:
             return self._annotated(await self.query_engine.aquery(query_bundle), data)
         template, value, reuse = self._direct_call(decision, query_bundle.query_str)
+        if self.streaming:
+            noted = self._noted(data, reuse)
+            if reuse is not None and reuse.answer is not None:
+                return self._astreamed(_aonce(reuse.answer), noted)
+            return self._astreamed(await self.llm.astream(template, query_str=value), noted)
         if reuse is not None and reuse.answer is not None:
             return self._answered(reuse.answer, data, reuse)
         return self._answered(await self.llm.apredict(template, query_str=value), data, reuse)
+
+
+def _once(text: str) -> Generator[str, None, None]:
+    yield text
+
+
+async def _aonce(text: str) -> AsyncGenerator[str, None]:
+    yield text
