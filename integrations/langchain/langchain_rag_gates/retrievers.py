@@ -14,6 +14,8 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
+from langchain_core.runnables.config import set_config_context
+from langchain_core.runnables.utils import coro_with_context
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
@@ -46,6 +48,20 @@ def _checked(gate: Any, decision: Any) -> GateDecision:
             f"{type(decision).__name__}, expected a rag_gates GateDecision"
         )
     return decision
+
+
+def decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
+    """The gate's decision, made inside the calling run's context: a LangChain model the
+    gate calls (``as_text_lm(chat)`` behind ``answer-logprob``, say) is traced as a child
+    of the retriever's or router's run, not as a run of its own."""
+    with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
+        return _checked(gate, context.run(gate.decide, query))
+
+
+async def adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
+    """:func:`decide_in_run` with ``gate.adecide``."""
+    with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
+        return _checked(gate, await coro_with_context(gate.adecide(query), context))
 
 
 class GatedRetriever(BaseRetriever):
@@ -189,7 +205,7 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = _checked(self.gate, self.gate.decide(query))
+        decision = decide_in_run(self.gate, query, run_manager.get_child())
         self._last_decision = decision
         data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())
@@ -215,7 +231,7 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = _checked(self.gate, await self.gate.adecide(query))
+        decision = await adecide_in_run(self.gate, query, run_manager.get_child())
         self._last_decision = decision
         data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())

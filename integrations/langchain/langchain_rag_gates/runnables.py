@@ -26,7 +26,12 @@ from pydantic import ConfigDict, Field, JsonValue, field_validator
 
 from langchain_rag_gates.chat_models import ChatRagGates
 from langchain_rag_gates.documents import ANNOTATION_KEY
-from langchain_rag_gates.retrievers import DECISION_EVENT, _check_gate, _checked
+from langchain_rag_gates.retrievers import (
+    DECISION_EVENT,
+    _check_gate,
+    adecide_in_run,
+    decide_in_run,
+)
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import GateDecision
@@ -298,7 +303,8 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = _checked(self.gate, self.gate.decide(self.query_of(input)))
+            decision = decide_in_run(self.gate, self.query_of(input),
+                                     run_manager.get_child())
             data = decision.model_dump(mode="json")
             dispatch_custom_event(
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
@@ -324,7 +330,8 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = _checked(self.gate, await self.gate.adecide(self.query_of(input)))
+            decision = await adecide_in_run(self.gate, self.query_of(input),
+                                           run_manager.get_child())
             data = decision.model_dump(mode="json")
             await adispatch_custom_event(
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
@@ -351,7 +358,8 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = _checked(self.gate, self.gate.decide(self.query_of(input)))
+            decision = decide_in_run(self.gate, self.query_of(input),
+                                     run_manager.get_child())
             data = decision.model_dump(mode="json")
             dispatch_custom_event(
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
@@ -382,7 +390,8 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = _checked(self.gate, await self.gate.adecide(self.query_of(input)))
+            decision = await adecide_in_run(self.gate, self.query_of(input),
+                                           run_manager.get_child())
             data = decision.model_dump(mode="json")
             await adispatch_custom_event(
                 DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())

@@ -251,3 +251,51 @@ def test_a_composed_gate_drops_in_and_its_sub_decisions_reach_the_metadata() -> 
     assert cascade.last_decision.evidence["expensive_called"] is True
     assert len(cascade.invoke(ASK)) == 4  # 5 capitalised: outside the band, cheap decides
     assert cascade.last_decision.evidence["expensive_called"] is False
+
+
+class ChatStarts(BaseCallbackHandler):
+    """Records retriever and chain runs, and the parent of every chat model run."""
+
+    def __init__(self) -> None:
+        self.runs: dict[str, UUID] = {}
+        self.chat_parents: list[UUID | None] = []
+
+    def on_retriever_start(self, serialized: Any, query: str, *, run_id: UUID,
+                           **kwargs: Any) -> None:
+        self.runs.setdefault("retriever", run_id)
+
+    def on_chain_start(self, serialized: Any, inputs: Any, *, run_id: UUID,
+                       parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        if parent_run_id is None:
+            self.runs.setdefault("router", run_id)
+
+    def on_chat_model_start(self, serialized: Any, messages: Any, *, run_id: UUID,
+                            parent_run_id: UUID | None = None, **kwargs: Any) -> None:
+        self.chat_parents.append(parent_run_id)
+
+
+@pytest.mark.parametrize("mode", ["sync", "async"])
+def test_a_langchain_model_inside_the_gate_is_traced_under_the_retrievers_run(
+        tiny: Any, mode: str) -> None:
+    """answer-logprob over a LangChain chat model: the model's run is a child of the
+    retriever's run (and of the router's), not a run of its own outside the trace."""
+    import asyncio
+
+    from langchain_core.runnables import RunnableLambda
+    from langchain_rag_gates import ChatRagGates, as_text_lm, route_by_gate
+
+    from rag_gates.confidence import AnswerLogprobGate
+
+    gate = AnswerLogprobGate(as_text_lm(ChatRagGates(lm=tiny, max_tokens=4, logprobs=True)),
+                             threshold=0.0, max_new_tokens=4)  # always retrieves
+    retriever = GatedRetriever(retriever=store().as_retriever(), gate=gate)
+    router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
+                           direct=RunnableLambda(lambda x: "direct"))
+    for runnable, run in ((retriever, "retriever"), (router, "router")):
+        seen = ChatStarts()
+        config: Any = {"callbacks": [seen]}
+        if mode == "sync":
+            runnable.invoke("Who directed Ed Wood?", config=config)
+        else:
+            asyncio.run(runnable.ainvoke("Who directed Ed Wood?", config=config))
+        assert seen.chat_parents == [seen.runs[run]], (run, seen.chat_parents, seen.runs)
