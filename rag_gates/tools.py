@@ -43,8 +43,9 @@ VERIFY_CLAIMS_DESCRIPTION = (
     "the queries to run. Input: the draft text (one or more sentences). Output: JSON with "
     "'flagged' (claims whose entities never co-occur in the corpus: head, relation, tail, "
     "cooccurrence count, reason, query), 'queries' (search queries that would fix them), "
-    "'claims_checked' and 'sentences'. An unflagged claim is not contradicted by the "
-    "corpus; it is not proven true."
+    "'claims_checked' and 'sentences', and 'unreadable' (sentences whose claims could not "
+    "be read: each is flagged and searched whole) when there are any. An unflagged claim "
+    "is not contradicted by the corpus; it is not proven true."
 )
 """What an agent reads about ``verify_claims``."""
 

@@ -80,8 +80,9 @@ class ConstantGate(BaseGate):
 
 class UnreadableStepGate(BaseGate):
     """The decision when the model's step cannot be read (no marker after the nudge, an
-    empty or repeated subquery) before anything was retrieved: the run cannot decide, so it
-    retrieves with the question itself instead of answering from memory in silence.
+    empty or repeated subquery, an empty final answer) before anything was retrieved: the
+    run cannot decide, so it retrieves with the question itself instead of answering from
+    memory in silence.
 
     ``decide(question, problem="empty_subquery", written=<the model's text>)``.
     """
@@ -110,8 +111,10 @@ class MarkerLikelihoodGate(BaseGate):
     marker (``Let's search the question in Wikipedia.`` vs ``Intermediate answer:``). A
     text-only model that returns log-probabilities gives the first token's: the best of its
     top-20 alternatives that begins each marker (a marker missing from the top 20 counts at
-    the 20th log-probability, an upper bound, flagged in the evidence). Neither marker among
-    them: NaN, so the gate retrieves (fail closed).
+    the 20th log-probability, an upper bound, flagged in the evidence; the score is then a
+    bound too, and decides only when it lies on the threshold's far side, else the gate
+    retrieves undecided). Neither marker among them: NaN, so the gate retrieves (fail
+    closed).
 
     ``decide(subquery, prompt=PROMPT)``: ``PROMPT`` ends right after the subquery's line (the
     agent passes it).

@@ -9,8 +9,9 @@ Two questions, one protocol (:class:`Extractor`):
   sentence ("Thus, X came out first.") yields none.
 
 :class:`BaseExtractor` gives batch and async forms for free; implement ``entities`` and
-``claims``. Extractors never raise on odd text: a reply they cannot parse yields ``[]`` and a
-logged warning.
+``claims``. The heuristic and spaCy extractors never raise on odd text; ``LLMExtractor``
+raises :class:`~rag_gates.errors.ExtractionError` for a model reply it cannot read (by
+default), so that a gate retrieves instead of reading "no entity".
 
 Example:
     >>> from rag_gates.extract.base import Claim
@@ -86,7 +87,8 @@ class BaseExtractor(ABC):
 
     @abstractmethod
     def claims(self, sentence: str) -> list[Claim]:
-        """Claims of one sentence; ``[]`` for a non-factual sentence or unparseable text."""
+        """Claims of one sentence; ``[]`` for a non-factual sentence (an extractor that
+        cannot read its model's reply may raise ``ExtractionError``)."""
 
     def entities_batch(self, questions: Sequence[str]) -> list[list[str]]:
         return [self.entities(q) for q in questions]

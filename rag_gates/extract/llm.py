@@ -117,6 +117,13 @@ def _load(text: str) -> list[list[Any]] | None:
 _EMPTY_LIST = re.compile(r"^\[\s*\]")
 
 
+def _says_none(reply: str) -> bool:
+    """The reply is the model's own empty list (``[]``, ``Output: []``, ``[[]]``), as the
+    paper's extractor answers a sentence without a verifiable fact."""
+    items = _load(reply.strip())
+    return items is not None and all(item == [] for item in items)
+
+
 def _lenient(text: str) -> list[list[Any]]:
     """Last resort for quotes inside values: ``[["a "b" c", "d"]]`` split on ``", "``."""
     start, end = text.find("[["), text.rfind("]]")
@@ -245,7 +252,7 @@ class LLMExtractor(BaseExtractor):
                                       stop=["\n"], temperature=0.0)
         reply = generation.text
         claims = parse_items(reply, question=text.endswith("?"))
-        if not claims and not _EMPTY_LIST.match(reply.strip()):
+        if not claims and not _says_none(reply):
             return self._unreadable(f"the reply holds no item: {reply.strip()[:120]!r}")
         if not self.grounded:
             return claims

@@ -137,10 +137,12 @@ class Verification(BaseModel):
                 for c in self.flagged
             ],
             "queries": self.queries,
-            "unreadable": [{"sentence": s.sentence, "reason": s.unreadable}
-                           for s in self.sentences if s.unreadable is not None],
             "claims_checked": sum(len(s.checks) for s in self.sentences),
             "sentences": len(self.sentences),
+            # Only when some sentence's claims could not be read (the usual shape otherwise).
+            **({"unreadable": unreadable} if (unreadable := [
+                {"sentence": s.sentence, "reason": s.unreadable}
+                for s in self.sentences if s.unreadable is not None]) else {}),
         }
 
 

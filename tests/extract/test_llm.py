@@ -121,7 +121,7 @@ def test_malformed_replies_raise_or_give_empty_and_warn(
     assert caplog.records, "a malformed reply must be logged"
 
 
-@pytest.mark.parametrize("reply", ["[]", "[ ]", "[]."])
+@pytest.mark.parametrize("reply", ["[]", "[ ]", "[].", "Output: []", "[[]]"])
 def test_the_models_own_empty_list_is_no_entity(reply: str) -> None:
     ex = LLMExtractor(CannedLM(reply))
     assert ex.claims("It was a good year.") == [] and ex.entities("Why not?") == []

@@ -165,7 +165,7 @@ def test_methods_take_or_refuse_a_served_model(served: OpenAICompatibleLM) -> No
     d = gate.decide("Who directed Jaws?", prompt=[
         {"role": "user", "content": "Answer step by step.\nQuestion: Who directed Jaws?"},
         {"role": "assistant", "content": "Follow up: Who directed Jaws?\n"}])
-    assert d.evidence["method"] == "score" and d.score == d.score  # finite, not NaN
+    assert d.evidence["method"] == "score" and "undecided" not in d.evidence, d.reason
 
 
 def test_quco_and_deeprag_likelihood_run_end_to_end_from_the_bench(

@@ -50,7 +50,7 @@ def _checked(gate: Any, decision: Any) -> GateDecision:
     return decision
 
 
-def decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
+def _decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
     """The gate's decision, made inside the calling run's context: a LangChain model the
     gate calls (``as_text_lm(chat)`` behind ``answer-logprob``, say) is traced as a child
     of the retriever's or router's run, not as a run of its own."""
@@ -58,8 +58,8 @@ def decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
         return _checked(gate, context.run(gate.decide, query))
 
 
-async def adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
-    """:func:`decide_in_run` with ``gate.adecide``."""
+async def _adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
+    """:func:`_decide_in_run` with ``gate.adecide``."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
         return _checked(gate, await coro_with_context(gate.adecide(query), context))
 
@@ -205,7 +205,7 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = decide_in_run(self.gate, query, run_manager.get_child())
+        decision = _decide_in_run(self.gate, query, run_manager.get_child())
         self._last_decision = decision
         data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())
@@ -231,7 +231,7 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = await adecide_in_run(self.gate, query, run_manager.get_child())
+        decision = await _adecide_in_run(self.gate, query, run_manager.get_child())
         self._last_decision = decision
         data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())

@@ -28,9 +28,9 @@ from langchain_rag_gates.chat_models import ChatRagGates
 from langchain_rag_gates.documents import ANNOTATION_KEY
 from langchain_rag_gates.retrievers import (
     DECISION_EVENT,
+    _adecide_in_run,
     _check_gate,
-    adecide_in_run,
-    decide_in_run,
+    _decide_in_run,
 )
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
 from rag_gates.prompts import qa_prompt
@@ -303,7 +303,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = decide_in_run(self.gate, self.query_of(input),
+            decision = _decide_in_run(self.gate, self.query_of(input),
                                      run_manager.get_child())
             data = decision.model_dump(mode="json")
             dispatch_custom_event(
@@ -330,7 +330,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = await adecide_in_run(self.gate, self.query_of(input),
+            decision = await _adecide_in_run(self.gate, self.query_of(input),
                                            run_manager.get_child())
             data = decision.model_dump(mode="json")
             await adispatch_custom_event(
@@ -358,7 +358,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = decide_in_run(self.gate, self.query_of(input),
+            decision = _decide_in_run(self.gate, self.query_of(input),
                                      run_manager.get_child())
             data = decision.model_dump(mode="json")
             dispatch_custom_event(
@@ -390,7 +390,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = await adecide_in_run(self.gate, self.query_of(input),
+            decision = await _adecide_in_run(self.gate, self.query_of(input),
                                            run_manager.get_child())
             data = decision.model_dump(mode="json")
             await adispatch_custom_event(

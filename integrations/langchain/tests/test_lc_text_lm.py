@@ -355,12 +355,24 @@ def test_a_marker_outside_the_top_k_decides_only_on_the_far_side_of_the_threshol
                                           "top_logprobs": top}]}}
     lm = as_text_lm(LogprobChat(reply="Let", reply_metadata=metadata))
     bound = -3.0 - floor  # the true score is at least 0.95
-    assert MarkerLikelihoodGate(lm, threshold=0.5).decide(
-        QUESTION, prompt="Follow up: Who?\n").retrieve is True  # 0.5 <= the bound: certain
+    below = MarkerLikelihoodGate(lm, threshold=0.5).decide(QUESTION,
+                                                           prompt="Follow up: Who?\n")
+    assert below.retrieve is True and "undecided" not in below.evidence  # certain: decided
+    assert below.score == pytest.approx(bound)
     above = MarkerLikelihoodGate(lm, threshold=2.0).decide(QUESTION, prompt="Follow up: Who?\n")
     assert above.retrieve is True and "undecided" in above.evidence, above.reason
     assert above.evidence["bounded_score"] == pytest.approx(bound)
     assert "only known to be >=" in above.reason
+    # The retrieve marker missing instead: the score is at most floor - log p(direct).
+    top = [{"token": "Intermediate", "logprob": -3.0, "bytes": None}, *top[1:]]
+    metadata = {"logprobs": {"content": [{"token": "Intermediate", "logprob": -3.0,
+                                          "bytes": None, "top_logprobs": top}]}}
+    lm = as_text_lm(LogprobChat(reply="Intermediate", reply_metadata=metadata))
+    skip = MarkerLikelihoodGate(lm, threshold=0.0).decide(QUESTION, prompt="Follow up: Who?\n")
+    assert skip.retrieve is False and skip.score == pytest.approx(-bound)  # -0.95 < 0: certain
+    unsure = MarkerLikelihoodGate(lm, threshold=-2.0).decide(QUESTION,
+                                                             prompt="Follow up: Who?\n")
+    assert unsure.retrieve is True and "only known to be <=" in unsure.reason, unsure.reason
 
 
 def test_prompts_and_arguments_are_validated() -> None:

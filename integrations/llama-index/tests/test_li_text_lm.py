@@ -212,10 +212,17 @@ def test_a_logprob_above_zero_makes_the_confidence_gate_retrieve() -> None:
 
 
 def test_declared_logprobs_missing_raises() -> None:
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.errors import LogprobsMissingError
+
     lm = as_text_lm(_OpenAIStyleLLM(with_logprobs=False), supports_logprobs=True)
-    with pytest.raises(ValueError, match="supports_logprobs=False"):
+    with pytest.raises(LogprobsMissingError, match="supports_logprobs=False"):
         lm.generate("Capital of France?", logprobs=2)
     assert lm.generate("Capital of France?").text == "Paris."
+    # A gate reading them cannot decide: it retrieves and says why, not raise.
+    d = AnswerLogprobGate(lm, threshold=0.5).decide("Capital of France?")
+    assert d.retrieve is True and "undecided" in d.evidence
+    assert "LogprobsMissingError" in d.reason, d.reason
 
 
 def test_from_llama_index_logprobs_layouts() -> None:

@@ -81,10 +81,6 @@ def claim_verifier_tool(
         name: the tool name the agent sees.
         description: the tool description the agent sees.
         return_direct: end the agent loop with the tool's output.
-        on_gate_error: when the gate raises during a call: ``"retrieve"`` (default: fail
-            closed, the returned decision names the error; an agent turns a tool's exception
-            into a message and answers without the documents) or ``"raise"``. Applies to
-            this tool's calls only; the retriever's own ``on_gate_error`` is left as it is.
 
     Instantiate:
         ```python
@@ -227,7 +223,7 @@ def gated_retriever_tool(
         on_gate_error: when the gate raises during a call: ``"retrieve"`` (default: fail
             closed, the returned decision names the error; an agent turns a tool's exception
             into a message and answers without the documents) or ``"raise"``. Applies to
-            this tool's calls only; the retriever's own ``on_gate_error`` is left as it is.
+            this tool's calls (its retriever and any ``GatedRetriever`` inside it) only.
 
     Example:
         ```python
