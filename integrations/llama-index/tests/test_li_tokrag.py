@@ -134,7 +134,12 @@ def test_query_engine_switches_with_one_argument(tiny_li: Any, collector: Any) -
     assert len(debug.get_event_pairs(CBEventType.SYNTHESIZE)) == 2
 
 
-def test_streaming_query_engine(tiny_li: Any) -> None:
+def test_streaming_query_engine(tiny_li: Any, collector: Any) -> None:
+    from llama_index.core.instrumentation.events.llm import (
+        LLMCompletionEndEvent,
+        LLMCompletionStartEvent,
+    )
+
     synth = TokRAGSynthesizer(lm=tiny_li, max_new_tokens=8, streaming=True)
     engine = RetrieverQueryEngine(FixedRetriever(NODES), response_synthesizer=synth)
     response = engine.query(Q)
@@ -143,6 +148,21 @@ def test_streaming_query_engine(tiny_li: Any) -> None:
     core = TokRAGDecoder(tiny_li).generate(Q, passages=to_passages(NODES), max_new_tokens=8)
     assert text == core.text
     assert response.metadata is not None and CHOICES_KEY in response.metadata
+    assert response.metadata[CHOICES_KEY]["choices"] == core.summary()["choices"]
+    # A streamed answer is an LLM completion too, as the whole one is.
+    assert len(collector.of(LLMCompletionStartEvent)) == 1
+    assert len(collector.of(LLMCompletionEndEvent)) >= 1
+    # get_response and aget_response honour streaming alike.
+    assert "".join(synth.get_response(Q, [n.node.get_content() for n in NODES])) == \
+        TokRAGDecoder(tiny_li).generate(Q, passages=to_passages(
+            [n.node.get_content() for n in NODES]), max_new_tokens=8).text
+
+    async def aget() -> str:
+        gen = await synth.aget_response(Q, [n.node.get_content() for n in NODES])
+        return "".join([piece async for piece in gen])
+
+    assert asyncio.run(aget()) == "".join(synth.get_response(
+        Q, [n.node.get_content() for n in NODES]))
 
     async def astream() -> str:
         r = await synth.asynthesize(Q, NODES)

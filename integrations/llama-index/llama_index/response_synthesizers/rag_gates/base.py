@@ -300,25 +300,27 @@ class TokRAGSynthesizer(BaseSynthesizer):
     async def aget_response(self, query_str: str, text_chunks: Sequence[str], **kwargs: Any
                             ) -> Any:
         passages = to_passages(list(text_chunks))
+        if self._streaming:
+            return self._astream_text(query_str, passages, {})
         return (await self.llm.acomplete(query_str, passages=passages)).text
 
+    # Streams go through the LLM's stream_complete, as complete() does for a whole answer,
+    # so LlamaIndex's LLM completion events and callbacks fire for a streamed answer too.
     def _stream_text(self, question: str, passages: list[Passage], meta: dict[str, Any]
                      ) -> Generator[str, None, None]:
-        for item in self.llm.decoder.stream_events(question, passages=passages,
-                                                   max_new_tokens=self.llm.max_new_tokens):
-            if isinstance(item, str):
-                yield item
-            else:
-                meta[CHOICES_KEY] = item.summary()
+        for response in self.llm.stream_complete(question, passages=passages):
+            if response.delta:
+                yield response.delta
+            if CHOICES_KEY in response.additional_kwargs:
+                meta[CHOICES_KEY] = response.additional_kwargs[CHOICES_KEY]
 
     async def _astream_text(self, question: str, passages: list[Passage], meta: dict[str, Any]
                             ) -> AsyncGenerator[str, None]:
-        async for item in self.llm.decoder.astream_events(
-                question, passages=passages, max_new_tokens=self.llm.max_new_tokens):
-            if isinstance(item, str):
-                yield item
-            else:
-                meta[CHOICES_KEY] = item.summary()
+        async for response in await self.llm.astream_complete(question, passages=passages):
+            if response.delta:
+                yield response.delta
+            if CHOICES_KEY in response.additional_kwargs:
+                meta[CHOICES_KEY] = response.additional_kwargs[CHOICES_KEY]
 
     @staticmethod
     def _question(query: QueryTextType) -> str:
