@@ -55,7 +55,9 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
     - ``"stop_reason"``: why the loop ended.
 
     ``invoke``, ``ainvoke`` (the loop runs in a worker thread), ``batch`` and ``abatch``
-    work; it composes in LCEL like any runnable.
+    work; it composes in LCEL like any runnable. ``stream``/``astream`` are LangChain's
+    defaults: one chunk, the whole output dict, when the loop has finished (a verified
+    answer is only known then).
 
     Setup:
         ```bash
