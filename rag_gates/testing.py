@@ -13,7 +13,9 @@ Example:
 from __future__ import annotations
 
 import json
-from collections.abc import Sequence
+import threading
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -28,6 +30,7 @@ __all__ = [
     "VerifyReviseScript",
     "check_exports",
     "exported_names",
+    "model_load_threads",
     "save_tiny_lm",
     "tiny_lm",
     "tiny_model_and_tokenizer",
@@ -115,6 +118,33 @@ def save_tiny_lm(directory: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@contextmanager
+def model_load_threads() -> Iterator[list[threading.Thread]]:
+    """Inside the block, record the thread of every ``HFWhiteBoxLM.from_pretrained`` call (the
+    model still loads): a test that a component's first async call loads off the event loop.
+
+    Example:
+        >>> with model_load_threads() as threads:  # doctest: +SKIP
+        ...     await chat.ainvoke("hi")
+        >>> threads[0] is not threading.current_thread()  # doctest: +SKIP
+        True
+    """
+    from rag_gates.lm.hf import HFWhiteBoxLM
+
+    original = HFWhiteBoxLM.__dict__["from_pretrained"]
+    threads: list[threading.Thread] = []
+
+    def recording(cls: type, *args: Any, **kwargs: Any) -> Any:
+        threads.append(threading.current_thread())
+        return original.__func__(cls, *args, **kwargs)
+
+    HFWhiteBoxLM.from_pretrained = classmethod(recording)  # type: ignore[assignment,method-assign]
+    try:
+        yield threads
+    finally:
+        HFWhiteBoxLM.from_pretrained = original  # type: ignore[method-assign]
 
 
 @dataclass(frozen=True)

@@ -23,6 +23,7 @@ from rag_gates.lm.defaults import (
     load_default_lm,
     load_default_tokenizer,
     load_lm,
+    load_off_event_loop,
     rag_gates_home,
 )
 from rag_gates.lm.openai_compat import OpenAICompatibleLM, OpenAIConfig
@@ -49,6 +50,7 @@ __all__ = [
     "load_default_lm",
     "load_default_tokenizer",
     "load_lm",
+    "load_off_event_loop",
     "rag_gates_home",
     "require_capabilities",
     "require_white_box",

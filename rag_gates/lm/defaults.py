@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import logging
 import os
@@ -25,8 +26,9 @@ import shutil
 import tempfile
 import time
 import zipfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_gates.errors import ModelNotFoundError
 from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
@@ -47,6 +49,7 @@ __all__ = [
     "load_default_lm",
     "load_default_tokenizer",
     "load_lm",
+    "load_off_event_loop",
     "prepare_default_models",
     "rag_gates_home",
 ]
@@ -196,6 +199,25 @@ def load_lm(name_or_path: str | os.PathLike[str] = "default", **kwargs: Any) -> 
     from rag_gates.lm.hf import HFWhiteBoxLM
 
     return HFWhiteBoxLM.from_pretrained(name_or_path, **kwargs)
+
+
+_Loaded = TypeVar("_Loaded")
+
+
+async def load_off_event_loop(loaded: _Loaded | None, load: Callable[[], _Loaded]) -> _Loaded:
+    """``loaded`` when it is there, else ``load()`` in a worker thread.
+
+    For a component that loads its model lazily: its first async call would otherwise load
+    the model on the event loop and stall every other coroutine for the seconds it takes.
+    ``load`` is the component's own load-once accessor (thread-safe: it takes the lock).
+
+    Example:
+        >>> async def alm(self) -> HFWhiteBoxLM:  # doctest: +SKIP
+        ...     return await load_off_event_loop(self._lm, lambda: self.lm)
+    """
+    if loaded is not None:
+        return loaded
+    return await asyncio.to_thread(load)
 
 
 def _extract_default_embedder(target: Path) -> None:

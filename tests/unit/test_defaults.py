@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 
 import pytest
@@ -82,3 +83,16 @@ def test_embedder_path_extracts_once_without_loading_a_model(tmp_path: Path) -> 
     again = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True,
                            text=True, check=True).stdout.splitlines()
     assert again[0] == out[0] and (path / "config.json").stat().st_mtime_ns == mtime
+
+
+async def test_load_off_event_loop_loads_in_a_worker_thread_only_when_missing() -> None:
+    threads: list[threading.Thread] = []
+
+    def load() -> str:
+        threads.append(threading.current_thread())
+        return "model"
+
+    assert await defaults.load_off_event_loop(None, load) == "model"
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    assert await defaults.load_off_event_loop("held", load) == "held"
+    assert len(threads) == 1  # already there: not loaded again

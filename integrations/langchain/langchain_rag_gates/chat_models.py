@@ -21,7 +21,7 @@ from langchain_core.messages import ChatMessage as LCChatMessage
 from langchain_core.outputs import ChatGeneration, ChatGenerationChunk, ChatResult
 from pydantic import BaseModel, ConfigDict, Field, PrivateAttr, field_validator, model_validator
 
-from rag_gates.lm import TextLM, load_lm
+from rag_gates.lm import TextLM, load_lm, load_off_event_loop
 from rag_gates.lm.base import BaseTextLM, Prompt, validate_prompt
 from rag_gates.lm.defaults import DEFAULT_LM_ID
 from rag_gates.types import ChatMessage, Generation
@@ -362,6 +362,11 @@ class ChatRagGates(BaseChatModel):
                     cell.lm = load_lm(self.model, **self.load_kwargs)
         return cell.lm
 
+    async def aget_lm(self) -> TextLM:
+        """:meth:`get_lm` for async calls: a first load runs in a worker thread."""
+        return await load_off_event_loop(
+            self.lm if self.lm is not None else self._cell.lm, self.get_lm)
+
     def _options(self, stop: list[str] | None, kwargs: dict[str, Any]) -> _CallOptions:
         """Merge per-call kwargs over the instance's fields, rejecting unknown ones."""
         call = {k: v for k, v in kwargs.items() if k not in _LANGCHAIN_CALL_KEYS}
@@ -499,7 +504,7 @@ class ChatRagGates(BaseChatModel):
         **kwargs: Any,
     ) -> ChatResult:
         options = self._options(stop, kwargs)
-        lm = self.get_lm()
+        lm = await self.aget_lm()
         self._check_logprobs(lm, options)
         generation = await lm.agenerate(
             self._prompt(messages, lm), **self._gen_args(options, logprobs=True)
@@ -548,7 +553,7 @@ class ChatRagGates(BaseChatModel):
         **kwargs: Any,
     ) -> AsyncIterator[ChatGenerationChunk]:
         options = self._options(stop, kwargs)
-        lm = self.get_lm()
+        lm = await self.aget_lm()
         self._check_logprobs(lm, options)
         prompt = self._prompt(messages, lm)
         if options.logprobs:

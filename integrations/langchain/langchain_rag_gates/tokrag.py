@@ -114,6 +114,12 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
                             dataset=self.dataset)
         return self._decoder
 
+    async def _adecoder(self) -> Any:
+        """:attr:`decoder` for async calls: a first load runs in a worker thread."""
+        from rag_gates.lm import load_off_event_loop
+
+        return await load_off_event_loop(self._decoder, lambda: self.decoder)
+
     # ------------------------------------------------------------------ input / output
     def _split(self, input: Any) -> tuple[str, list[Passage]]:
         if not isinstance(input, Mapping):
@@ -175,9 +181,10 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
 
     async def _ainvoke(self, input: Any) -> AIMessage:
         question, passages = self._split(input)
-        return self._message(await self.decoder.agenerate(question, passages=passages,
-                                                          logprobs=self.top_logprobs,
-                                                          **self._kwargs()))
+        decoder = await self._adecoder()
+        return self._message(await decoder.agenerate(question, passages=passages,
+                                                     logprobs=self.top_logprobs,
+                                                     **self._kwargs()))
 
     def invoke(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                ) -> AIMessage:
@@ -205,9 +212,10 @@ class TokRAGRunnable(RunnableSerializable[Any, AIMessage]):
                               ) -> AsyncIterator[AIMessageChunk]:
         async for input in inputs:
             question, passages = self._split(input)
-            async for item in self.decoder.astream_events(question, passages=passages,
-                                                          logprobs=self.top_logprobs,
-                                                          **self._kwargs()):
+            decoder = await self._adecoder()
+            async for item in decoder.astream_events(question, passages=passages,
+                                                     logprobs=self.top_logprobs,
+                                                     **self._kwargs()):
                 yield self._chunk(item)
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -19,7 +20,7 @@ from langchain_rag_gates import ChatRagGates
 
 from rag_gates.lm.base import BaseTextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
-from rag_gates.testing import tiny_model_and_tokenizer
+from rag_gates.testing import model_load_threads, tiny_model_and_tokenizer
 from rag_gates.types import ChatMessage, Generation
 
 QUESTION = "What is the capital of France?"
@@ -248,6 +249,21 @@ def test_model_path_loads_lazily_once_and_copies_share_it(
     assert chat.get_lm() is lm
     assert chat.model_copy(update={"max_tokens": 2}).get_lm() is lm
     assert copy.deepcopy(chat).get_lm() is lm
+
+
+async def test_first_async_call_loads_the_model_off_the_event_loop(
+    tiny_dir: Path, tiny: HFWhiteBoxLM
+) -> None:
+    expected = tiny.generate(QUESTION, max_new_tokens=8).text
+    chat = ChatRagGates(model=str(tiny_dir), max_tokens=8)
+    with model_load_threads() as threads:
+        assert (await chat.ainvoke(QUESTION)).content == expected
+        await chat.ainvoke(QUESTION)
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    streamed = ChatRagGates(model=str(tiny_dir), max_tokens=8)
+    with model_load_threads() as threads:
+        assert "".join([str(c.content) async for c in streamed.astream(QUESTION)]) == expected
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
 
 
 def test_default_model_is_named_without_loading() -> None:

@@ -5,6 +5,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+from pathlib import Path
 from typing import Any
 from uuid import UUID
 
@@ -19,6 +21,7 @@ from langchain_rag_gates.tokrag import CHOICES_KEY
 
 from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.lm.base import BaseTextLM
+from rag_gates.testing import model_load_threads
 from rag_gates.tokrag import CADDecoder, TokRAGDecoder
 from rag_gates.types import Generation
 
@@ -127,3 +130,20 @@ def test_cad_and_bad_input(tiny: Any) -> None:
         {"question": Q, "documents": DOCS}).content
     with pytest.raises(ValueError, match="question is empty"):
         cad.invoke({"question": "  ", "documents": DOCS})
+
+
+async def test_first_async_call_loads_the_model_off_the_event_loop(tiny_dir: Path,
+                                                                    tiny: Any) -> None:
+    expected = TokRAGRunnable(lm=tiny, max_new_tokens=6).invoke({"question": Q,
+                                                                  "documents": DOCS})
+    lazy = TokRAGRunnable(model=str(tiny_dir), max_new_tokens=6)
+    with model_load_threads() as threads:
+        answer = await lazy.ainvoke({"question": Q, "documents": DOCS})
+    assert answer.content == expected.content
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    streamed = TokRAGRunnable(model=str(tiny_dir), max_new_tokens=6)
+    with model_load_threads() as threads:
+        pieces = [str(c.content) async for c in streamed.astream({"question": Q,
+                                                                  "documents": DOCS})]
+    assert "".join(pieces) == expected.content
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -14,7 +15,7 @@ from llama_index.core.llms import ChatMessage, LLMMetadata
 from llama_index.llms.rag_gates import LOGPROBS_LAYOUT, RagGatesLLM
 
 from rag_gates.lm.hf import HFWhiteBoxLM
-from rag_gates.testing import save_tiny_lm
+from rag_gates.testing import model_load_threads, save_tiny_lm
 
 PROMPT = "What is the capital of France?"
 MESSAGES = [
@@ -247,6 +248,23 @@ def test_lazy_load_from_path(tmp_path: Path, tiny_li: HFWhiteBoxLM) -> None:
     assert llm._lm is None  # nothing loaded at construction
     assert llm.metadata.context_window == 256
     assert llm.complete(PROMPT).text == tiny_li.generate(PROMPT, max_new_tokens=6).text
+
+
+async def test_first_async_call_loads_the_model_off_the_event_loop(
+    tmp_path: Path, tiny_li: HFWhiteBoxLM
+) -> None:
+    path = save_tiny_lm(tmp_path / "tiny")
+    expected = tiny_li.generate(PROMPT, max_new_tokens=6).text
+    llm = RagGatesLLM(model=str(path), max_new_tokens=6)
+    with model_load_threads() as threads:
+        assert (await llm.acomplete(PROMPT)).text == expected
+        await llm.acomplete(PROMPT)
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    streamed = RagGatesLLM(model=str(path), max_new_tokens=6)
+    with model_load_threads() as threads:
+        chat = await streamed.astream_chat([ChatMessage(role="user", content=PROMPT)])
+        assert [r async for r in chat]
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
 
 
 def test_missing_model_path_says_what_to_do(tmp_path: Path) -> None:

@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import asyncio
 import copy
+import threading
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -27,6 +29,7 @@ from llama_index.response_synthesizers.rag_gates import (
 
 from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.lm.base import BaseTextLM
+from rag_gates.testing import model_load_threads, save_tiny_lm
 from rag_gates.tokrag import CADDecoder, TokRAGDecoder
 from rag_gates.types import Generation
 
@@ -195,3 +198,18 @@ def test_an_existing_index_switches_with_the_synthesizer_alone(
     assert {n.node_id for n in nodes} == {"n1", "n2"}
     assert str(response) == core.text and str(response) != str(plain.query(Q))
     assert response.metadata is not None and CHOICES_KEY in response.metadata
+
+
+async def test_first_async_call_loads_the_model_off_the_event_loop(tmp_path: Path,
+                                                                    tiny_li: Any) -> None:
+    path = save_tiny_lm(tmp_path / "tiny")
+    expected = TokRAGLLM(lm=tiny_li, max_new_tokens=6).complete(Q, passages=NODES).text
+    llm = TokRAGLLM(model=str(path), max_new_tokens=6)
+    with model_load_threads() as threads:
+        assert (await llm.acomplete(Q, passages=NODES)).text == expected
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    streamed = TokRAGLLM(model=str(path), max_new_tokens=6)
+    with model_load_threads() as threads:
+        pieces = [r.delta async for r in await streamed.astream_complete(Q, passages=NODES)]
+    assert "".join(p or "" for p in pieces) == expected
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()

@@ -2,10 +2,11 @@
 
 from __future__ import annotations
 
+import functools
 import math
 import threading
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
-from typing import TYPE_CHECKING, Any, Literal
+from collections.abc import AsyncIterator, Awaitable, Callable, Iterator, Mapping, Sequence
+from typing import TYPE_CHECKING, Any, Literal, TypeVar
 
 from llama_index.core.base.llms.generic_utils import (
     messages_to_prompt as generic_messages_to_prompt,
@@ -59,6 +60,25 @@ LOGPROBS_LAYOUT = "chosen_then_alternatives"
 
 # Module-wide (not per instance) so that LLM objects stay deep-copyable.
 _LOAD_LOCK = threading.Lock()
+_AsyncCall = TypeVar("_AsyncCall", bound=Callable[..., Awaitable[Any]])
+
+
+def _loads_model_first(load: Callable[[Any], Awaitable[Any]]
+                       ) -> Callable[[_AsyncCall], _AsyncCall]:
+    """Put outside an async call's LlamaIndex callback decorator: ``await load(self)`` first.
+
+    The callback reads ``metadata`` before the call, and the context window is in the model's
+    config, so a lazily loaded model would otherwise load there, on the event loop.
+    """
+    def decorate(call: _AsyncCall) -> _AsyncCall:
+        @functools.wraps(call)
+        async def loading_first(self: Any, *args: Any, **kwargs: Any) -> Any:
+            await load(self)
+            return await call(self, *args, **kwargs)
+
+        return loading_first  # type: ignore[return-value]
+
+    return decorate
 
 # Per-call keyword arguments complete()/chat() accept; anything else is a caller's mistake.
 _CALL_KWARGS = frozenset({"max_new_tokens", "temperature", "top_logprobs", "stop", "seed", "top_p",
@@ -288,6 +308,12 @@ class RagGatesLLM(CustomLLM):
                     self._lm = load_lm(self.model, **self.load_kwargs)
         return self._lm
 
+    async def alm(self) -> HFWhiteBoxLM:
+        """:attr:`lm` for async calls: a first load runs in a worker thread."""
+        from rag_gates.lm import load_off_event_loop
+
+        return await load_off_event_loop(self._lm, lambda: self.lm)
+
     @property
     def metadata(self) -> LLMMetadata:
         # Reading the context window needs the model's config, so this loads the model.
@@ -371,22 +397,26 @@ class RagGatesLLM(CustomLLM):
         text, template = self._completion_input(prompt, formatted)
         return _completion_stream(self.lm.stream(text, chat_template=template, **gen_kwargs))
 
+    @_loads_model_first(alm)
     @llm_completion_callback()
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         text, template = self._completion_input(prompt, formatted)
-        generation = await self.lm.agenerate(text, chat_template=template, **gen_kwargs)
+        lm = await self.alm()
+        generation = await lm.agenerate(text, chat_template=template, **gen_kwargs)
         return _completion_response(generation, self._alternatives(kwargs))
 
+    @_loads_model_first(alm)
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         text, template = self._completion_input(prompt, formatted)
-        return _acompletion_stream(self.lm.astream(text, chat_template=template, **gen_kwargs))
+        lm = await self.alm()
+        return _acompletion_stream(lm.astream(text, chat_template=template, **gen_kwargs))
 
     # ------------------------------------------------------------------ chat
     @llm_chat_callback()
@@ -402,20 +432,24 @@ class RagGatesLLM(CustomLLM):
         prompt, template = self._chat_input(messages)
         return _chat_stream(self.lm.stream(prompt, chat_template=template, **gen_kwargs))
 
+    @_loads_model_first(alm)
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
         prompt, template = self._chat_input(messages)
-        generation = await self.lm.agenerate(prompt, chat_template=template, **gen_kwargs)
+        lm = await self.alm()
+        generation = await lm.agenerate(prompt, chat_template=template, **gen_kwargs)
         return _chat_response(generation, self._alternatives(kwargs))
 
+    @_loads_model_first(alm)
     @llm_chat_callback()
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
         gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
         prompt, template = self._chat_input(messages)
-        return _achat_stream(self.lm.astream(prompt, chat_template=template, **gen_kwargs))
+        lm = await self.alm()
+        return _achat_stream(lm.astream(prompt, chat_template=template, **gen_kwargs))
 
 
 def _completion_response(generation: Generation, alternatives: int | None) -> CompletionResponse:

@@ -35,6 +35,7 @@ from llama_index.core.schema import BaseNode, NodeWithScore, QueryBundle
 from llama_index.llms.rag_gates.base import (
     LOGPROBS_LAYOUT,
     LOGPROBS_LAYOUT_KEY,
+    _loads_model_first,
     to_llama_index_logprobs,
     top_logprobs_to_ask,
 )
@@ -158,6 +159,12 @@ class TokRAGLLM(CustomLLM):
                     self._decoder = self._build(self._lm)
         return self._decoder
 
+    async def adecoder(self) -> Any:
+        """:attr:`decoder` for async calls: a first load runs in a worker thread."""
+        from rag_gates.lm import load_off_event_loop
+
+        return await load_off_event_loop(self._decoder, lambda: self.decoder)
+
     def _build(self, lm: Any) -> Any:
         from rag_gates.tokrag import AdaCADDecoder, CADDecoder, TokRAGConfig, TokRAGDecoder
 
@@ -204,12 +211,14 @@ class TokRAGLLM(CustomLLM):
         return self._response(self.decoder.generate(prompt, passages=passages,
                                                     logprobs=top_logprobs_to_ask(top), **call), top)
 
+    @_loads_model_first(adecoder)
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponse:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        return self._response(await self.decoder.agenerate(
+        decoder = await self.adecoder()
+        return self._response(await decoder.agenerate(
             prompt, passages=passages, logprobs=top_logprobs_to_ask(top), **call), top)
 
     @llm_completion_callback()
@@ -231,13 +240,15 @@ class TokRAGLLM(CustomLLM):
 
         return gen()
 
+    @_loads_model_first(adecoder)
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                                ) -> CompletionResponseAsyncGen:
         top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages, call = self._call(kwargs)
-        events = self.decoder.astream_events(prompt, passages=passages,
-                                             logprobs=top_logprobs_to_ask(top), **call)
+        decoder = await self.adecoder()
+        events = decoder.astream_events(prompt, passages=passages,
+                                        logprobs=top_logprobs_to_ask(top), **call)
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
