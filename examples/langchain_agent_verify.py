@@ -175,11 +175,14 @@ def show(messages: list[BaseMessage]) -> None:
     for message in messages[1:]:
         if isinstance(message, AIMessage):
             for call in message.tool_calls:
-                print(f"  model -> {call['name']}({json.dumps(call['args'])[:160]})")
+                print(f"  model -> {call['name']}({json.dumps(call['args'])})")
             if message.content:
                 print(f"  model:  {str(message.content).strip()[:300]}")
         elif isinstance(message, ToolMessage):
-            print(f"  {message.name} -> {str(message.content)[:300]}")
+            # The verifier's reply whole (a cut JSON could not be read back); passages shortened.
+            content = str(message.content)
+            shown = content if message.name == "verify_claims" else content[:300]
+            print(f"  {message.name} -> {shown}")
 
 
 def main(argv: list[str] | None = None) -> None:

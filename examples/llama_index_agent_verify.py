@@ -80,8 +80,12 @@ async def ask(agent: FunctionAgent, question: str) -> None:
     handler = agent.run(user_msg=question)
     async for event in handler.stream_events():
         if isinstance(event, ToolCallResult):
-            print(f"  model -> {event.tool_name}({json.dumps(event.tool_kwargs)[:160]})")
-            print(f"  {event.tool_name} -> {str(event.tool_output.content)[:300]}")
+            # The verifier's call and reply whole (a cut JSON could not be read back); the
+            # passages a search returns, shortened.
+            whole = event.tool_name == "verify_claims"
+            print(f"  model -> {event.tool_name}({json.dumps(event.tool_kwargs)})")
+            content = str(event.tool_output.content)
+            print(f"  {event.tool_name} -> {content if whole else content[:300]}")
     output: Any = await handler
     print(f"  answer: {str(output.response.content or '').strip()}\n")
 

@@ -185,8 +185,13 @@ def test_quco_and_deeprag_likelihood_run_end_to_end_from_the_bench(
     assert summary["quco"]["questions"] == summary["deeprag-likelihood"]["questions"] == 2
     decisions = [d for r in records if r.method == "deeprag-likelihood"
                  for d in Trace.model_validate(r.trace).decisions()]
-    assert decisions, "no subquery reached the likelihood gate"
-    assert all(d.evidence["method"] == "score" and math.isfinite(d.score) for d in decisions)
+    # A step the model wrote unreadably is decided by the fail-closed unreadable-step gate
+    # (retrieve), not scored; every other decision is the likelihood gate's, by echo.
+    scored = [d for d in decisions if d.gate == "deeprag-likelihood"]
+    assert scored, "no subquery reached the likelihood gate"
+    assert all(d.evidence["method"] == "score" and math.isfinite(d.score) for d in scored)
+    assert all(d.gate == "deeprag-unreadable-step" and d.retrieve
+               for d in decisions if d not in scored)
     stored = json.loads((tmp_path / "run" / "config.json").read_text())
     assert stored["served"]["endpoint"] == llama_server
     assert stored["served"]["chat_template"] is True
