@@ -405,3 +405,40 @@ def test_srrag_label_figures_add_up_to_the_routing_report(tmp_path: Path) -> Non
     assert {g: v["auroc"] for g, v in got["gates"].items()} == {
         g: round(v["auroc"], 3) for g, v in report["gates"].items()}
     assert 0.0 <= got["gates"]["srrag"]["rung_auroc"] <= 1.0
+
+
+# ------------------------------------------------------------------ the relation prior at r = 0
+def test_relation_prior_counts_are_the_bench_scores_and_never_read_evaluation_facts(
+        tmp_path: Path) -> None:
+    """benchmarks/testbed_relation_prior.py on tb13's and tb14's committed labels runs (tb14's
+    plan rebuilt from its committed config): each run's right answers per rung are the ones
+    the bench scored right, and the prior's guess comes from taught facts only."""
+    config = json.loads((ROOT / "benchmarks/results/testbed/tb14-config.json").read_text())
+    write_plan(TestbedConfig.model_validate(config), tmp_path / "tb14")
+    spec = importlib.util.spec_from_file_location(
+        "testbed_relation_prior", ROOT / "benchmarks" / "testbed_relation_prior.py")
+    assert spec and spec.loader
+    script = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(script)
+    runs = {tb: ROOT / f"benchmarks/results/testbed/gates-{tb}/labels" for tb in ("tb13", "tb14")}
+    got = script.main(["--testbed", str(tmp_path / "tb14"), "--out", str(tmp_path / "x.json"),
+                       *[f"--run={tb}={path}" for tb, path in runs.items()]])
+    for tb, path in runs.items():
+        scored: dict[str, float] = {}
+        for line in (path / "results.jsonl").read_text().splitlines():
+            row = json.loads(line)
+            if row["method"] == "no-rag":
+                rung = str(row["meta"]["repetitions"])
+                scored[rung] = scored.get(rung, 0.0) + row["accuracy"]
+        assert {r: cell[tb]["right"] for r, cell in got["by_rung"].items()} == scored
+    pair = got["overlap_at_r0"]["tb13/tb14"]
+    assert pair["both"] + pair["only tb13"] == got["by_rung"]["0"]["tb13"]["right"]
+    # Moving every evaluation fact's object leaves the prior's guesses as they were.
+    manifest = tmp_path / "tb14" / "manifest.jsonl"
+    facts = [json.loads(line) for line in manifest.read_text().splitlines()]
+    for fact in facts:
+        if fact["split"] == "evaluation":
+            fact["obj"] = "nowhere at all"
+    manifest.write_text("".join(json.dumps(f) + "\n" for f in facts))
+    again = script.main(["--testbed", str(tmp_path / "tb14"), "--out", str(tmp_path / "y.json")])
+    assert again["relation_prior"] == got["relation_prior"]
