@@ -30,6 +30,7 @@ from typing import Any
 
 from rag_gates._io import write_text_atomic
 from rag_gates.answers import accuracy, normalize_answer
+from rag_gates.eval.runner import read_records
 from rag_gates.eval.testbed.build import read_manifest
 
 #: The manifest splits the builder teaches and no evaluation question asks about.
@@ -48,9 +49,7 @@ def relation_prior(facts: list[Any]) -> dict[str, str]:
 
 def closed_book(run: Path) -> dict[str, str]:
     """The ``no-rag`` prediction per fact id of a bench run directory."""
-    rows = (json.loads(line) for line in (run / "results.jsonl").open(encoding="utf-8")
-            if line.strip())
-    return {r["id"]: r["prediction"] for r in rows if r["method"] == "no-rag"}
+    return {r.id: r.prediction for r in read_records(run) if r.method == "no-rag"}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:

@@ -13,6 +13,7 @@ from typing import Any
 
 import pytest
 
+from rag_gates.eval.runner import read_records
 from rag_gates.eval.testbed import skills
 from rag_gates.eval.testbed.build import TestbedConfig, practice_messages, write_plan
 from rag_gates.types import Passage
@@ -425,11 +426,10 @@ def test_relation_prior_counts_are_the_bench_scores_and_never_read_evaluation_fa
                        *[f"--run={tb}={path}" for tb, path in runs.items()]])
     for tb, path in runs.items():
         scored: dict[str, float] = {}
-        for line in (path / "results.jsonl").read_text().splitlines():
-            row = json.loads(line)
-            if row["method"] == "no-rag":
-                rung = str(row["meta"]["repetitions"])
-                scored[rung] = scored.get(rung, 0.0) + row["accuracy"]
+        for record in read_records(path):
+            if record.method == "no-rag":
+                rung = str(record.meta["repetitions"])
+                scored[rung] = scored.get(rung, 0.0) + record.accuracy
         assert {r: cell[tb]["right"] for r, cell in got["by_rung"].items()} == scored
     pair = got["overlap_at_r0"]["tb13/tb14"]
     assert pair["both"] + pair["only tb13"] == got["by_rung"]["0"]["tb13"]["right"]
