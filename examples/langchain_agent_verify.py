@@ -48,6 +48,7 @@ from llama_cpp_tool_server import add_client_arguments, check_ready, local_serve
 if __name__ == "__main__":
     check_ready(sys.argv[1:], {"langchain_openai": 'pip install "langchain-rag-gates[examples]"'})
 
+from embedding_cache import cached_embeddings
 from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.documents import Document
@@ -85,9 +86,9 @@ def verification_tools(docs: list[dict[str, str]], *, tau_entity: int = TAU_ENTI
     store = QdrantVectorStore.from_documents(
         [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
          for d in docs],
-        HuggingFaceEmbeddings(model_name=str(default_embedder_path()),
-                              model_kwargs={"device": "cpu"},
-                              encode_kwargs={"normalize_embeddings": True}),
+        cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+            model_name=str(default_embedder_path()), model_kwargs={"device": "cpu"},
+            encode_kwargs={"normalize_embeddings": True})),
         location=":memory:", collection_name="my-docs")
     with tempfile.TemporaryDirectory(prefix="rag-gates-agent-") as workdir:
         corpus_dir = Path(workdir) / "corpus-index"

@@ -33,6 +33,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedding_cache import cached_embeddings
 from langchain_classic.retrievers import ContextualCompressionRetriever
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
@@ -62,8 +63,9 @@ def format_docs(docs: list[Document]) -> str:
 store = QdrantVectorStore.from_documents(
     [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
      for d in my_documents()],
-    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
-                          encode_kwargs={"normalize_embeddings": True}),
+    cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+        model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+        encode_kwargs={"normalize_embeddings": True})),
     location=":memory:", collection_name="my-docs")
 
 # CBDR reads the hidden states of a white-box model: the embedded SmolLM2, which also answers.

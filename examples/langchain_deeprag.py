@@ -40,6 +40,7 @@ from __future__ import annotations
 import asyncio
 from typing import Any
 
+from embedding_cache import cached_embeddings
 from langchain_core.documents import Document
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
@@ -75,8 +76,9 @@ def show_step(step: dict[str, Any]) -> None:
 store = QdrantVectorStore.from_documents(
     [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
      for d in my_documents()],
-    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
-                          encode_kwargs={"normalize_embeddings": True}),
+    cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+        model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+        encode_kwargs={"normalize_embeddings": True})),
     location=":memory:", collection_name="my-docs")
 retriever = store.as_retriever(search_kwargs={"k": 3})
 llm = ChatRagGates(lm=load_default_lm())  # the embedded SmolLM2; any chat model works

@@ -33,6 +33,7 @@ import json
 import tempfile
 from pathlib import Path
 
+from embedding_cache import cached_embeddings
 from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_huggingface import HuggingFaceEmbeddings
@@ -63,8 +64,9 @@ docs = my_documents()
 store = QdrantVectorStore.from_documents(
     [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
      for d in docs],
-    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
-                          encode_kwargs={"normalize_embeddings": True}),
+    cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+        model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+        encode_kwargs={"normalize_embeddings": True})),
     location=":memory:", collection_name="my-docs")
 retriever = store.as_retriever(search_kwargs={"k": 3})
 llm = ChatRagGates(lm=load_default_lm(), max_tokens=48)

@@ -44,6 +44,7 @@ states, so it needs a white-box model (here the embedded SmolLM2). Needs
 
 from __future__ import annotations
 
+from embedding_cache import cached_embeddings
 from langchain_core.documents import Document
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
@@ -70,8 +71,9 @@ def format_docs(docs: list[Document]) -> str:
 store = QdrantVectorStore.from_documents(
     [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
      for d in my_documents()],
-    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
-                          encode_kwargs={"normalize_embeddings": True}),
+    cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+        model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+        encode_kwargs={"normalize_embeddings": True})),
     location=":memory:", collection_name="my-docs")
 
 lm = load_default_lm()  # the embedded SmolLM2: it routes, verbalizes and answers

@@ -20,6 +20,7 @@ and ``langchain-qdrant``: ``pip install "langchain-rag-gates[examples]"``.
 
 from __future__ import annotations
 
+from embedding_cache import cached_embeddings
 from langchain_core.documents import Document
 from langchain_core.runnables import RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
@@ -36,8 +37,9 @@ EMBED_MODEL = str(default_embedder_path())
 store = QdrantVectorStore.from_documents(
     [Document(page_content=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
      for d in my_documents()],
-    HuggingFaceEmbeddings(model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
-                          encode_kwargs={"normalize_embeddings": True}),
+    cached_embeddings(HuggingFaceEmbeddings(  # embedded once (embedding_cache.py)
+        model_name=EMBED_MODEL, model_kwargs={"device": "cpu"},
+        encode_kwargs={"normalize_embeddings": True})),
     location=":memory:", collection_name="my-docs")
 retriever = store.as_retriever(search_kwargs={"k": 3})
 

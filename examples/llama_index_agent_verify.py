@@ -48,6 +48,7 @@ if __name__ == "__main__":
     check_ready(sys.argv[1:], {"llama_index.llms.openai_like":
                               'pip install "llama-index-rag-gates[examples]"'})
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.agent.workflow import FunctionAgent, ToolCallResult
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -99,11 +100,12 @@ def main(argv: list[str] | None = None) -> None:
     docs = my_documents()
     qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"),
                                collection_name="my-docs")
-    index = VectorStoreIndex.from_documents(
-        [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
-         for d in docs],
-        embed_model=HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu"),
-        storage_context=StorageContext.from_defaults(vector_store=qdrant))
+    documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+                 for d in docs]
+    embed_model = HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu")
+    # Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+    index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                             storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
     with contextlib.ExitStack() as stack:
         # QuCo's evidence: an infini-gram index of the same documents (about a second).

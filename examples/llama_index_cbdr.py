@@ -34,6 +34,7 @@ pass ``beta=`` to the gate.
 
 from __future__ import annotations
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -59,11 +60,12 @@ EMBED_MODEL = str(default_embedder_path())
 
 # Your documents as LlamaIndex Documents, in the application's index (Qdrant, local mode).
 qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
-index = VectorStoreIndex.from_documents(
-    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
-     for d in my_documents()],
-    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
-    storage_context=StorageContext.from_defaults(vector_store=qdrant))
+documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+             for d in my_documents()]
+embed_model = HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu")
+# Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
 # CBDR reads the hidden states of a white-box model: the embedded SmolLM2, which also answers.
 lm = load_default_lm()

@@ -41,6 +41,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.instrumentation import get_dispatcher
 from llama_index.core.instrumentation.event_handlers import BaseEventHandler
@@ -92,10 +93,12 @@ class PrintSteps(BaseEventHandler):
 
 docs = my_documents()
 qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
-index = VectorStoreIndex.from_documents(
-    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]}) for d in docs],
-    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
-    storage_context=StorageContext.from_defaults(vector_store=qdrant))
+documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+             for d in docs]
+embed_model = HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu")
+# Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
 llm = RagGatesLLM(lm=load_default_lm())  # the embedded SmolLM2
 engine = DeepRAGQueryEngine(

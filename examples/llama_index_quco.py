@@ -38,6 +38,7 @@ import tempfile
 from pathlib import Path
 from typing import Any
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.llms.rag_gates import RagGatesLLM
@@ -72,10 +73,12 @@ def show_decision(decision: dict[str, Any] | None) -> None:
 # Your documents as LlamaIndex Documents, in the application's index (Qdrant, local mode).
 docs = my_documents()
 qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
-index = VectorStoreIndex.from_documents(
-    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]}) for d in docs],
-    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
-    storage_context=StorageContext.from_defaults(vector_store=qdrant))
+documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+             for d in docs]
+embed_model = HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu")
+# Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 llm = RagGatesLLM(lm=load_default_lm(), max_new_tokens=48)  # the embedded SmolLM2
 
 # QuCo's evidence: phrase counts in the same documents (a lower-cased infini-gram index, so

@@ -43,6 +43,7 @@ for another); the answer can come from any LlamaIndex LLM.
 
 from __future__ import annotations
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.core.query_engine import RetrieverQueryEngine
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
@@ -62,10 +63,12 @@ EMBED_MODEL = str(default_embedder_path())
 
 docs = my_documents()
 qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
-index = VectorStoreIndex.from_documents(
-    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]}) for d in docs],
-    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
-    storage_context=StorageContext.from_defaults(vector_store=qdrant))
+documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+             for d in docs]
+embed_model = HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu")
+# Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
 lm = load_default_lm()  # the embedded SmolLM2: it routes, verbalizes and answers
 policy = toy_policy(lm)

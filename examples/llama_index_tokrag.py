@@ -23,6 +23,7 @@ SmolLM2; ``load_lm(PATH_OR_HUB_ID)`` for another Llama-family model). ``method="
 
 from __future__ import annotations
 
+from embedding_cache import embedded_nodes
 from llama_index.core import Document, StorageContext, VectorStoreIndex
 from llama_index.embeddings.huggingface import HuggingFaceEmbedding
 from llama_index.response_synthesizers.rag_gates import CHOICES_KEY, TokRAGSynthesizer
@@ -41,10 +42,12 @@ EMBED_MODEL = str(default_embedder_path())
 
 docs = my_documents()
 qdrant = QdrantVectorStore(client=QdrantClient(location=":memory:"), collection_name="my-docs")
-index = VectorStoreIndex.from_documents(
-    [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]}) for d in docs],
-    embed_model=HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu"),
-    storage_context=StorageContext.from_defaults(vector_store=qdrant))
+documents = [Document(text=d["text"], metadata={"title": d["title"], "doc_id": d["id"]})
+             for d in docs]
+embed_model = HuggingFaceEmbedding(model_name=EMBED_MODEL, device="cpu")
+# Embedded once, then read back from LlamaIndex's ingestion cache (embedding_cache.py).
+index = VectorStoreIndex(embedded_nodes(documents, embed_model), embed_model=embed_model,
+                         storage_context=StorageContext.from_defaults(vector_store=qdrant))
 
 synth = TokRAGSynthesizer(lm=load_default_lm(), max_new_tokens=32)  # the embedded SmolLM2
 # One argument switches the engine to Tok-RAG (llm= only because no Settings.llm is set here).
