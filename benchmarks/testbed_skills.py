@@ -85,6 +85,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for line in summary["criteria"]:
         verdict = {True: "PASS", False: "FAIL", None: "n/a "}[line["pass"]]
         print(f"{verdict} {line['criterion']}: {line['measured']} ({line['rule']})")
+    for rung, cell in summary["genread_against_closed_book"].items():
+        print(f"genread against closed book at r = {rung}: {cell['lost']} facts lost, "
+              f"{cell['gained']} gained (sign test p = {cell['sign_test_p']})")
     return payload
 
 

@@ -258,6 +258,32 @@ def test_a_fact_counts_only_once_answered_in_every_form() -> None:
     assert all(summary["table"][f]["n"] == 1 for f in FACT_FORMS)
 
 
+def test_genread_against_closed_book_counts_the_committed_builds_lost_and_gained_facts(
+) -> None:
+    """The r = 0 figures docs/testbed.md reports for tb13 and tb14 (4 lost and 1 gained,
+    p = 0.375; 6 and 3, p = 0.51), from the committed answer rows."""
+    results = ROOT / "benchmarks" / "results" / "testbed"
+    want = {"tb13": (4, 1, 0.375), "tb14": (6, 3, 0.5078)}
+    for build, (lost, gained, p) in want.items():
+        lines = (results / f"skills-{build}-rows.jsonl").read_text().splitlines()
+        rows = [json.loads(line) for line in lines[1:]]  # the first line: the header
+        paired = skills.summarise(rows)["genread_against_closed_book"]
+        assert paired["0"] == {"facts": 75, "lost": lost, "gained": gained, "sign_test_p": p}
+        assert set(paired) == {"0", "2", "8", "64"}
+        table = skills.summarise(rows)["table"]
+        for rung, cell in paired.items():  # the gap in facts is the table's gap in points
+            gap = (table["genread"]["by_rung"][rung]["accuracy"]
+                   - table["no-rag"]["by_rung"][rung]["accuracy"])
+            assert round(gap * cell["facts"] / 100) == cell["gained"] - cell["lost"]
+
+
+def test_sign_test_p_is_the_exact_binomial_tail() -> None:
+    assert skills.sign_test_p(0, 0) == 1.0
+    assert skills.sign_test_p(5, 0) == skills.sign_test_p(0, 5) == 2 / 32
+    assert skills.sign_test_p(3, 3) == 1.0  # capped: an even split is no evidence
+    assert abs(skills.sign_test_p(1, 9) - 2 * 11 / 1024) < 1e-12
+
+
 # ------------------------------------------------------------------ the script and the step
 def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
         planned: Path, tmp_path: Path) -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -56,7 +57,8 @@ from rag_gates.types import Passage, QAExample
 
 __all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
            "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
-           "accuracy_cell", "criteria", "form_answerers", "measure_skills", "summarise"]
+           "accuracy_cell", "criteria", "form_answerers", "measure_skills",
+           "paired_against_closed_book", "sign_test_p", "summarise"]
 
 #: Reading forms, each the prompt a method answers from passages in.
 FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference",
@@ -297,9 +299,37 @@ def summarise(rows: Sequence[dict[str, Any]], *,
         f"{a}/{b}": accuracy_cell([r for r in twohop if tuple(r["rung"]) == (a, b)])
         for a, b in pairs}}
     summary = {"facts_complete": len(complete), "rungs": rungs, "table": table,
-               "base_closed_book_r0": base_closed_book_r0}
+               "base_closed_book_r0": base_closed_book_r0,
+               "genread_against_closed_book": paired_against_closed_book(facts, GENREAD)}
     summary["criteria"] = criteria(summary)
     return summary
+
+
+def sign_test_p(lost: int, gained: int) -> float:
+    """Exact two-sided sign test over the facts two forms disagree on: the probability, if
+    each disagreement went either way at even odds, of a split at least as uneven."""
+    n, k = lost + gained, min(lost, gained)
+    if n == 0:
+        return 1.0
+    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+
+
+def paired_against_closed_book(facts: Sequence[dict[str, Any]], form: str
+                               ) -> dict[str, dict[str, Any]]:
+    """Per rung, the facts closed book answers right and ``form`` wrong (``lost``), the
+    reverse (``gained``), and :func:`sign_test_p`: whether a rung's gap is more than the
+    few facts a retrained model moves (docs/testbed.md, tb13 and tb14)."""
+    right: dict[tuple[str, str], bool] = {(r["form"], r["id"]): r["accuracy"] == 1.0
+                                          for r in facts}
+    rung_of = {r["id"]: int(r["rung"]) for r in facts if r["form"] == form}
+    out: dict[str, dict[str, Any]] = {}
+    for k in sorted(set(rung_of.values())):
+        ids = [i for i, rung in rung_of.items() if rung == k and (CLOSED, i) in right]
+        lost = sum(right[(CLOSED, i)] and not right[(form, i)] for i in ids)
+        gained = sum(right[(form, i)] and not right[(CLOSED, i)] for i in ids)
+        out[str(k)] = {"facts": len(ids), "lost": lost, "gained": gained,
+                       "sign_test_p": round(sign_test_p(lost, gained), 4)}
+    return out
 
 
 def _line(name: str, rule: str, measured: float | None, ok: bool | None) -> dict[str, Any]:
