@@ -13,9 +13,14 @@ vectors back instead of computing them:
   ``IngestionCache`` persisted to a file; ``VectorStoreIndex(nodes, ...)`` then stores the
   nodes' vectors without embedding them again.
 
-A key covers the text and the embedding model's settings (name or path, normalisation), not
-its weights: delete :data:`EMBEDDING_CACHE` after replacing a model's files in place. It lives
-under ``$RAG_GATES_HOME`` (default ``~/.cache/rag-gates``), beside the extracted models.
+What a key covers: in LangChain, the text and the embeddings' ``model_name``, ``model_kwargs``
+and ``encode_kwargs``; in LlamaIndex, every document's text with all its metadata and the
+embedding model's serialised fields (name or path, normalisation, maximum length, batch
+size), all documents together, so one edited document embeds them all again. Not the
+model's weights: delete :data:`EMBEDDING_CACHE` after replacing a model's files in place. It
+lives under ``$RAG_GATES_HOME`` (default ``~/.cache/rag-gates``), beside the extracted models.
+Every file is written whole or not at all (written beside, then renamed), so an interrupted
+run leaves no half-written vector behind.
 
     >>> from langchain_huggingface import HuggingFaceEmbeddings      # doctest: +SKIP
     >>> from rag_gates.lm import default_embedder_path              # doctest: +SKIP
@@ -44,17 +49,31 @@ def _settings_key(settings: dict[str, Any]) -> str:
     return hashlib.sha256(text.encode("utf-8")).hexdigest()[:16]
 
 
+def _atomic_file_store(root: Path) -> Any:
+    """LangChain's ``LocalFileStore`` whose ``mset`` writes each value under a temporary key,
+    then renames it over the real one (``LocalFileStore`` writes in place)."""
+    from langchain_classic.storage import LocalFileStore
+
+    class AtomicLocalFileStore(LocalFileStore):
+        def mset(self, key_value_pairs: Sequence[tuple[str, bytes]]) -> None:
+            for key, value in key_value_pairs:
+                partial = f"{key}.{os.getpid()}.partial"
+                super().mset([(partial, value)])
+                os.replace(Path(self.root_path) / partial, Path(self.root_path) / key)
+
+    return AtomicLocalFileStore(root)
+
+
 def cached_embeddings(embeddings: Any, cache_dir: Path | None = None) -> Any:
     """``embeddings`` (LangChain's ``HuggingFaceEmbeddings``) behind ``CacheBackedEmbeddings``:
     ``embed_documents`` reads each text's vector from ``cache_dir`` (default
     ``EMBEDDING_CACHE / "langchain"``) and computes only the missing ones."""
     from langchain_classic.embeddings import CacheBackedEmbeddings
-    from langchain_classic.storage import LocalFileStore
 
     namespace = _settings_key({"model_name": embeddings.model_name,
                                "model_kwargs": embeddings.model_kwargs,
                                "encode_kwargs": embeddings.encode_kwargs})
-    store = LocalFileStore(cache_dir or EMBEDDING_CACHE / "langchain")
+    store = _atomic_file_store(cache_dir or EMBEDDING_CACHE / "langchain")
     return CacheBackedEmbeddings.from_bytes_store(embeddings, store, namespace=namespace,
                                                   key_encoder="sha256")
 

@@ -27,6 +27,10 @@ verification must be followed by ``search_documents``, and then the model answer
 tools, asked to answer in one sentence. ``--free`` leaves every choice to the model (what a
 capable model does on its own).
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own data: return your documents from ``my_documents()``, use your vector
 store's retriever, and your chat model (any LangChain chat model with tool calling).
 """

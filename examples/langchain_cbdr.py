@@ -12,6 +12,10 @@ the probe's calibrated ``beta``; otherwise the model answers directly.
 
     .venv/bin/python examples/langchain_cbdr.py
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or
 pass the retriever your application already has as ``base_retriever``; set ``EMBED_MODEL`` to

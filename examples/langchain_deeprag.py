@@ -17,6 +17,10 @@ p(direct marker) >= threshold``, read from the chat model's log-probabilities.
 
     .venv/bin/python examples/langchain_deeprag.py
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or
 use the retriever your application already has; set ``EMBED_MODEL`` to your embedding model

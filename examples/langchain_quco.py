@@ -15,6 +15,10 @@ see ``my_documents.py``), the script builds what QuCo needs and wires it into LC
 
     .venv/bin/python examples/langchain_quco.py
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or use
 the retriever your application already has; set ``EMBED_MODEL`` to your embedding model's

@@ -33,6 +33,10 @@ and opened here with ``SourcePolicy.open_existing(lm)`` (``path=...`` or ``url=.
 Qdrant server) in place of ``toy_policy``, with the paper's ``k = 30``. ``TAU`` is the
 paper's 0.1, not calibrated for SmolLM2 (see docs/methods/srrag.md for how to choose it).
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or
 use the retriever your application already has; set ``EMBED_MODEL`` to your embedding model

@@ -11,6 +11,10 @@ decoding (``method="cad"``) runs over the same chain for comparison.
 
     .venv/bin/python examples/langchain_tokrag.py
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LangChain's ``CacheBackedEmbeddings``); a vector store of yours holds
+its vectors already: leave ``cached_embeddings`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``location=":memory:"`` by ``url=...`` (a Qdrant server) or ``path=...``, or
 use the retriever your application already has; set ``EMBED_MODEL`` to your embedding model.

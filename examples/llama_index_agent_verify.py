@@ -25,6 +25,10 @@ query and revise, or answer. A 135M model rarely chooses a tool by itself (docs/
 the counts); ``--free`` leaves the first choice to the model too. Each tool call and result
 is printed from the agent's event stream.
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LlamaIndex's ``IngestionCache``); an index of yours holds its vectors
+already: leave ``embedded_nodes`` out.
+
 To point it at your own data: return your documents from ``my_documents()``, use your own
 index and your LLM (any LlamaIndex function-calling LLM).
 """

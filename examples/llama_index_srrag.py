@@ -33,6 +33,10 @@ Qdrant server) in place of ``toy_policy``, with the paper's ``k = 30``. ``TAU`` 
 paper's 0.1, not calibrated for SmolLM2 (``rag-gates srrag routing-auroc`` and ``rag-gates
 bench --methods srrag@0.1,srrag@0.2`` help choose it; see docs/methods/srrag.md).
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LlamaIndex's ``IngestionCache``); an index of yours holds its vectors
+already: leave ``embedded_nodes`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``QdrantClient(location=":memory:")`` by ``QdrantClient(url=...)`` or
 ``QdrantClient(path=...)``, or use the index your application already has; set

@@ -13,6 +13,10 @@ Each disagreement is printed.
 
     .venv/bin/python examples/llama_index_tokrag.py
 
+The documents' vectors are computed once and kept under ``$RAG_GATES_HOME/example-embeddings``
+(``embedding_cache.py``, LlamaIndex's ``IngestionCache``); an index of yours holds its vectors
+already: leave ``embedded_nodes`` out.
+
 To point it at your own store: return your documents from ``my_documents()`` (or load them
 here); replace ``QdrantClient(location=":memory:")`` by ``QdrantClient(url=...)`` or
 ``QdrantClient(path=...)``, or use the index your application already has; set

@@ -61,6 +61,14 @@ def test_llama_index_nodes_are_what_from_documents_stores_and_a_second_run_embed
         embedded = counter.calls
         second = cache.embedded_nodes(documents(), embed_model, cache_dir=tmp_path)
         assert embedded > 0 and counter.calls == embedded  # the second run embedded nothing
+        VectorStoreIndex(second, embed_model=embed_model)  # stores the vectors as they are
+        assert counter.calls == embedded
+        # Other settings are another key: unnormalised vectors are computed, not read back.
+        other = HuggingFaceEmbedding(model_name=str(default_embedder_path()), device="cpu",
+                                     normalize=False)
+        unnormalised = cache.embedded_nodes(documents(), other, cache_dir=tmp_path)
+        assert counter.calls > embedded
+        assert [n.embedding for n in unnormalised] != [n.embedding for n in first]
     finally:
         dispatcher.event_handlers.remove(counter)
     assert [n.get_content() for n in second] == [n.get_content() for n in first]
@@ -99,6 +107,8 @@ def test_langchain_cached_embeddings_store_each_text_and_read_it_back(
     cached.document_embedding_store.mset([(texts[0], planted)])
     again = cache.cached_embeddings(embeddings(normalize=True), cache_dir=tmp_path)
     assert again.embed_documents(texts[:2])[0] == planted
+    assert again.embed_query(texts[0]) != planted  # a question is embedded, never read back
+    assert len([p for p in tmp_path.rglob("*") if p.is_file()]) == len(texts)  # no partial
     # Other settings are another namespace: unnormalised vectors are not the planted one.
     other = cache.cached_embeddings(embeddings(normalize=False), cache_dir=tmp_path)
     unnormalised = other.embed_documents(texts[:1])[0]
