@@ -1,7 +1,8 @@
 """Embed your documents once: each framework's own embedding cache, on disk, shared by runs.
 
-Embedding the 491 example documents with all-MiniLM-L6-v2 takes 15-40 s on a laptop-class
-CPU, most of an example's run, and gives the same vectors every time. So the examples embed
+Embedding the 491 example documents with all-MiniLM-L6-v2 took 16-43 s on the 2-core machine
+the benchmarks run on (two threads, one), most of an example's run, and gives the same vectors
+every time. So the examples embed
 them through the cache each framework ships, and a second run (or another example) reads the
 vectors back instead of computing them:
 

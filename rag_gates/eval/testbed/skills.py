@@ -44,13 +44,13 @@ from __future__ import annotations
 
 import hashlib
 import json
-import math
 import statistics
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from rag_gates._optional import require
 from rag_gates.answers import score_answer
 from rag_gates.retrieval.base import BaseRetriever
 from rag_gates.types import Passage, QAExample
@@ -306,12 +306,12 @@ def summarise(rows: Sequence[dict[str, Any]], *,
 
 
 def sign_test_p(lost: int, gained: int) -> float:
-    """Exact two-sided sign test over the facts two forms disagree on: the probability, if
-    each disagreement went either way at even odds, of a split at least as uneven."""
-    n, k = lost + gained, min(lost, gained)
-    if n == 0:
+    """Exact two-sided sign test over the facts two forms disagree on (scipy's
+    ``binomtest`` at even odds): the probability of a split at least as uneven."""
+    if lost + gained == 0:
         return 1.0
-    return min(1.0, 2 * sum(math.comb(n, i) for i in range(k + 1)) / 2 ** n)
+    stats = require("scipy.stats", "eval")
+    return float(stats.binomtest(lost, lost + gained, 0.5).pvalue)
 
 
 def paired_against_closed_book(facts: Sequence[dict[str, Any]], form: str
