@@ -42,6 +42,7 @@ class FirstTokenProbGate(BaseGate):
         super().__init__(threshold)
         self.lm = require_white_box(
             lm, "first-token-prob", instead="AnswerLogprobGate (generated-token logprobs only)")
+        qa_prompt("?", dataset=dataset)  # a misspelt dataset raises now, not at the first query
         self.dataset = dataset
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
@@ -65,6 +66,7 @@ class AnswerLogprobGate(BaseGate):
             raise TypeError(f"answer-logprob needs token log-probabilities; "
                             f"{type(lm).__name__} does not return them")
         self.lm = lm
+        qa_prompt("?", dataset=dataset)  # a misspelt dataset raises now, not at the first query
         self.dataset = dataset
         self.max_new_tokens = max_new_tokens
 

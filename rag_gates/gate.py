@@ -374,7 +374,9 @@ class _Composite(BaseGate):
         return self._combine(self._consult_one(query, signals))
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
-        return f"sub-gate {evidence.get('undecided_gate')!s} could not decide"
+        if evidence.get("undecided_gate") is None:  # every sub-gate decided; the sum did not
+            return f"its combined score is {score!r}"
+        return f"sub-gate {evidence['undecided_gate']!s} could not decide"
 
     # Subclasses: which sub-gates to consult, and how their decisions combine.
     @abstractmethod
@@ -654,6 +656,8 @@ def logistic_combination(scores: Sequence[float], weights: Sequence[float], bias
     """
     z = bias + sum(w * (x - c) / s for w, x, c, s in
                    zip(weights, scores, center, scale, strict=True))
+    if math.isnan(z):  # terms overflowed to +inf and -inf: undecided, so the gate retrieves
+        return math.nan, z
     return (1.0 / (1.0 + math.exp(-z)) if z > -700 else 0.0), z
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 
 from rag_gates.types import Passage
@@ -24,10 +25,21 @@ def qa_prompt(question: str, passages: Sequence[Passage] | None = None,
     """A short-answer prompt, with the passages as context when given (``block``: the
     passages already rendered, in place of :func:`format_passages`)."""
     instruction = _INSTRUCTION.get(dataset, _INSTRUCTION[None])
+    if dataset is not None and dataset not in _INSTRUCTION:
+        _check_spelling(dataset)
     if not passages:
         return f"{instruction}\nQuestion: {question}"
     return (f"{instruction.rstrip('.')}, using the context.\nContext:\n"
             f"{format_passages(passages) if block is None else block}\nQuestion: {question}")
+
+
+def _check_spelling(dataset: str) -> None:
+    """Every dataset but PubMedQA takes the default instruction, so a misspelt "pubmedqa"
+    would silently ask for "a few words" instead of yes/no/maybe: refuse it."""
+    for name in _INSTRUCTION:
+        if name is not None and re.sub(r"[^a-z]", "", dataset.lower()) in (name, name[:-2]):
+            raise ValueError(f"dataset {dataset!r}: did you mean {name!r}? (the name selects "
+                             "the answer instruction; any other name takes the default)")
 
 
 def continue_prompt(question: str, passages: Sequence[Passage] | None, so_far: str,

@@ -185,13 +185,15 @@ class DeepRAG:
                 break
             if problem is not None:
                 stop_reason = "malformed"
-                retrieved = any(s.passages is not None for s in steps)
+                # Fail closed: the step cannot be read and nothing was retrieved yet, so no
+                # decision was made; retrieve with the question before the final answer. Not
+                # in never mode: "never retrieve" is the user's decision, made in advance.
+                fail_closed = c.mode != "never" and not any(s.passages is not None
+                                                            for s in steps)
                 malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
-                                               action="forced_final" if retrieved
-                                               else "retrieved"))
-                if not retrieved:
-                    # Fail closed: the step cannot be read and nothing was retrieved yet, so
-                    # no decision was made; retrieve with the question before the final answer.
+                                               action="retrieved" if fail_closed
+                                               else "forced_final"))
+                if fail_closed:
                     unread: GateDecision = yield Ask(UnreadableStepGate(), question,
                                                      {"problem": problem, "written": raw})
                     passages, answer = yield from retrieved_answer(

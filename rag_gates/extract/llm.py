@@ -188,7 +188,8 @@ class LLMExtractor(BaseExtractor):
         chat: send the examples as separate chat turns (True) instead of one prompt string
             (False, the default; the model's wrapper applies its chat template to it).
         skip_non_factual: answer ``[]`` for "Thus/Therefore/So ..." sentences without a
-            model call (what the paper's extractor is trained to output anyway).
+            model call (what the paper's extractor is trained to output anyway); claims
+            only: :meth:`entities` always asks the model about a question.
         grounded: drop items whose head (or tail) does not occur in the input text
             (case-insensitive); small models copy entities from the few-shot examples.
         few_shot: the (input, output) examples; the paper's Table A.1 by default.
@@ -242,11 +243,12 @@ class LLMExtractor(BaseExtractor):
         shots = "\n\n".join(f"Input: {s}\nOutput: {t}" for s, t in self.few_shot)
         return f"{INSTRUCTION}\n\n{shots}\n\nInput: {text}\nOutput:"
 
-    def _extract(self, text: str) -> list[Claim]:
+    def _extract(self, text: str, *, conclusion_shortcut: bool) -> list[Claim]:
         if not isinstance(text, str):
             raise TypeError(f"text must be a str, got {type(text).__name__}")
         text = " ".join(text.split())
-        if not text or (self.skip_non_factual and is_non_factual(text)):
+        if not text or (conclusion_shortcut and self.skip_non_factual
+                        and is_non_factual(text)):
             return []
         generation = self.lm.generate(self.prompt(text), max_new_tokens=self.max_new_tokens,
                                       stop=["\n"], temperature=0.0)
@@ -278,12 +280,14 @@ class LLMExtractor(BaseExtractor):
         """Claims of ``sentence`` (partial ones for a question); ``[]`` if the model says none
         (:class:`~rag_gates.errors.ExtractionError` for a reply with no usable item, unless
         ``on_unreadable="empty"``)."""
-        return self._extract(sentence)
+        return self._extract(sentence, conclusion_shortcut=True)
 
     def entities(self, question: str) -> list[str]:
-        """The heads (and tails) of the question's items, de-duplicated, in order."""
+        """The heads (and tails) of the question's items, de-duplicated, in order. The
+        "Thus/So ..." shortcut is for generated conclusions, never a question: "So who
+        directed Ed Wood?" names an entity, and QuCo skips retrieval on a question without."""
         seen: dict[str, str] = {}
-        for claim in self._extract(question):
+        for claim in self._extract(question, conclusion_shortcut=False):
             for value in (claim.head, claim.tail):
                 if value and value.lower() not in seen:
                     seen[value.lower()] = value

@@ -141,6 +141,23 @@ def test_unreadable_steps_force_the_final_answer_and_are_counted(bm25: Any, text
     assert result.answer == "Steven Spielberg" and kinds(result)[-1] == "final-forced"
 
 
+@pytest.mark.parametrize("retriever", [None, "bm25"])
+@pytest.mark.parametrize(("text", "kind"), [
+    (f"Follow up:\n{INTERMEDIATE} x", "empty_subquery"),
+    (f"Follow up: who directed JAWS\n{INTERMEDIATE} x", "repeated_subquery"),
+])
+def test_never_mode_forces_the_final_answer_on_an_unreadable_step_without_retrieving(
+        bm25: Any, retriever: str | None, text: str, kind: str) -> None:
+    """Never mode retrieves nothing, even when a step cannot be read (before, it asked for
+    the missing retriever and raised, or retrieved with one given)."""
+    result = DeepRAG(ScriptedLM(wrap(text)), bm25 if retriever else None, mode="never",
+                     nudge=False).run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
+    assert result.trace.retrievals == 0 and all(s.passages is None for s in t.steps)
+    assert t.stop_reason == "malformed" and kinds(result)[-1] == "final-forced"
+
+
 @pytest.mark.parametrize(("text", "kind"), [
     ("Arnold was his father.", "no_marker"),
     (f"Follow up:\n{INTERMEDIATE} x", "empty_subquery"),

@@ -79,6 +79,14 @@ def test_non_factual_shortcut_skips_the_model() -> None:
     assert len(raw.claims("Thus, Kumbasaram came out first.")) == 1
 
 
+def test_a_question_that_opens_like_a_conclusion_still_reaches_the_model() -> None:
+    """Before, "So who directed Ed Wood?" matched the conclusion shortcut: no entity, and
+    QuCo skipped retrieval on it."""
+    lm = CannedLM('[["Ed Wood", "director", ""]]')
+    assert LLMExtractor(lm).entities("So who directed Ed Wood?") == ["Ed Wood"]
+    assert len(lm.prompts) == 1
+
+
 @pytest.mark.parametrize(
     ("reply", "expected"),
     [

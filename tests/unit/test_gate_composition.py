@@ -144,6 +144,16 @@ def test_weighted_is_a_logistic_combination_and_round_trips():
         Weighted([a], weights=[1.0], scale=[0.0])
 
 
+def test_weighted_terms_that_overflow_to_opposite_infinities_retrieve():
+    """Two finite scores whose weighted terms reach +inf and -inf: the logit is NaN; before,
+    that read as probability 0 and the gate skipped."""
+    gate = Weighted([Words(3, "a"), Words(5, "b")], weights=[1e308, -1e308], threshold=0.5)
+    d = gate.decide(LONG)
+    assert d.retrieve is True and d.score == UNDECIDED_SCORE
+    assert d.evidence["logit"] == "nan" and "its combined score is nan" in d.reason
+    json.loads(d.model_dump_json())
+
+
 def test_composites_refuse_what_is_not_a_gate_or_a_band():
     with pytest.raises(TypeError, match="argument 1 is a str, not a gate"):
         AllOf(Words(1), "quco")  # type: ignore[arg-type]
