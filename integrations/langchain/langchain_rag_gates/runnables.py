@@ -290,6 +290,9 @@ class GateRouter(RunnableSerializable[Any, Any]):
                        config: RunnableConfig, *, chunk: bool = False
                        ) -> tuple[Any, dict[str, JsonValue]]:
         """:meth:`_reused` with each step's ``ainvoke`` (a step may be async only)."""
+        parts = _split_direct(self.direct)
+        if self.answer_once and not decision.retrieve and parts is not None:
+            await parts[1].aget_lm()  # a first load in a worker thread: the check reads it
         output, rest, data = self._reuse_plan(input, decision, data, chunk=chunk)
         for step in rest if output is not None else []:
             output = await step.ainvoke(output, config)

@@ -45,6 +45,29 @@ async def test_async_and_stream_answer_once(tiny: Any) -> None:
     assert chunks[0].response_metadata["rag_gates"]["answer_once"]["answer_reused"] is True
 
 
+async def test_async_skip_loads_a_lazy_chat_model_off_the_event_loop(tiny: Any,
+                                                                     tiny_dir: Any) -> None:
+    """The answer-once check reads the direct model: a lazy ChatRagGates loads it in a worker
+    thread on the async paths (before, the coroutine loaded it, stalling the loop)."""
+    import threading
+
+    from rag_gates.testing import model_load_threads
+
+    gate = AnswerLogprobGate(tiny, threshold=100.0, max_new_tokens=12)
+    for call in ("ainvoke", "astream"):
+        router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: "retrieved"),
+                               direct=closed_book_prompt()
+                               | ChatRagGates(model=str(tiny_dir), max_tokens=12))
+        with model_load_threads() as threads:
+            if call == "ainvoke":
+                msg = await router.ainvoke({"question": QUESTION})
+            else:
+                chunks = [c async for c in router.astream({"question": QUESTION})]
+                msg = chunks[0]
+        assert len(threads) == 1 and threads[0] is not threading.current_thread(), call
+        assert "answer_once" in msg.response_metadata["rag_gates"]
+
+
 def test_later_steps_still_run_on_the_reused_answer(tiny: Any) -> None:
     rec = TraceRecorder()
     lm = RecordedLM(tiny, rec)

@@ -57,6 +57,26 @@ async def test_async_skip_also_answers_once(tiny_li: Any, bm25: Any) -> None:
     assert response.metadata["rag_gates"]["answer_once"]["answer_reused"] is True
 
 
+async def test_async_skip_loads_a_lazy_llm_off_the_event_loop(tiny_li: Any, bm25: Any,
+                                                            tmp_path: Any) -> None:
+    """The answer-once check reads the direct model: a lazy RagGatesLLM loads it in a worker
+    thread on the async path (before, the coroutine loaded it, stalling the loop)."""
+    import threading
+
+    from rag_gates.testing import model_load_threads, save_tiny_lm
+
+    path = save_tiny_lm(tmp_path / "tiny")
+    inner = RetrieverQueryEngine.from_args(PassageRetriever(bm25, similarity_top_k=1),
+                                           llm=RagGatesLLM(lm=tiny_li, max_new_tokens=12))
+    gate = AnswerLogprobGate(tiny_li, threshold=100.0, max_new_tokens=12)
+    engine = GatedQueryEngine(inner, gate=gate, llm=RagGatesLLM(model=str(path),
+                                                                max_new_tokens=12))
+    with model_load_threads() as threads:
+        response = await engine.aquery(QUESTION)
+    assert len(threads) == 1 and threads[0] is not threading.current_thread()
+    assert "answer_once" in response.metadata["rag_gates"]
+
+
 def test_another_direct_prompt_generates_again_and_says_why(tiny_li: Any, bm25: Any) -> None:
     rec = TraceRecorder()
     engine = _engine(tiny_li, bm25, rec, threshold=100.0, direct_prompt=DEFAULT_DIRECT_PROMPT)

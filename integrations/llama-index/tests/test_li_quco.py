@@ -51,6 +51,7 @@ from pydantic import Field, ValidationError
 
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+from rag_gates.gate import BaseGate
 from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
@@ -231,6 +232,40 @@ async def test_gated_engine_async_both_ways(
     assert [e.retrieve for e in collector.of(GateDecisionEvent)] == [True, False]
     sync = engine.query(SKIP)
     assert no.response == sync.response  # greedy: the same direct answer either way
+
+
+class TimingOutGate(BaseGate):
+    """A gate whose model server does not answer (what a served gate meets under load)."""
+
+    name = "timing-out"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
+        raise TimeoutError("no answer from the gate's model in 30 s")
+
+
+async def test_gated_engine_on_gate_error_retrieves_and_names_the_error(
+    index: VectorStoreIndex, llm: RagGatesLLM
+) -> None:
+    """A QueryEngineTool turns the engine's exception into an error message and the agent
+    answers without documents; with on_gate_error="retrieve" the engine fails closed."""
+    from llama_index.core.tools import QueryEngineTool
+
+    inner = index.as_query_engine(llm=llm, similarity_top_k=TOP_K)
+    strict = GatedQueryEngine(inner, gate=TimingOutGate(0.5), llm=llm)
+    with pytest.raises(TimeoutError):
+        strict.query(ASK)
+    engine = GatedQueryEngine(inner, gate=TimingOutGate(0.5), llm=llm, on_gate_error="retrieve")
+    for response in (engine.query(ASK), await engine.aquery(ASK)):
+        assert response.metadata is not None
+        data = response.metadata[ANNOTATION_KEY]
+        assert data["retrieve"] is True and "could not decide" in data["reason"]
+        assert data["evidence"]["error"].startswith("TimeoutError")
+        assert len(response.source_nodes) == TOP_K
+    out = QueryEngineTool.from_defaults(engine, name="docs", description="docs").call(ASK)
+    assert not out.is_error and out.raw_output.source_nodes
+    with pytest.raises(ValueError, match="on_gate_error"):
+        GatedQueryEngine(inner, gate=TimingOutGate(0.5), llm=llm,
+                         on_gate_error="skip")  # type: ignore[arg-type]
 
 
 def test_gated_engine_prompts_are_exposed_and_updatable(

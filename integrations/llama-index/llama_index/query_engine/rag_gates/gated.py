@@ -27,7 +27,13 @@ from llama_index.core.schema import QueryBundle
 from llama_index.core.settings import Settings
 from llama_index.llms.rag_gates.base import RagGatesLLM
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
-from llama_index.retrievers.rag_gates.gated import emit_decision
+from llama_index.retrievers.rag_gates.gated import (
+    GateErrorPolicy,
+    adecide_or_fail_closed,
+    check_gate_error_policy,
+    decide_or_fail_closed,
+    emit_decision,
+)
 from pydantic import JsonValue
 
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
@@ -90,6 +96,12 @@ class GatedQueryEngine(BaseQueryEngine):
             ``{query_str}`` variable.
         annotation_key (str): metadata key of the decision. Defaults to ``"rag_gates"``.
         callback_manager (CallbackManager | None): LlamaIndex callback manager.
+        on_gate_error (str): when the gate raises (a prompt too long for the gate's model, a
+            served model's timeout): ``"raise"`` (default: the query fails with the gate's
+            error) or ``"retrieve"`` (fail closed: the wrapped engine answers, the decision's
+            reason and ``evidence["error"]`` name the error, and a warning is logged). Use
+            ``"retrieve"`` for an engine an agent calls as a tool (``QueryEngineTool``): an
+            agent turns a tool's exception into a message and answers without documents.
         streaming (bool | None): answer a skip as a ``StreamingResponse``
             (``AsyncStreamingResponse`` from ``aquery``) streamed from ``llm``; ``None``
             (default) follows the inner engine's response synthesizer, so
@@ -135,6 +147,7 @@ class GatedQueryEngine(BaseQueryEngine):
         annotation_key: str = ANNOTATION_KEY,
         callback_manager: CallbackManager | None = None,
         streaming: bool | None = None,
+        on_gate_error: GateErrorPolicy = "raise",
     ) -> None:
         if not isinstance(query_engine, BaseQueryEngine):
             raise TypeError(
@@ -155,7 +168,9 @@ class GatedQueryEngine(BaseQueryEngine):
             )
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
+        policy = check_gate_error_policy(on_gate_error)
         super().__init__(callback_manager=callback_manager)
+        self.on_gate_error: GateErrorPolicy = policy
         self.query_engine = query_engine
         self.gate = gate
         self.llm: LLM = llm or Settings.llm
@@ -248,7 +263,7 @@ class GatedQueryEngine(BaseQueryEngine):
 
     # ------------------------------------------------------------------ query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        decision = self.gate.decide(query_bundle.query_str)
+        decision = decide_or_fail_closed(self.gate, query_bundle.query_str, self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return self._annotated(self.query_engine.query(query_bundle), data)
@@ -263,10 +278,13 @@ class GatedQueryEngine(BaseQueryEngine):
         return self._answered(self.llm.predict(template, query_str=value), data, reuse)
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        decision = await self.gate.adecide(query_bundle.query_str)
+        decision = await adecide_or_fail_closed(self.gate, query_bundle.query_str,
+                                                self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return self._annotated(await self.query_engine.aquery(query_bundle), data)
+        if isinstance(self.llm, RagGatesLLM):
+            await self.llm.alm()  # a first load in a worker thread: the reuse check reads it
         template, value, reuse = self._direct_call(decision, query_bundle.query_str)
         if self.streaming:
             noted = self._noted(data, reuse)

@@ -34,6 +34,42 @@ _GATE_ERROR_POLICY: ContextVar[GateErrorPolicy | None] = ContextVar(
 """Set by ``gated_retriever_tool`` for one call: an agent's tool must not raise (below)."""
 
 
+def check_gate_error_policy(value: object) -> GateErrorPolicy:
+    """``value`` if it is an ``on_gate_error`` policy, else a ValueError naming both."""
+    if value == "raise" or value == "retrieve":
+        return value
+    raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got {value!r}")
+
+
+def _gate_failed(gate: Gate, query_str: str, error: Exception,
+                 policy: GateErrorPolicy) -> GateDecision:
+    if (_GATE_ERROR_POLICY.get() or policy) == "raise":
+        raise error
+    logger.warning("gate %r raised on %r (%s: %s); on_gate_error='retrieve': retrieve",
+                   getattr(gate, "name", "?"), query_str[:80], type(error).__name__, error)
+    return gate_error_decision(gate, error)
+
+
+def decide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
+                          ) -> GateDecision:
+    """The gate's decision; if it raises, the error (``policy="raise"``) or the fail-closed
+    decision that retrieves and names the error (``"retrieve"``). A tool call's policy
+    (``gated_retriever_tool``) overrides ``policy``."""
+    try:
+        return gate.decide(query_str)
+    except Exception as error:  # any failure to decide is "undecided"
+        return _gate_failed(gate, query_str, error, policy)
+
+
+async def adecide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
+                                 ) -> GateDecision:
+    """:func:`decide_or_fail_closed` with ``gate.adecide``."""
+    try:
+        return await gate.adecide(query_str)
+    except Exception as error:  # any failure to decide is "undecided"
+        return _gate_failed(gate, query_str, error, policy)
+
+
 class GateDecisionEvent(BaseEvent):
     """A rag-gates gate decided whether to retrieve for a query.
 
@@ -146,11 +182,9 @@ class GatedRetriever(BaseRetriever):
             )
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
-        if on_gate_error not in ("raise", "retrieve"):
-            raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got "
-                             f"{on_gate_error!r}")
+        policy = check_gate_error_policy(on_gate_error)
         super().__init__(callback_manager=callback_manager, **kwargs)
-        self.on_gate_error: GateErrorPolicy = on_gate_error
+        self.on_gate_error: GateErrorPolicy = policy
         self.retriever = retriever
         self.gate = gate
         self.annotation_key = annotation_key
@@ -162,26 +196,12 @@ class GatedRetriever(BaseRetriever):
         self.last_decision = decision
         return data
 
-    def _gate_failed(self, query_str: str, error: Exception) -> GateDecision:
-        if (_GATE_ERROR_POLICY.get() or self.on_gate_error) == "raise":
-            raise error
-        logger.warning("gate %r raised on %r (%s: %s); on_gate_error='retrieve': retrieve",
-                       getattr(self.gate, "name", "?"), query_str[:80], type(error).__name__,
-                       error)
-        return gate_error_decision(self.gate, error)
-
     def _decide(self, query_str: str) -> GateDecision:
         """The gate's decision, or (``on_gate_error="retrieve"``) the fail-closed one."""
-        try:
-            return self.gate.decide(query_str)
-        except Exception as error:  # any failure to decide is "undecided"
-            return self._gate_failed(query_str, error)
+        return decide_or_fail_closed(self.gate, query_str, self.on_gate_error)
 
     async def _adecide(self, query_str: str) -> GateDecision:
-        try:
-            return await self.gate.adecide(query_str)
-        except Exception as error:  # any failure to decide is "undecided"
-            return self._gate_failed(query_str, error)
+        return await adecide_or_fail_closed(self.gate, query_str, self.on_gate_error)
 
     def _annotated(
         self, nodes: list[NodeWithScore], data: dict[str, JsonValue]

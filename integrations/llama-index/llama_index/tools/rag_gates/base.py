@@ -249,8 +249,7 @@ def gated_retriever_tool(
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    if on_gate_error not in ("raise", "retrieve"):
-        raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got {on_gate_error!r}")
+    gated.check_gate_error_policy(on_gate_error)
     _install_catcher()
 
     def search_documents(query: str) -> GatedRetrieval:
