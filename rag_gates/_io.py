@@ -9,10 +9,12 @@ import tempfile
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import IO, Any
+from typing import IO, Any, TypeVar
 
-__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "write_bytes_atomic",
-           "write_text_atomic"]
+__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "parse_lines_but_a_torn_tail",
+           "write_bytes_atomic", "write_text_atomic"]
+
+T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
 
@@ -54,6 +56,33 @@ def drop_torn_tail(path: Path) -> bool:
         handle.truncate(data.rfind(b"\n") + 1)
     logger.warning("dropped an interrupted last line of %s", path)
     return True
+
+
+def parse_lines_but_a_torn_tail(lines: list[str], parse: Callable[[str], T], *, file: Path,
+                                first_line: int = 1, what: str = "a record",
+                                fix: str = "delete that line or the file") -> list[T]:
+    """``parse`` of each non-blank line (``lines`` start at line ``first_line`` of ``file``).
+    A last line that does not parse is an interrupted write: dropped with a warning. Any
+    other line that does not parse raises :class:`~rag_gates.errors.ArtifactError` naming
+    ``FILE:LINE``: dropping it would leave every figure read from the file silently short."""
+    from rag_gates.errors import ArtifactError
+
+    last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
+    out = []
+    for i, line in enumerate(lines):
+        if not line.strip():
+            continue
+        try:
+            out.append(parse(line))
+        except ValueError as exc:
+            number = first_line + i
+            if i == last:
+                logger.warning("%s:%d: ignoring an incomplete last line (interrupted write)",
+                               file, number)
+                continue
+            raise ArtifactError(f"{file}:{number} is not {what} ({str(exc)[:200]}); {fix}"
+                                ) from None
+    return out
 
 
 def append_locked(path: Path, *, wait_s: float = 0.0,

@@ -12,10 +12,11 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import json
 import threading
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import AsyncIterator, Iterator, Sequence
+from contextlib import asynccontextmanager, contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -30,6 +31,7 @@ __all__ = [
     "VerifyReviseScript",
     "check_exports",
     "exported_names",
+    "loop_ticks",
     "model_load_threads",
     "save_tiny_lm",
     "tiny_lm",
@@ -118,6 +120,31 @@ def save_tiny_lm(directory: str | Path, seed: int = 0) -> Path:
     model.save_pretrained(path)
     tok.save_pretrained(path)
     return path
+
+
+@asynccontextmanager
+async def loop_ticks(interval_s: float = 0.01) -> AsyncIterator[list[int]]:
+    """Inside the block, count how often the event loop runs a coroutine that sleeps
+    ``interval_s`` (``ticks[0]``): a test that an async call does not block the loop.
+
+    Example:
+        >>> async with loop_ticks() as ticks:  # doctest: +SKIP
+        ...     await llm.acomplete("hi")       # 0.3 s of work
+        >>> ticks[0] >= 10  # doctest: +SKIP
+        True
+    """
+    ticks = [0]
+
+    async def tick() -> None:
+        while True:
+            await asyncio.sleep(interval_s)
+            ticks[0] += 1
+
+    task = asyncio.create_task(tick())
+    try:
+        yield ticks
+    finally:
+        task.cancel()
 
 
 @contextmanager

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import logging
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -19,7 +18,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rag_gates._io import drop_torn_tail
+from rag_gates._io import drop_torn_tail, parse_lines_but_a_torn_tail
 from rag_gates._optional import require
 from rag_gates.answers import score_answer
 from rag_gates.cbdr.prompts import ProbePrompts
@@ -32,7 +31,6 @@ import torch  # noqa: E402
 
 __all__ = ["ProbeExample", "as_tensors", "collect_probe_data", "default_cache_path"]
 
-logger = logging.getLogger(__name__)
 
 
 class ProbeExample(BaseModel):
@@ -67,24 +65,18 @@ def default_cache_path(lm: Any, prompts: ProbePrompts, layer: int, *, position: 
 def _read_cache(path: Path, identity: dict[str, Any]) -> dict[tuple[str, str], ProbeExample]:
     if not path.is_file():
         return {}
-    done: dict[tuple[str, str], ProbeExample] = {}
-    with path.open(encoding="utf-8") as handle:
-        header = handle.readline()
-        try:
-            if json.loads(header) != {"identity": identity}:
-                raise ValueError(
-                    f"{path} holds probe data collected with other settings; delete it or use "
-                    "another cache path")
-        except json.JSONDecodeError as exc:
-            raise ValueError(f"{path}: bad header line ({exc}); delete the file") from exc
-        for line in handle:
-            try:
-                ex = ProbeExample.model_validate_json(line)
-            except ValueError:
-                logger.warning("%s: dropping an incomplete line (interrupted write)", path)
-                continue
-            done[(ex.dataset, ex.id)] = ex
-    return done
+    header, *lines = path.read_text(encoding="utf-8").splitlines() or [""]
+    try:
+        if json.loads(header) != {"identity": identity}:
+            raise ValueError(
+                f"{path} holds probe data collected with other settings; delete it or use "
+                "another cache path")
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: bad header line ({exc}); delete the file") from exc
+    examples = parse_lines_but_a_torn_tail(lines, ProbeExample.model_validate_json, file=path,
+                                           first_line=2, what="a probe example",
+                                           fix="delete that line (it is collected again)")
+    return {(ex.dataset, ex.id): ex for ex in examples}
 
 
 def collect_probe_data(

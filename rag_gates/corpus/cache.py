@@ -25,6 +25,7 @@ Example:
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import hashlib
 import json
@@ -309,27 +310,29 @@ class CachedCorpusStats(CorpusStats):
                             for i in missing if found[i] is not None])
         return [f for f in found if f is not None]
 
+    # SQLite in a worker thread: another process holding the write lock would otherwise
+    # block the event loop for up to busy_timeout_s.
     async def acount(self, phrase: str) -> CountResult:
         key = self._key("count", self._count_query(phrase))
-        hit = self._get(key, CountResult)
+        hit = await asyncio.to_thread(self._get, key, CountResult)
         if hit is not None:
             self.hits += 1
             return hit
         self.misses += 1
         answer = await self.backend.acount(phrase)
-        self._put(key, "count", answer)
+        await asyncio.to_thread(self._put, key, "count", answer)
         return answer
 
     async def acooccurrence(self, a: str, b: str,
                             scope: Scope = "document") -> CooccurrenceResult:
         key = self._key("cooccurrence", self._cooc_query(a, b, scope))
-        hit = self._get(key, CooccurrenceResult)
+        hit = await asyncio.to_thread(self._get, key, CooccurrenceResult)
         if hit is not None:
             self.hits += 1
             return hit
         self.misses += 1
         answer = await self.backend.acooccurrence(a, b, scope)
-        self._put(key, "cooccurrence", answer)
+        await asyncio.to_thread(self._put, key, "cooccurrence", answer)
         return answer
 
     def clear(self) -> int:

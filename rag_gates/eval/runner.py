@@ -37,7 +37,12 @@ from typing import Annotated, Any
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
-from rag_gates._io import append_locked, drop_torn_tail, write_text_atomic
+from rag_gates._io import (
+    append_locked,
+    drop_torn_tail,
+    parse_lines_but_a_torn_tail,
+    write_text_atomic,
+)
 from rag_gates.eval.datasets import DatasetLoad, QAExample, load_dataset
 from rag_gates.eval.methods import (
     Method,
@@ -176,18 +181,15 @@ class RunRecord(BaseModel):
 
 
 def read_records(run_dir: str | Path) -> list[RunRecord]:
-    """Every complete record of a run (a line cut short by an interruption is ignored)."""
+    """Every complete record of a run (a last line cut short by an interruption is ignored;
+    any other unreadable line raises :class:`~rag_gates.errors.ArtifactError`)."""
     path = Path(run_dir) / RESULTS
     if not path.is_file():
         return []
-    records = []
-    with path.open(encoding="utf-8") as handle:
-        for line in handle:
-            try:
-                records.append(RunRecord.model_validate_json(line))
-            except ValueError:
-                logger.warning("ignoring an incomplete line in %s", path)
-    return records
+    return parse_lines_but_a_torn_tail(
+        path.read_text(encoding="utf-8").splitlines(), RunRecord.model_validate_json,
+        file=path, what="a run record",
+        fix="delete that line (a resumed run answers that question again)")
 
 
 def _identity(config: BenchConfig) -> dict[str, Any]:

@@ -12,6 +12,7 @@ Example:
 from __future__ import annotations
 
 from collections.abc import Sequence
+from typing import Any
 
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import Passage, TraceRecorder
@@ -24,9 +25,13 @@ def retrieve_recorded(rec: TraceRecorder, retriever: Retriever, query: str, k: i
     """Retrieve and record the retrieval (query, ids, latency) in the trace."""
     with rec.timed("retrieval", retriever.name) as data:
         passages = retriever.retrieve(query, k)
-        data["query"] = query
-        data["ids"] = [p.id for p in passages]
+        _note(data, query, passages)
     return passages
+
+
+def _note(data: dict[str, Any], query: str, passages: Sequence[Passage]) -> None:
+    data["query"] = query
+    data["ids"] = [p.id for p in passages]
 
 
 class RecordedRetriever:
@@ -45,7 +50,12 @@ class RecordedRetriever:
         return retrieve_recorded(self._rec, self._retriever, query, k)
 
     async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
-        return self.retrieve(query, k)
+        """The wrapped retriever's own ``aretrieve`` (never a blocking search on the loop),
+        recorded as :meth:`retrieve` records."""
+        with self._rec.timed("retrieval", self._retriever.name) as data:
+            passages = await self._retriever.aretrieve(query, k)
+            _note(data, query, passages)
+        return passages
 
     def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
         return [self.retrieve(q, k) for q in queries]

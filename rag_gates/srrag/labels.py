@@ -29,7 +29,6 @@ Example:
 
 from __future__ import annotations
 
-import logging
 import math
 import time
 from collections.abc import Callable, Sequence
@@ -38,7 +37,7 @@ from typing import Any, Final, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates._io import JsonlLog
+from rag_gates._io import JsonlLog, parse_lines_but_a_torn_tail
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import qa_prompt
 from rag_gates.retrieval.base import Retriever
@@ -49,7 +48,6 @@ __all__ = ["RETRIEVAL", "ContextScore", "LabelConfig", "LabelRule", "Source", "S
            "answer_continuation", "collect_labels", "label_question", "preferred_source",
            "read_labels"]
 
-logger = logging.getLogger(__name__)
 
 #: The label of a question better answered with retrieved passages.
 RETRIEVAL: Final = "retrieval"
@@ -244,15 +242,8 @@ def read_labels(path: str | Path, rule: LabelRule | None = None
     if not isinstance(header, dict) or header.get("kind") != "srrag-labels":
         raise ArtifactError(f"{file} is not an SR-RAG label file (no settings line); write one "
                             "with rag-gates srrag label")
-    labels = []
-    for number, line in enumerate(lines[1:], start=2):
-        try:
-            label = SourceLabel.model_validate_json(line)
-        except ValueError:
-            if number == len(lines):  # a torn last line: the run was interrupted there
-                logger.warning("%s:%d: ignoring an incomplete last line", file, number)
-                continue
-            raise ArtifactError(f"{file}:{number} is not a label record; delete that line "
-                                "or relabel") from None
-        labels.append(_with_rule(label, rule) if rule is not None else label)
-    return header, labels
+    labels = parse_lines_but_a_torn_tail(lines[1:], SourceLabel.model_validate_json,
+                                         file=file, first_line=2, what="a label record",
+                                         fix="delete that line or relabel")
+    return header, [_with_rule(label, rule) if rule is not None else label
+                    for label in labels]

@@ -20,6 +20,7 @@ from rag_gates.corpus import (
     Window,
     build_index,
 )
+from rag_gates.testing import loop_ticks
 
 from .conftest import write_jsonl
 
@@ -281,3 +282,28 @@ def test_quco_gate_routes_cache_faults_through_on_error(wiki: Any, tmp_path: Pat
     assert d.retrieve is (policy == "retrieve")
     assert "CorpusCacheError" in str(d.evidence["error"]) and "on_error" in d.reason
     assert gate.errors == 1
+
+
+def test_async_lookups_wait_for_another_writer_off_the_event_loop(wiki: Any,
+                                                                  tmp_path: Path) -> None:
+    """Another process holding the cache's write lock (the documented shared use): the
+    async forms wait for it in a worker thread, so other coroutines keep running (before,
+    SQLite's busy wait ran on the event loop and stalled them)."""
+    path = tmp_path / "c.sqlite"
+    cache = CachedCorpusStats(LocalInfiniGram(wiki.path), path, busy_timeout_s=10.0)
+    cache.count("film")  # creates the file and its table
+    other = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
+    other.execute("BEGIN IMMEDIATE")  # the other writer
+    release = threading.Timer(0.8, lambda: other.execute("COMMIT"))
+
+    async def run() -> tuple[Any, int]:
+        async with loop_ticks(0.02) as ticks:
+            release.start()
+            answer = await cache.acount("Paris")  # a miss: its write waits for the lock
+        return answer, ticks[0]
+
+    answer, ticks = asyncio.run(run())
+    other.close()
+    assert _same(answer, wiki.count("Paris")) and cache.write_errors == 0
+    assert ticks >= 20  # the loop ran through the 0.8 s wait
+    assert cache.count("Paris").cached

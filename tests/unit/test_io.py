@@ -83,3 +83,27 @@ def test_concurrent_atomic_writes_of_one_file_all_succeed(tmp_path: Path) -> Non
         list(pool.map(write, range(4)))  # a shared temporary name renames another's away
     assert json.loads(path.read_text())["writer"] in range(4)
     assert [p.name for p in tmp_path.iterdir()] == ["config.json"]  # no temporary left
+
+
+def test_a_bad_line_before_the_last_is_refused_not_dropped(tmp_path: Path) -> None:
+    """A run's results read by report, eval-gate's labels and the composite's fit: before,
+    every unreadable line was dropped with a warning, so the figures covered fewer
+    questions than the run answered; now only the torn last line is."""
+    import shutil
+
+    from rag_gates.eval.runner import RESULTS, read_records
+
+    run = tmp_path / "run"
+    shutil.copytree(Path(__file__).parents[2] / "benchmarks/results/testbed/e2e-tb13", run,
+                    ignore=shutil.ignore_patterns("report"))
+    lines = (run / RESULTS).read_text(encoding="utf-8").splitlines()
+    whole = read_records(run)
+    assert len(whole) == len(lines) > 3
+    (run / RESULTS).write_text("\n".join(lines) + '\n{"dataset": "testbed", "id', "utf-8")
+    assert read_records(run) == whole  # the interrupted write is ignored
+    old_schema = json.loads(lines[1])
+    del old_schema["prediction"]
+    lines[1] = json.dumps(old_schema)
+    (run / RESULTS).write_text("\n".join(lines) + "\n", "utf-8")
+    with pytest.raises(ArtifactError, match=rf"{RESULTS}:2 is not a run record"):
+        read_records(run)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import asyncio
 import copy
 import threading
 import time
@@ -15,7 +14,7 @@ from llama_index.core.llms import ChatMessage, LLMMetadata
 from llama_index.llms.rag_gates import LOGPROBS_LAYOUT, RagGatesLLM
 
 from rag_gates.lm.hf import HFWhiteBoxLM
-from rag_gates.testing import model_load_threads, save_tiny_lm
+from rag_gates.testing import loop_ticks, model_load_threads, save_tiny_lm
 
 PROMPT = "What is the capital of France?"
 MESSAGES = [
@@ -160,24 +159,13 @@ class _SlowLM(HFWhiteBoxLM):
 async def test_async_calls_do_not_block_the_event_loop(tiny_li: HFWhiteBoxLM) -> None:
     slow = _SlowLM(tiny_li.model, tiny_li.tokenizer, model_id="slow")
     llm = RagGatesLLM(lm=slow, max_new_tokens=6)
-    ticks = 0
-
-    async def ticker() -> None:
-        nonlocal ticks
-        while True:
-            await asyncio.sleep(0.01)
-            ticks += 1
-
-    task = asyncio.create_task(ticker())
-    try:
+    async with loop_ticks() as ticks:
         await llm.acomplete(PROMPT)
-        after_complete = ticks
+        after_complete = ticks[0]
         gen = await llm.astream_complete(PROMPT)
         _ = [r async for r in gen]
-    finally:
-        task.cancel()
     assert after_complete >= 10  # the loop ran during the 0.3 s blocking generate
-    assert ticks - after_complete >= 5
+    assert ticks[0] - after_complete >= 5
 
 
 # ---------------------------------------------------------------- chat
