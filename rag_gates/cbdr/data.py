@@ -32,7 +32,6 @@ import torch  # noqa: E402
 __all__ = ["ProbeExample", "as_tensors", "collect_probe_data", "default_cache_path"]
 
 
-
 class ProbeExample(BaseModel):
     """One labelled question: the model's greedy answer and whether it was right."""
 
