@@ -27,7 +27,7 @@ from rag_gates.answer_once import closed_book_evidence
 from rag_gates.errors import ServerLogprobError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import require_white_box
-from rag_gates.prompts import qa_prompt
+from rag_gates.prompts import check_prompt_dataset, qa_prompt
 
 __all__ = ["AnswerLogprobGate", "FirstTokenProbGate"]
 
@@ -42,7 +42,7 @@ class FirstTokenProbGate(BaseGate):
         super().__init__(threshold)
         self.lm = require_white_box(
             lm, "first-token-prob", instead="AnswerLogprobGate (generated-token logprobs only)")
-        qa_prompt("?", dataset=dataset)  # a misspelt dataset raises now, not at the first query
+        check_prompt_dataset(dataset)  # a misspelt dataset raises now, not at the first query
         self.dataset = dataset
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
@@ -66,7 +66,7 @@ class AnswerLogprobGate(BaseGate):
             raise TypeError(f"answer-logprob needs token log-probabilities; "
                             f"{type(lm).__name__} does not return them")
         self.lm = lm
-        qa_prompt("?", dataset=dataset)  # a misspelt dataset raises now, not at the first query
+        check_prompt_dataset(dataset)  # a misspelt dataset raises now, not at the first query
         self.dataset = dataset
         self.max_new_tokens = max_new_tokens
 

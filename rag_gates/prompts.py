@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
+from functools import lru_cache
 
 from rag_gates.types import Passage
 
-__all__ = ["continue_prompt", "format_passages", "qa_prompt"]
+__all__ = ["check_prompt_dataset", "continue_prompt", "format_passages", "qa_prompt"]
 
 _INSTRUCTION = {
     None: "Answer the question in a few words.",
@@ -24,18 +25,21 @@ def qa_prompt(question: str, passages: Sequence[Passage] | None = None,
               dataset: str | None = None, *, block: str | None = None) -> str:
     """A short-answer prompt, with the passages as context when given (``block``: the
     passages already rendered, in place of :func:`format_passages`)."""
+    check_prompt_dataset(dataset)
     instruction = _INSTRUCTION.get(dataset, _INSTRUCTION[None])
-    if dataset is not None and dataset not in _INSTRUCTION:
-        _check_spelling(dataset)
     if not passages:
         return f"{instruction}\nQuestion: {question}"
     return (f"{instruction.rstrip('.')}, using the context.\nContext:\n"
             f"{format_passages(passages) if block is None else block}\nQuestion: {question}")
 
 
-def _check_spelling(dataset: str) -> None:
-    """Every dataset but PubMedQA takes the default instruction, so a misspelt "pubmedqa"
-    would silently ask for "a few words" instead of yes/no/maybe: refuse it."""
+@lru_cache(maxsize=256)  # called for every prompt; the names in use are few
+def check_prompt_dataset(dataset: str | None) -> None:
+    """Refuse a misspelt "pubmedqa" ("PubMedQA", "pubmed_qa"): every other dataset takes the
+    default instruction, so a typo would silently ask for "a few words" instead of
+    yes/no/maybe. Any other name (or None) passes."""
+    if dataset is None or dataset in _INSTRUCTION:
+        return
     for name in _INSTRUCTION:
         if name is not None and re.sub(r"[^a-z]", "", dataset.lower()) in (name, name[:-2]):
             raise ValueError(f"dataset {dataset!r}: did you mean {name!r}? (the name selects "
