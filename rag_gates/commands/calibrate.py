@@ -800,8 +800,8 @@ def calibrate_command(
                                            "beside it (gate.png).")] = Path("gate.json"),
     model: Annotated[str, typer.Option(
         help="'default' (the embedded SmolLM2), a local Hugging Face model directory, or "
-             "openai:URL\\[#model-name] (a served model: text-only and log-probability gates "
-             "only).")] = "default",
+             "openai:URL\\[#model-name] (a served model: the answer-logprob gate only, from the "
+             "log-probabilities the server returns).")] = "default",
     gates: Annotated[str, typer.Option(
         help="'auto' (every gate that applies to the model) or a comma-separated list: "
              "answer-logprob, first-token-prob, cbdr.")] = "auto",
