@@ -63,13 +63,16 @@ if TYPE_CHECKING:  # pragma: no cover
         PARAMETRIC,
         Verbalizer,
         VerbalizerConfig,
+        retrieve_instead,
+        says_nothing,
     )
 
 # Lazy: ``rag-gates --help`` imports the CLI (rag_gates.commands.srrag) and must not pull in
 # torch or qdrant_client.
 _WHERE = {
     "GENREAD_PROMPT": "verbalizer", "PARAMETRIC": "verbalizer", "Verbalizer": "verbalizer",
-    "VerbalizerConfig": "verbalizer", "ContextScore": "labels", "LabelConfig": "labels",
+    "VerbalizerConfig": "verbalizer", "retrieve_instead": "verbalizer",
+    "says_nothing": "verbalizer", "ContextScore": "labels", "LabelConfig": "labels",
     "SourceLabel": "labels", "collect_labels": "labels", "label_question": "labels",
     "preferred_source": "labels", "read_labels": "labels", "EmbeddingKeys": "policy",
     "HiddenStateKeys": "policy", "PolicyEntry": "policy", "PolicyKeyError": "policy",
@@ -122,5 +125,7 @@ __all__ = [
     "load_default_policy",
     "preferred_source",
     "read_labels",
+    "retrieve_instead",
     "route_features",
+    "says_nothing",
 ]

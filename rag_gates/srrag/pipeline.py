@@ -5,7 +5,9 @@
    verbalization instead of a cold closed-book answer).
 2. Retrieve: the top ``k`` passages, then the answer from them.
 3. Otherwise: the model writes its background document (:class:`Verbalizer`, the GenRead
-   prompt, capped), then answers from that document with the same QA prompt.
+   prompt, capped), then answers from that document with the same QA prompt. An empty
+   document is nothing to answer from: the pipeline retrieves instead, and the trace holds
+   the overturned decision (:func:`~rag_gates.srrag.verbalizer.retrieve_instead`).
 
 ``gate=None`` always verbalizes (GenRead). The answer prompt is
 :func:`rag_gates.prompts.qa_prompt`, the one source labelling scores the gold answer under.
@@ -29,7 +31,7 @@ from rag_gates.lm.recorded import generate_recorded
 from rag_gates.prompts import qa_prompt
 from rag_gates.retrieval.base import Retriever
 from rag_gates.retrieval.recorded import retrieve_recorded
-from rag_gates.srrag.verbalizer import Verbalizer
+from rag_gates.srrag.verbalizer import Verbalizer, retrieve_instead, says_nothing
 from rag_gates.types import Passage, PipelineResult, TraceRecorder
 
 __all__ = ["SRRAGPipeline", "answer_prompt", "verbalize_recorded"]
@@ -95,15 +97,18 @@ class SRRAGPipeline:
         """Answer one question; the trace holds the decision, the retrieval or the
         verbalization, and the answer call."""
         rec = TraceRecorder()
-        retrieve = False
-        if self.gate is not None:
+        if self.gate is None or self.retriever is None:  # GenRead: always verbalize
+            passages = [verbalize_recorded(rec, self.verbalizer, question)]
+        else:
             decision = self.gate.decide(question)
             rec.add_decision(decision)
-            retrieve = decision.retrieve
-        if retrieve and self.retriever is not None:
-            passages = retrieve_recorded(rec, self.retriever, question, self.k)
-        else:
-            passages = [verbalize_recorded(rec, self.verbalizer, question)]
+            passages = [] if decision.retrieve else [
+                verbalize_recorded(rec, self.verbalizer, question)]
+            if passages and says_nothing(passages[0]):  # nothing to answer from
+                decision = retrieve_instead(decision)
+                rec.add_decision(decision)
+            if decision.retrieve:
+                passages = retrieve_recorded(rec, self.retriever, question, self.k)
         text = generate_recorded(rec, self.lm, answer_prompt(question, passages,
                                                              self.dataset),
                                  self.max_new_tokens)

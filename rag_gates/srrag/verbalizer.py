@@ -30,9 +30,10 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 from rag_gates._text import check_text
 from rag_gates.lm.base import TextLM
-from rag_gates.types import Generation, Passage
+from rag_gates.types import GateDecision, Generation, Passage
 
-__all__ = ["GENREAD_PROMPT", "PARAMETRIC", "Verbalizer", "VerbalizerConfig"]
+__all__ = ["GENREAD_PROMPT", "PARAMETRIC", "Verbalizer", "VerbalizerConfig", "retrieve_instead",
+           "says_nothing"]
 
 #: The GenRead prompt of the SR-RAG paper (Fig. 5), verbatim; ``{question}`` is filled in.
 GENREAD_PROMPT = (
@@ -130,7 +131,7 @@ class Verbalizer:
         start = time.perf_counter()
         generation = self.lm.generate(prompt, **kwargs)
         passage = self.passage(question, generation, temperature=temperature, seed=seed)
-        if greedy and self.reuse:
+        if greedy and self.reuse and not says_nothing(passage):  # an empty one is not kept
             passage = passage.model_copy(update={"metadata": {
                 **passage.metadata, "reused": False,
                 "verbalize_ms": round((time.perf_counter() - start) * 1000.0, 3)}})
@@ -161,3 +162,27 @@ class Verbalizer:
                 "hit_token_cap": generation.finish_reason == "length",
                 "temperature": temperature, "seed": seed,
             })
+
+
+def says_nothing(passage: Passage) -> bool:
+    """Whether a verbalization is empty (blank after stripping): nothing to answer from."""
+    return not passage.text.strip()
+
+
+def retrieve_instead(decision: GateDecision) -> GateDecision:
+    """``decision`` (answer from the model's own knowledge) overturned because the
+    verbalization came back empty: retrieve, and say why (fail closed; the evidence gets
+    ``"verbalization": "empty"``).
+
+    Example:
+        >>> from rag_gates.types import GateDecision
+        >>> d = GateDecision(gate="srrag", retrieve=False, score=0.2, threshold=0.1,
+        ...                  reason="p_M * p_D = 0.2 >= tau: verbalize")
+        >>> retrieve_instead(d).retrieve, retrieve_instead(d).evidence
+        (True, {'verbalization': 'empty'})
+    """
+    return decision.model_copy(update={
+        "retrieve": True,
+        "reason": f"{decision.reason}; but the model's verbalization was empty, nothing to "
+                  "answer from: retrieve",
+        "evidence": {**decision.evidence, "verbalization": "empty"}})

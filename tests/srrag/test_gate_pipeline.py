@@ -6,6 +6,7 @@ from typing import Any
 
 import pytest
 
+from rag_gates.lm.base import BaseTextLM
 from rag_gates.prompts import qa_prompt
 from rag_gates.srrag import (
     HiddenStateKeys,
@@ -19,6 +20,7 @@ from rag_gates.srrag import (
     route_features,
 )
 from rag_gates.testing import tiny_lm
+from rag_gates.types import Generation
 
 Q = "Who wrote Hamlet?"
 ENTRIES = [
@@ -148,3 +150,36 @@ def test_a_non_finite_hidden_state_fails_closed(mode: str, tau: float) -> None:
         assert "not finite" in str(d.evidence["undecided"])
         assert "vote_error" in d.evidence
     policy.close()
+
+
+class SaysNothing(BaseTextLM):
+    """A model whose reply is blank, as a served model's is when a stop sequence comes
+    first: the verbalization has nothing in it."""
+
+    model_id = "says-nothing"
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+        return Generation(text=" \n", finish_reason="stop")
+
+
+def test_an_empty_verbalization_retrieves_instead(tiny: Any, bm25: Any,
+                                                  popqa: list[Any]) -> None:
+    """Review s12 #7: routed to the model, a blank verbalization went through as the whole
+    context. Now the pipeline retrieves and the trace says why."""
+    q = popqa[0].question
+    gate = SelfRoutingGate(tiny, mode="model", tau=1.0, layer=2)  # p_M < 1: verbalize
+    verbalizer = Verbalizer(SaysNothing(), max_new_tokens=5, reuse=4)
+    result = SRRAGPipeline(tiny, bm25, gate, k=2, max_new_tokens=4,
+                           verbalizer=verbalizer).answer(q)
+    assert result.passages == bm25.retrieve(q, 2) and result.trace.retrievals == 1
+    first, overturned = result.decisions
+    assert first.retrieve is False and overturned.retrieve is True
+    assert overturned.evidence == {**first.evidence, "verbalization": "empty"}
+    assert overturned.reason.startswith(first.reason) and "verbalization was empty" in \
+        overturned.reason
+    assert [e.name for e in result.trace.events] == [
+        "srrag-no-knn", "verbalize", "srrag-no-knn", "bm25", "answer"]
+    again = verbalizer.verbalize(q)  # generated again: an empty one is not kept for reuse
+    assert again.text == "" and "reused" not in again.metadata
+    genread = SRRAGPipeline(tiny, None, None, verbalizer=verbalizer).answer(q)
+    assert genread.passages[0].text == "" and genread.trace.retrievals == 0  # no retriever

@@ -205,22 +205,40 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = _decide_in_run(self.gate, query, run_manager.get_child())
-        self._last_decision = decision
-        data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())
-        dispatch_custom_event(DECISION_EVENT, data, config=config)
+        decision = _decide_in_run(self.gate, query, run_manager.get_child())
+        data = self._report(decision, config)
         if not decision.retrieve:
-            return self._skipped(query, data)
+            skipped = self._skipped(query, decision, data)
+            if isinstance(skipped, list):
+                return skipped
+            data = self._report(skipped, config)  # overturned: retrieve after all
         docs = self.retriever.invoke(query, config=config, **inner_kwargs)
         return self._annotated(docs, data, k)
 
-    def _skipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
-        """The documents when the gate says no: none (subclasses may answer otherwise)."""
+    def _report(self, decision: GateDecision, config: RunnableConfig) -> dict[str, JsonValue]:
+        """Keep ``decision`` as the last one and send it to the callbacks; its JSON."""
+        self._last_decision = decision
+        data = decision.model_dump(mode="json")
+        dispatch_custom_event(DECISION_EVENT, data, config=config)
+        return data
+
+    async def _areport(self, decision: GateDecision, config: RunnableConfig
+                       ) -> dict[str, JsonValue]:
+        self._last_decision = decision
+        data = decision.model_dump(mode="json")
+        await adispatch_custom_event(DECISION_EVENT, data, config=config)
+        return data
+
+    def _skipped(self, query: str, decision: GateDecision, data: dict[str, JsonValue]
+                 ) -> list[Document] | GateDecision:
+        """The documents when the gate says no: none. Subclasses may answer otherwise, or
+        return a decision to retrieve instead (it is reported, and the retrieval runs)."""
         return []
 
-    async def _askipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
-        return self._skipped(query, data)
+    async def _askipped(self, query: str, decision: GateDecision, data: dict[str, JsonValue]
+                        ) -> list[Document] | GateDecision:
+        return self._skipped(query, decision, data)
 
     async def _aget_relevant_documents(
         self,
@@ -231,13 +249,14 @@ class GatedRetriever(BaseRetriever):
         **kwargs: Any,
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
-        decision = await _adecide_in_run(self.gate, query, run_manager.get_child())
-        self._last_decision = decision
-        data = decision.model_dump(mode="json")
         config = RunnableConfig(callbacks=run_manager.get_child())
-        await adispatch_custom_event(DECISION_EVENT, data, config=config)
+        decision = await _adecide_in_run(self.gate, query, run_manager.get_child())
+        data = await self._areport(decision, config)
         if not decision.retrieve:
-            return await self._askipped(query, data)
+            skipped = await self._askipped(query, decision, data)
+            if isinstance(skipped, list):
+                return skipped
+            data = await self._areport(skipped, config)  # overturned: retrieve after all
         docs = await self.retriever.ainvoke(query, config=config, **inner_kwargs)
         return self._annotated(docs, data, k)
 

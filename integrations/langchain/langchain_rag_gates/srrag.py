@@ -16,6 +16,8 @@ from pydantic import Field, JsonValue, model_validator
 
 from langchain_rag_gates.documents import annotate_document, passage_to_document
 from langchain_rag_gates.retrievers import GatedRetriever
+from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing
+from rag_gates.types import GateDecision, Passage
 
 __all__ = ["SelfRoutingRetriever"]
 
@@ -30,7 +32,10 @@ class SelfRoutingRetriever(GatedRetriever):
     - no retrieval: the verbalizer writes the model's background document for the query and
       it comes back as one ``Document`` with ``metadata["source"] = "parametric"``,
       ``metadata["hit_token_cap"]`` (the verbalization stopped at its token cap) and the
-      decision under ``metadata["rag_gates"]``.
+      decision under ``metadata["rag_gates"]``; an empty verbalization is nothing to answer
+      from, so the wrapped retriever's documents come back instead, under the overturned
+      decision (``retrieve`` true, ``evidence["verbalization"] == "empty"``), which is
+      reported as a second decision event.
 
     Every decision (with ``p_M``, ``p_D`` and the neighbours that voted in its evidence) is
     reported to the callback handlers as the custom event ``"rag_gates_decision"`` and kept
@@ -105,11 +110,17 @@ class SelfRoutingRetriever(GatedRetriever):
                             f"{type(self.verbalizer).__name__}")
         return self
 
-    def _document(self, passage: Any, data: dict[str, JsonValue]) -> list[Document]:
+    def _verbalized(self, passage: Passage, decision: GateDecision,
+                    data: dict[str, JsonValue]) -> list[Document] | GateDecision:
+        # An empty verbalization is nothing to answer from: retrieve instead (fail closed).
+        if says_nothing(passage):
+            return retrieve_instead(decision)
         return [annotate_document(passage_to_document(passage), data)]
 
-    def _skipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
-        return self._document(self.verbalizer.verbalize(query), data)
+    def _skipped(self, query: str, decision: GateDecision, data: dict[str, JsonValue]
+                 ) -> list[Document] | GateDecision:
+        return self._verbalized(self.verbalizer.verbalize(query), decision, data)
 
-    async def _askipped(self, query: str, data: dict[str, JsonValue]) -> list[Document]:
-        return self._document(await self.verbalizer.averbalize(query), data)
+    async def _askipped(self, query: str, decision: GateDecision, data: dict[str, JsonValue]
+                        ) -> list[Document] | GateDecision:
+        return self._verbalized(await self.verbalizer.averbalize(query), decision, data)

@@ -164,3 +164,29 @@ def test_a_gate_without_a_model_needs_a_verbalizer() -> None:
     with pytest.raises(TypeError, match="Verbalizer"):
         SelfRoutingRetriever(retriever=store().as_retriever(), gate=Always(0.5),
                              verbalizer=object())
+
+
+async def test_an_empty_verbalization_retrieves_instead() -> None:
+    """A chat model whose reply is blank (LangChain's own fake chat model) verbalizes
+    nothing: the wrapped retriever's documents come back, under the overturned decision,
+    reported as a second decision event (review s12 #7)."""
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_rag_gates import as_text_lm
+
+    blank = as_text_lm(FakeListChatModel(responses=[" \n"]))
+    retriever = SelfRoutingRetriever(
+        retriever=store().as_retriever(), k=2, verbalizer=Verbalizer(blank, max_new_tokens=6),
+        gate=SelfRoutingGate(lm(), mode="model", tau=1.0, layer=2))  # p_M < 1: verbalize
+    plain = store().as_retriever().invoke(Q, k=2)
+    sync, async_ = Starts(), Starts()
+    runs = [(retriever.invoke(Q, config={"callbacks": [sync]}), sync),
+            (await retriever.ainvoke(Q, config={"callbacks": [async_]}), async_)]
+    for docs, rec in runs:
+        assert [d.page_content for d in docs] == [d.page_content for d in plain]
+        (_, said), (_, overturned) = rec.events
+        assert said["retrieve"] is False and overturned["retrieve"] is True
+        assert overturned["evidence"] == {**said["evidence"], "verbalization": "empty"}
+        assert docs[0].metadata["rag_gates"] == overturned
+        assert rec.names[0] == "SelfRoutingRetriever" and len(rec.names) == 2  # the store ran
+    decision = retriever.last_decision  # the overturned one, not the first
+    assert decision is not None and decision.model_dump(mode="json") == async_.events[-1][1]

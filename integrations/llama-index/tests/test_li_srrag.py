@@ -14,10 +14,11 @@ from llama_index.retrievers.rag_gates import (
     SelfRoutingRetriever,
 )
 
+from rag_gates.lm.base import BaseTextLM
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.srrag import HiddenStateKeys, PolicyEntry, SelfRoutingGate, SourcePolicy, Verbalizer
 from rag_gates.testing import tiny_lm
-from rag_gates.types import Passage
+from rag_gates.types import Generation, Passage
 
 Q = "Who wrote Hamlet?"
 CORPUS = [Passage(id="p1", title="Hamlet", text="William Shakespeare wrote Hamlet."),
@@ -109,3 +110,33 @@ def test_a_gate_without_a_model_needs_a_verbalizer(bm25: PassageRetriever) -> No
         SelfRoutingRetriever(bm25, Always(0.5))
     with pytest.raises(TypeError, match="Verbalizer"):
         SelfRoutingRetriever(bm25, Always(0.5), verbalizer=object())
+
+
+class SaysNothing(BaseTextLM):
+    """A model whose reply is blank (a stop sequence first): nothing verbalized."""
+
+    model_id = "says-nothing"
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+        return Generation(text=" \n", finish_reason="stop")
+
+
+async def test_an_empty_verbalization_retrieves_instead(lm: Any, bm25: PassageRetriever,
+                                                        collector: Any) -> None:
+    """The wrapped retriever's nodes come back under the overturned decision, dispatched as
+    a second decision event (review s12 #7: the blank node was the whole context)."""
+    retriever = SelfRoutingRetriever(
+        bm25, SelfRoutingGate(lm, mode="model", tau=1.0, layer=2),  # p_M < 1: verbalize
+        verbalizer=Verbalizer(SaysNothing(), max_new_tokens=6))
+    plain = [n.node.node_id for n in bm25.retrieve(Q)]
+    for run in range(2):
+        nodes = retriever.retrieve(Q) if run == 0 else await retriever.aretrieve(QueryBundle(Q))
+        assert [n.node.node_id for n in nodes] == plain
+        said, overturned = [e for e in collector.events if isinstance(e, GateDecisionEvent)]
+        assert said.retrieve is False and overturned.retrieve is True
+        decision = overturned.gate_decision()
+        assert decision.evidence == {**said.gate_decision().evidence,
+                                     "verbalization": "empty"}
+        assert nodes[0].node.metadata["rag_gates"] == decision.model_dump(mode="json")
+        assert retriever.last_decision == decision
+        collector.events.clear()

@@ -208,23 +208,32 @@ class GatedRetriever(BaseRetriever):
     ) -> list[NodeWithScore]:
         return [annotate_node(n, key=self.annotation_key, value=data) for n in nodes]
 
-    def _skipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
-                 ) -> list[NodeWithScore]:
-        """The nodes when the gate says no: none (subclasses may answer otherwise)."""
+    def _skipped(self, query_bundle: QueryBundle, decision: GateDecision,
+                 data: dict[str, JsonValue]) -> list[NodeWithScore] | GateDecision:
+        """The nodes when the gate says no: none. Subclasses may answer otherwise, or
+        return a decision to retrieve instead (it is recorded, and the retrieval runs)."""
         return []
 
-    async def _askipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
-                        ) -> list[NodeWithScore]:
-        return self._skipped(query_bundle, data)
+    async def _askipped(self, query_bundle: QueryBundle, decision: GateDecision,
+                        data: dict[str, JsonValue]) -> list[NodeWithScore] | GateDecision:
+        return self._skipped(query_bundle, decision, data)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        data = self._record(query_bundle, self._decide(query_bundle.query_str))
-        if not data["retrieve"]:
-            return self._skipped(query_bundle, data)
+        decision = self._decide(query_bundle.query_str)
+        data = self._record(query_bundle, decision)
+        if not decision.retrieve:
+            skipped = self._skipped(query_bundle, decision, data)
+            if isinstance(skipped, list):
+                return skipped
+            data = self._record(query_bundle, skipped)  # overturned: retrieve after all
         return self._annotated(self.retriever.retrieve(query_bundle), data)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        data = self._record(query_bundle, await self._adecide(query_bundle.query_str))
-        if not data["retrieve"]:
-            return await self._askipped(query_bundle, data)
+        decision = await self._adecide(query_bundle.query_str)
+        data = self._record(query_bundle, decision)
+        if not decision.retrieve:
+            skipped = await self._askipped(query_bundle, decision, data)
+            if isinstance(skipped, list):
+                return skipped
+            data = self._record(query_bundle, skipped)  # overturned: retrieve after all
         return self._annotated(await self.retriever.aretrieve(query_bundle), data)

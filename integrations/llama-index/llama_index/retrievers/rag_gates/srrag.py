@@ -19,6 +19,8 @@ from llama_index.retrievers.rag_gates.gated import GatedRetriever
 from pydantic import JsonValue
 
 from rag_gates.gate import Gate
+from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing
+from rag_gates.types import GateDecision, Passage
 
 __all__ = ["SelfRoutingRetriever"]
 
@@ -34,7 +36,10 @@ class SelfRoutingRetriever(GatedRetriever):
     * no retrieval: the verbalizer writes the model's background document for the query and
       it comes back as one node with ``metadata["source"] = "parametric"``,
       ``metadata["hit_token_cap"]`` and the decision under ``metadata["rag_gates"]`` (all of
-      its metadata excluded from LLM and embedding metadata: the prompt sees the text).
+      its metadata excluded from LLM and embedding metadata: the prompt sees the text); an
+      empty verbalization is nothing to answer from, so the wrapped retriever's nodes come
+      back instead, under the overturned decision (``retrieve`` true,
+      ``evidence["verbalization"] == "empty"``), dispatched as a second decision event.
 
     Each decision (with ``p_M``, ``p_D`` and the neighbours that voted in its evidence) is
     dispatched as a :class:`~llama_index.retrievers.rag_gates.GateDecisionEvent` and kept in
@@ -87,7 +92,11 @@ class SelfRoutingRetriever(GatedRetriever):
                             f"{type(verbalizer).__name__}")
         self.verbalizer = verbalizer
 
-    def _node(self, passage: Any, data: dict[str, JsonValue]) -> list[NodeWithScore]:
+    def _node(self, passage: Passage, decision: GateDecision, data: dict[str, JsonValue]
+              ) -> list[NodeWithScore] | GateDecision:
+        # An empty verbalization is nothing to answer from: retrieve instead (fail closed).
+        if says_nothing(passage):
+            return retrieve_instead(decision)
         node = passage_to_node(passage)
         # The verbalizer's metadata (source, model id, tokens, finish reason, sampling) says
         # how the document was written, not what it says: keep it out of the LLM's prompt
@@ -96,10 +105,11 @@ class SelfRoutingRetriever(GatedRetriever):
         node.node.excluded_embed_metadata_keys = list(passage.metadata)
         return [annotate_node(node, key=self.annotation_key, value=data)]
 
-    def _skipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
-                 ) -> list[NodeWithScore]:
-        return self._node(self.verbalizer.verbalize(query_bundle.query_str), data)
+    def _skipped(self, query_bundle: QueryBundle, decision: GateDecision,
+                 data: dict[str, JsonValue]) -> list[NodeWithScore] | GateDecision:
+        return self._node(self.verbalizer.verbalize(query_bundle.query_str), decision, data)
 
-    async def _askipped(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
-                        ) -> list[NodeWithScore]:
-        return self._node(await self.verbalizer.averbalize(query_bundle.query_str), data)
+    async def _askipped(self, query_bundle: QueryBundle, decision: GateDecision,
+                        data: dict[str, JsonValue]) -> list[NodeWithScore] | GateDecision:
+        return self._node(await self.verbalizer.averbalize(query_bundle.query_str), decision,
+                          data)
