@@ -102,13 +102,13 @@ class SRRAGPipeline:
         else:
             decision = self.gate.decide(question)
             rec.add_decision(decision)
-            passages = [] if decision.retrieve else [
-                verbalize_recorded(rec, self.verbalizer, question)]
-            if passages and says_nothing(passages[0]):  # nothing to answer from
-                decision = retrieve_instead(decision)
-                rec.add_decision(decision)
-            if decision.retrieve:
-                passages = retrieve_recorded(rec, self.retriever, question, self.k)
+            if not decision.retrieve:
+                verbalized = verbalize_recorded(rec, self.verbalizer, question)
+                if says_nothing(verbalized):  # nothing to answer from: retrieve after all
+                    decision = retrieve_instead(decision)
+                    rec.add_decision(decision)
+            passages = retrieve_recorded(rec, self.retriever, question, self.k) \
+                if decision.retrieve else [verbalized]
         text = generate_recorded(rec, self.lm, answer_prompt(question, passages,
                                                              self.dataset),
                                  self.max_new_tokens)
