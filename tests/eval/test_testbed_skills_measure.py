@@ -5,8 +5,10 @@ on a planned testbed with the tiny random-weight model (accuracy values mean not
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import json
+import re
 import subprocess
 from pathlib import Path
 from typing import Any
@@ -276,6 +278,57 @@ def test_genread_against_closed_book_counts_the_committed_builds_lost_and_gained
             gap = (table["genread"]["by_rung"][rung]["accuracy"]
                    - table["no-rag"]["by_rung"][rung]["accuracy"])
             assert round(gap * cell["facts"] / 100) == cell["gained"] - cell["lost"]
+
+
+def _load_script(name: str) -> Any:
+    spec = importlib.util.spec_from_file_location(name, ROOT / "benchmarks" / f"{name}.py")
+    assert spec and spec.loader
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_docs_shape_table_is_the_committed_reports_whose_lines_the_rows_give_again(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """docs/testbed.md's side-by-side table is the script's rendering of the reports its
+    marker names, and each report's lines are what its committed answer rows give."""
+    text = (ROOT / "docs" / "testbed.md").read_text()
+    m = re.search(r"<!-- BEGIN shape table: \.venv/bin/python benchmarks/testbed_shape_table\.py "
+                  r"([^>]+) -->\n(.*?)\n<!-- END shape table -->", text, re.S)
+    assert m, "docs/testbed.md's shape table lost its markers"
+    reports = [ROOT / path for path in m[1].split()]
+    assert _load_script("testbed_shape_table").main([str(p) for p in reports]) == m[2]
+    assert capsys.readouterr().out == m[2] + "\n"
+    for report in reports:
+        committed = json.loads(report.read_text())
+        lines = report.with_name(report.stem + "-rows.jsonl").read_text().splitlines()
+        summary = skills.summarise([json.loads(line) for line in lines[1:]])
+        summary["base_closed_book_r0"] = committed["base_closed_book_r0"]
+        assert skills.criteria(summary) == committed["criteria"], report.name
+
+
+def test_shape_table_names_a_changed_rung_and_refuses_builds_judged_differently() -> None:
+    results = ROOT / "benchmarks" / "results" / "testbed"
+    tb13 = json.loads((results / "skills-tb13.json").read_text())
+    taller = copy.deepcopy(tb13)  # the same lines with the top rung at 128 exposures
+    for line in taller["criteria"]:
+        line["criterion"] = line["criterion"].replace("r = 64", "r = 128")
+    table = skills.shape_table({"tb13": tb13, "tall": taller}).splitlines()
+    assert "| genread minus closed book at r = 64 / 128 | >= 0 | 34.7 pass | 34.7 pass |" \
+        in table
+    assert table[-1] == "| lines met | | 12 of 13 | 12 of 13 |"
+    stricter = copy.deepcopy(tb13)
+    stricter["criteria"][0]["rule"] = ">= 65.0"
+    with pytest.raises(ValueError, match="different rules"):
+        skills.shape_table({"tb13": tb13, "stricter": stricter})
+    shorter = copy.deepcopy(tb13)
+    shorter["criteria"].pop()
+    with pytest.raises(ValueError, match="different numbers of criteria"):
+        skills.shape_table({"tb13": tb13, "shorter": shorter})
+    renamed = copy.deepcopy(tb13)
+    renamed["criteria"][2]["criterion"] = "single in another form"
+    with pytest.raises(ValueError, match="more than a rung's count"):
+        skills.shape_table({"tb13": tb13, "renamed": renamed})
 
 
 def test_sign_test_p_is_the_exact_binomial_tail() -> None:

@@ -44,6 +44,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import statistics
 import time
 from collections.abc import Callable, Sequence
@@ -58,7 +59,7 @@ from rag_gates.types import Passage, QAExample
 __all__ = ["CLOSED_BOOK_R0_NEAR_BASE", "CLOSED_BOOK_TOP_RUNG", "DEEPRAG_CONTEXT",
            "DEEPRAG_FORMS", "FORMS", "SINGLE_FORMS", "TWOHOP_SINGLE", "GivenPassages",
            "accuracy_cell", "criteria", "form_answerers", "measure_skills",
-           "paired_against_closed_book", "sign_test_p", "summarise"]
+           "paired_against_closed_book", "shape_table", "sign_test_p", "summarise"]
 
 #: Reading forms, each the prompt a method answers from passages in.
 FORMS = ("qa", "deeprag", "deeprag-paper", "tokrag", "tokrag-reference",
@@ -370,3 +371,57 @@ def criteria(summary: dict[str, Any]) -> list[dict[str, Any]]:
     lines.append(_line("two-hop single with both hops' passages", f">= {TWOHOP_SINGLE}", acc,
                        acc is not None and acc >= TWOHOP_SINGLE))
     return lines
+
+
+def _row_label(names: Sequence[str]) -> str:
+    """One label for a criterion's names across builds: the name, or, where builds differ
+    only in a rung's count (the top rung of 64 against 128), the counts joined by " / "."""
+    if len(set(names)) == 1:
+        return names[0]
+    stems = {re.sub(r"r = \d+", "r = #", name) for name in names}
+    if len(stems) != 1:
+        raise ValueError(f"the builds' criteria differ in more than a rung's count: {names}")
+    counts = dict.fromkeys(m[1] for name in names if (m := re.search(r"r = (\d+)", name)))
+    return stems.pop().replace("#", " / ".join(counts))
+
+
+def _cell(line: dict[str, Any]) -> str:
+    if line["measured"] is None:
+        return "not measured"
+    return f"{line['measured']} pass" if line["pass"] else f"**{line['measured']} fail**"
+
+
+def shape_table(reports: dict[str, dict[str, Any]]) -> str:
+    """The validation shape of several builds side by side, as a Markdown table: a row per
+    criterion (the rule, then each build's measured figure and pass or fail) and a last row
+    counting the lines each build meets.
+
+    ``reports`` maps a build's name to its skills report (``skills-tbN.json``, the
+    ``criteria`` list :func:`criteria` writes), in the order of the columns. Builds whose
+    criteria are not the same lines in the same order are refused.
+
+    Example:
+        >>> import json
+        >>> reports = {tb: json.load(open(f"benchmarks/results/testbed/skills-{tb}.json"))
+        ...            for tb in ("tb13", "tb15")}                          # doctest: +SKIP
+        >>> print(shape_table(reports))                                     # doctest: +SKIP
+    """
+    if not reports:
+        raise ValueError("shape_table needs at least one build's skills report")
+    lines = {name: report["criteria"] for name, report in reports.items()}
+    counts = {len(criteria_) for criteria_ in lines.values()}
+    if len(counts) != 1:
+        raise ValueError(f"the builds have different numbers of criteria: "
+                         f"{ {name: len(c) for name, c in lines.items()} }")
+    out = ["| criterion | rule | " + " | ".join(lines) + " |",
+           "| --- | --- |" + " ---: |" * len(lines)]
+    for rows in zip(*lines.values(), strict=True):
+        rules = {row["rule"] for row in rows}
+        if len(rules) != 1:
+            raise ValueError(f"the builds hold {rows[0]['criterion']!r} to different rules: "
+                             f"{sorted(rules)}")
+        label = _row_label([row["criterion"] for row in rows])
+        out.append(f"| {label} | {rules.pop()} | " + " | ".join(_cell(r) for r in rows) + " |")
+    met = [f"{sum(r['pass'] is True for r in c)} of {len(c)}" for c in lines.values()]
+    out.append("| lines met | | " + " | ".join(met) + " |")
+    return "\n".join(out)
