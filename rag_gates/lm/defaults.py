@@ -30,6 +30,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
+from rag_gates._fork import note_torch_forward
 from rag_gates.errors import ModelNotFoundError
 from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
 
@@ -263,6 +264,7 @@ def load_default_embedder(device: str = "cpu") -> SentenceTransformer:
     model: SentenceTransformer = st.SentenceTransformer(
         str(target), device=device, local_files_only=True
     )
+    model.register_forward_pre_hook(note_torch_forward)  # a forked worker must not hang
     return model
 
 

@@ -31,6 +31,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
 
+from rag_gates._fork import note_torch_forward, rebuild_after_fork
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import ContextLengthError, ModelNotFoundError
@@ -283,6 +284,7 @@ class HFWhiteBoxLM(BaseTextLM):
             raise ValueError("chat_template=True but the tokenizer has no chat template")
         self.chat_template = has_template if chat_template is None else chat_template
         self._lock = threading.RLock()
+        rebuild_after_fork(self)
         config: Any = model.config
         if hasattr(config, "get_text_config"):  # multimodal configs nest the text model's
             config = config.get_text_config()
@@ -502,6 +504,11 @@ class HFWhiteBoxLM(BaseTextLM):
     def _token_text(self, token_id: int) -> str:
         return str(self.tokenizer.decode([token_id]))
 
+    def _after_fork(self) -> None:
+        """In a forked worker: a fresh lock (another thread of the parent may have held it
+        at the fork; the child would wait for it forever)."""
+        self._lock = threading.RLock()
+
     # ------------------------------------------------------------------ forward passes
     def _forward(
         self,
@@ -514,6 +521,7 @@ class HFWhiteBoxLM(BaseTextLM):
         output_hidden_states: bool = False,
     ) -> Any:
         with self._lock, torch.inference_mode():
+            note_torch_forward()
             return self.model(
                 input_ids=input_ids.to(self.device),
                 attention_mask=None if attention_mask is None else attention_mask.to(self.device),

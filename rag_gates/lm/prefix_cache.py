@@ -28,6 +28,8 @@ from collections import OrderedDict
 from collections.abc import Sequence
 from typing import Any
 
+from rag_gates._fork import rebuild_after_fork
+
 __all__ = ["PrefixCache"]
 
 #: A shorter common prefix is not worth a lookup hit (the saved work is negligible).
@@ -55,7 +57,12 @@ class PrefixCache:
             OrderedDict()
         self._bytes = 0
         self._lock = threading.Lock()
+        rebuild_after_fork(self)
         self.stats = {"lookups": 0, "hits": 0, "reused_tokens": 0, "prefilled_tokens": 0}
+
+    def _after_fork(self) -> None:
+        """In a forked worker: a fresh lock (the parent's may have been held at the fork)."""
+        self._lock = threading.Lock()
 
     def __len__(self) -> int:
         return len(self._entries)
