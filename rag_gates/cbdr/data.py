@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
+import math
 import re
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -18,7 +20,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
-from rag_gates._io import drop_torn_tail, parse_lines_but_a_torn_tail
+from rag_gates._io import append_locked, drop_torn_tail, parse_lines_but_a_torn_tail
 from rag_gates._optional import require
 from rag_gates.answers import score_answer
 from rag_gates.cbdr.prompts import ProbePrompts
@@ -30,6 +32,8 @@ require("torch", "hf")
 import torch  # noqa: E402
 
 __all__ = ["ProbeExample", "as_tensors", "collect_probe_data", "default_cache_path"]
+
+logger = logging.getLogger(__name__)
 
 
 class ProbeExample(BaseModel):
@@ -96,17 +100,25 @@ def collect_probe_data(
     lm = require_white_box(lm, "CBDR probe training")
     identity = _identity(lm, prompts, layer, position, max_new_tokens)
     path = Path(cache) if cache is not None else None
-    done = _read_cache(path, identity) if path is not None else {}
+    done: dict[tuple[str, str], ProbeExample] = {}
     handle = None
     if path is not None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fresh = not path.is_file()
-        if not fresh:
+        # Locked before anything is read or cut: a second run collecting the same data (the
+        # cache is shared by model and settings) waits, then reads what the first collected.
+        handle = append_locked(path, wait_s=math.inf, on_wait=lambda: logger.warning(
+            "another process is collecting the same CBDR probe data into %s; waiting for "
+            "it to finish, then reusing its examples", path))
+        try:
             drop_torn_tail(path)
-        handle = path.open("a", encoding="utf-8")
-        if fresh:
-            handle.write(json.dumps({"identity": identity}) + "\n")
-            handle.flush()
+            if path.stat().st_size == 0:  # new (append_locked created it)
+                handle.write(json.dumps({"identity": identity}) + "\n")
+                handle.flush()
+            else:
+                done = _read_cache(path, identity)
+        except BaseException:
+            handle.close()
+            raise
     out: list[ProbeExample] = []
     correct = 0
     try:

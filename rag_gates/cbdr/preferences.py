@@ -40,7 +40,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, model_validator
 
-from rag_gates._io import write_text_atomic
+from rag_gates._io import append_locked, write_text_atomic
 from rag_gates.cbdr.rerank import ConfidenceGainReranker
 from rag_gates.types import Passage, QAExample
 
@@ -196,9 +196,7 @@ def read_preferences(path: str | Path) -> list[PreferenceRecord]:
 def _load_state(out: Path, identity: dict[str, Any]) -> tuple[set[str], dict[str, SkipReason]]:
     """Ids already written to ``out`` and ids skipped before (resume); prepares both files."""
     state = state_path(out)
-    if not out.is_file():
-        out.parent.mkdir(parents=True, exist_ok=True)
-        out.write_bytes(b"")
+    if out.stat().st_size == 0 and not state.is_file():  # new: the caller's lock created it
         write_text_atomic(state, json.dumps({"identity": identity}) + "\n")
         return set(), {}
     skipped: dict[str, SkipReason] = {}
@@ -277,15 +275,23 @@ def build_preferences(
     start = time.perf_counter()
     out = Path(out)
     identity = _identity(reranker, max_pos, max_neg)
-    done, skipped = _load_state(out, identity)
     unique: dict[str, QAExample] = {}
     for example in examples:
         unique.setdefault(example.id, example)
     counts: dict[str, int] = {"written": 0, "already_written": 0, "no_context": 0, "no_pos": 0,
                               "no_neg": 0}
     total = len(unique)
-    with out.open("a", encoding="utf-8") as records, \
-            state_path(out).open("a", encoding="utf-8") as state:
+    out.parent.mkdir(parents=True, exist_ok=True)
+    # Locked before the records are read: a second run on the same --out stops here
+    # (FileInUseError) instead of writing every record a second time.
+    records = append_locked(out)
+    try:
+        done, skipped = _load_state(out, identity)
+        state = state_path(out).open("a", encoding="utf-8")
+    except BaseException:
+        records.close()
+        raise
+    with records, state:
         for i, example in enumerate(unique.values(), start=1):
             if example.id in done:
                 counts["already_written"] += 1

@@ -14,6 +14,7 @@ import pytest
 import torch
 from typer.testing import CliRunner
 
+from rag_gates._io import append_locked
 from rag_gates.cbdr import (
     ConfidenceGainReranker,
     ConfidenceProbe,
@@ -29,6 +30,7 @@ from rag_gates.cbdr.preferences import (
     state_path,
 )
 from rag_gates.commands.cbdr import cbdr_app
+from rag_gates.errors import FileInUseError
 from rag_gates.eval.datasets import load_dataset
 from rag_gates.types import Passage
 
@@ -98,6 +100,20 @@ def test_preferences_follow_inc_and_resume(tmp_path: Path,
     with pytest.raises(ValueError, match="other settings"):
         build_preferences(reranker, examples, max_pos=2, max_neg=5, out=out)
     assert state_path(out).is_file()
+
+
+def test_a_second_run_on_the_same_out_is_refused_before_it_writes(
+        tmp_path: Path, reranker: ConfidenceGainReranker) -> None:
+    """Two `cbdr build-preferences` on one --out would each write every record: the one
+    that finds the file held stops with FileInUseError, writing nothing."""
+    examples = load_dataset("hotpotqa", SLICE, n=1).examples
+    out = tmp_path / "prefs.jsonl"
+    with append_locked(out):  # the other run, holding the file
+        with pytest.raises(FileInUseError, match="another process"):
+            build_preferences(reranker, examples, out=out)
+        assert out.read_bytes() == b"" and not state_path(out).exists()
+    stats = build_preferences(reranker, examples, out=out)  # once it has finished
+    assert stats.questions == 1 and state_path(out).is_file()
 
 
 def test_preferences_refuse_bad_input(tmp_path: Path, reranker: ConfidenceGainReranker

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import json
+import pathlib
+import threading
 from pathlib import Path
 from typing import Any
 
@@ -40,6 +42,46 @@ def test_collection_resumes_from_its_cache(tmp_path: Path, tiny: Any) -> None:
         assert a.answer == b.answer and a.hidden == pytest.approx(b.hidden, abs=1e-4)
     with pytest.raises(ValueError, match="other settings"):
         collect_probe_data(tiny, examples, prompts, 2, max_new_tokens=3, cache=cache)
+
+
+def test_two_runs_starting_on_one_new_cache_collect_each_question_once(
+        tmp_path: Path, tiny: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two probe trainings sharing the cache (same model and settings) start together: the
+    second waits for the first and reuses its examples; one header, each question once."""
+    examples = load_dataset("popqa", SLICE / "popqa_dev_sample.jsonl", n=3).examples
+    cache = tmp_path / "probe-data.jsonl"
+    prompts = ProbePrompts(style="rag-gates")
+    # Both runs have looked at the cache before either opens it (the race, made certain).
+    both_looked = threading.Barrier(2, timeout=60)
+    real_open = pathlib.Path.open
+
+    def open_(self: Path, mode: str = "r", *args: Any, **kwargs: Any) -> Any:
+        if self == cache and mode == "a":
+            both_looked.wait()
+        return real_open(self, mode, *args, **kwargs)
+
+    monkeypatch.setattr(pathlib.Path, "open", open_)
+    results: list[Any] = []
+
+    def run() -> None:
+        try:
+            results.append(collect_probe_data(tiny, examples, prompts, 1, max_new_tokens=3,
+                                              cache=cache))
+        except BaseException as exc:  # asserted below
+            results.append(exc)
+
+    runs = [threading.Thread(target=run) for _ in range(2)]
+    for t in runs:
+        t.start()
+    for t in runs:
+        t.join()
+    monkeypatch.undo()
+    assert len(results) == 2 and not any(isinstance(r, BaseException) for r in results), \
+        results
+    assert results[0] == results[1]
+    header, *rows = cache.read_text().splitlines()
+    assert '"identity"' in header
+    assert sorted(json.loads(row)["id"] for row in rows) == sorted(e.id for e in examples)
 
 
 def test_train_probe_reports_one_class_labels(tmp_path: Path,
