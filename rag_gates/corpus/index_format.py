@@ -47,6 +47,7 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rag_gates._io import write_text_atomic
 from rag_gates.corpus.errors import CorruptIndexError, IndexNotFoundError
 
 __all__ = [
@@ -329,10 +330,7 @@ def _read_state(path: Path, directory: Path) -> dict[str, list[object]]:
 def _write_state(path: Path, directory: Path, files: dict[str, list[object]]) -> None:
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
-        with os.fdopen(fd, "w", encoding="utf-8") as handle:
-            json.dump({"path": str(directory), "files": files}, handle)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps({"path": str(directory), "files": files}))
     except OSError as exc:  # an unwritable cache only means verifying again next time
         logger.debug("could not record the verified state of %s in %s: %s", directory, path,
                      exc)

@@ -21,6 +21,7 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
+import math
 import os
 import shutil
 import tempfile
@@ -31,6 +32,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, TypeVar
 
 from rag_gates._fork import note_torch_forward
+from rag_gates._io import append_locked
 from rag_gates.errors import ModelNotFoundError
 from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
 
@@ -141,6 +143,25 @@ def _publish(build: Path, final: Path, source: Path) -> None:
             raise
 
 
+def _prepared(target: Path, make: Callable[[Path], None]) -> Path:
+    """``target``, complete: made here by ``make`` or by another process meanwhile. One
+    process makes it at a time (workers starting together on a fresh machine would each
+    convert the model, 20 s and 540 MB apiece); the others wait, then load its copy. Build
+    directories a killed process left behind are removed before a new build starts."""
+    if _is_complete(target):
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    with append_locked(target.parent / f".{target.name}.lock", wait_s=math.inf,
+                       on_wait=lambda: logger.warning(
+                           "another process is preparing %s; waiting for it", target)):
+        if not _is_complete(target):
+            for stale in target.parent.glob(f".{target.name}.*"):
+                if stale.is_dir():  # only the lock holder builds: a dead process's build
+                    shutil.rmtree(stale, ignore_errors=True)
+            make(target)
+    return target
+
+
 def _convert_default_lm(target: Path) -> None:
     from rag_gates._optional import require
 
@@ -175,9 +196,7 @@ def load_default_lm(**kwargs: Any) -> HFWhiteBoxLM:
     """
     from rag_gates.lm.hf import HFWhiteBoxLM
 
-    target = default_lm_dir()
-    if not _is_complete(target):
-        _convert_default_lm(target)
+    target = _prepared(default_lm_dir(), _convert_default_lm)
     kwargs.setdefault("model_id", DEFAULT_LM_ID)
     return HFWhiteBoxLM.from_pretrained(target, **kwargs)
 
@@ -187,9 +206,7 @@ def load_default_tokenizer() -> Any:
     from rag_gates._optional import require
 
     transformers = require("transformers", "hf")
-    target = default_lm_dir()
-    if not _is_complete(target):
-        _convert_default_lm(target)
+    target = _prepared(default_lm_dir(), _convert_default_lm)
     return transformers.AutoTokenizer.from_pretrained(target, local_files_only=True)
 
 
@@ -249,10 +266,7 @@ def default_embedder_path() -> Path:
         >>> from llama_index.embeddings.huggingface import HuggingFaceEmbedding  # doctest: +SKIP
         >>> embed_model = HuggingFaceEmbedding(model_name=str(default_embedder_path()))
     """
-    target = default_embedder_dir()
-    if not _is_complete(target):
-        _extract_default_embedder(target)
-    return target
+    return _prepared(default_embedder_dir(), _extract_default_embedder)
 
 
 def load_default_embedder(device: str = "cpu") -> SentenceTransformer:
@@ -276,7 +290,4 @@ def prepare_default_models() -> tuple[Path, Path]:
     Example:
         >>> lm_dir, embedder_dir = prepare_default_models()          # doctest: +SKIP
     """
-    target = default_lm_dir()
-    if not _is_complete(target):
-        _convert_default_lm(target)
-    return target, default_embedder_path()
+    return _prepared(default_lm_dir(), _convert_default_lm), default_embedder_path()

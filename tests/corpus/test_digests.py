@@ -154,3 +154,18 @@ def test_a_missing_file_listed_in_the_digests_is_refused(damaged_copy: Path) -> 
     (damaged_copy / "metadata.0").unlink()
     with pytest.raises(CorruptIndexError, match=r"metaoff\.0|metadata\.0"):
         LocalInfiniGram(damaged_copy)
+
+
+def test_a_verified_state_that_cannot_be_written_leaves_no_temporary_file(
+        tmp_path: Path) -> None:
+    """Recording the verified state is best effort (verifying again next time), but a
+    failed write must not leave its temporary file behind in the checks folder."""
+    from rag_gates.corpus.index_format import _read_state, _write_state
+
+    checks = tmp_path / "index-checks"
+    state = checks / "some-index.json"
+    (state / "in-the-way").mkdir(parents=True)  # the rename onto it fails (a directory)
+    _write_state(state, tmp_path / "index", {"a.bin": [1, 2, 3]})
+    assert sorted(p.name for p in checks.iterdir()) == ["some-index.json"]
+    _write_state(checks / "other.json", tmp_path / "index", {"a.bin": [1, 2, 3]})  # works
+    assert _read_state(checks / "other.json", tmp_path / "index") == {"a.bin": [1, 2, 3]}

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -96,3 +97,33 @@ async def test_load_off_event_loop_loads_in_a_worker_thread_only_when_missing() 
     assert len(threads) == 1 and threads[0] is not threading.current_thread()
     assert await defaults.load_off_event_loop("held", load) == "held"
     assert len(threads) == 1  # already there: not loaded again
+
+
+def test_workers_starting_together_prepare_the_model_once_and_clear_a_dead_build(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """Four workers on a fresh machine: one extracts (the others wait and use its copy), and
+    the build directory a worker killed mid-conversion left behind is removed."""
+    _home_with_embedder_zip(tmp_path)
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
+    target = defaults.default_embedder_dir()
+    dead = target.parent / f".{target.name}.k1ll3d"  # mkdtemp's name for a build
+    dead.mkdir(parents=True)
+    (dead / "model.safetensors").write_bytes(b"\0" * 1024)
+    made: list[Path] = []
+
+    def extract(where: Path) -> None:
+        made.append(where)
+        time.sleep(0.5)  # the others have all looked by now
+        defaults._extract_default_embedder(where)
+
+    paths: list[Path] = []
+    workers = [threading.Thread(target=lambda: paths.append(defaults._prepared(target, extract)))
+               for _ in range(4)]
+    for worker in workers:
+        worker.start()
+    for worker in workers:
+        worker.join()
+    assert made == [target] and paths == [target] * 4
+    assert defaults._is_complete(target) and not dead.exists()
+    assert sorted(p.name for p in target.parent.iterdir()) == [f".{target.name}.lock",
+                                                              target.name]
