@@ -20,8 +20,10 @@ Example:
     >>> policy = SourcePolicy.open(HiddenStateKeys(lm), path="~/.cache/rag-gates/srrag/policy")
     >>> gate = SelfRoutingGate(lm, policy)   # the policy's calibrated tau, else DEFAULT_TAU
     >>> d = gate.decide("Who wrote Hamlet?")
-    >>> d.retrieve, d.evidence["p_model"], d.evidence["p_datastore"], d.evidence["votes"]
-    (False, 0.41, 0.2, {'retrieval': 6, 'parametric': 24})
+    >>> d.retrieve, d.evidence["p_model"], d.evidence["p_datastore"]
+    (False, 0.41, 0.2)
+    >>> d.evidence["votes_retrieval"], d.evidence["votes_parametric"]
+    (6, 24)
 """
 
 from __future__ import annotations
