@@ -255,9 +255,12 @@ class GateSpec(BaseModel):
         or whose checksum does not match its content raises
         :class:`~rag_gates.errors.CalibrationError`."""
         file = Path(path)
+        if file.is_dir():
+            raise CalibrationError(f"{file} is a directory; pass the gate spec file in it "
+                                   "(rag-gates calibrate --out FILE.json writes one)")
         if not file.is_file():
             raise CalibrationError(f"{file}: no such gate spec; write one with "
-                                   "rag-gates calibrate --out {file}")
+                                   f"rag-gates calibrate --out {file}")
         text = file.read_text(encoding="utf-8")
         try:
             data = json.loads(text)

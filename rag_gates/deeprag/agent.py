@@ -125,15 +125,24 @@ class DeepRAG:
     def __init__(self, lm: TextLM, retriever: Retriever | None,
                  config: DeepRAGConfig | None = None, *, gate: Gate | None = None,
                  name: str = "deeprag", **overrides: Any) -> None:
+        if config is not None and not isinstance(config, DeepRAGConfig):
+            raise TypeError(f"config must be a DeepRAGConfig, got {type(config).__name__}; "
+                            "settings also go in as keywords (DeepRAG(lm, retriever, k=3))")
         if gate is not None and "mode" not in overrides and config is None:
             overrides["mode"] = "gate"
         base = config or DeepRAGConfig()
         self.config = DeepRAGConfig(**{**dict(base), **overrides}) if overrides else base
         if not isinstance(lm, TextLM):
-            raise TypeError(f"lm must follow rag_gates' TextLM protocol, got {type(lm).__name__}")
+            raise TypeError(
+                f"lm must follow rag_gates' TextLM protocol, got {type(lm).__name__}; wrap a "
+                "LangChain or LlamaIndex model with the integration's as_text_lm(...), or use "
+                "langchain_rag_gates.DeepRAGRunnable / llama_index's DeepRAGQueryEngine")
         if retriever is not None and not isinstance(retriever, Retriever):
-            raise TypeError(f"retriever must follow rag_gates' Retriever protocol, got "
-                            f"{type(retriever).__name__}")
+            raise TypeError(
+                f"retriever must follow rag_gates' Retriever protocol, got "
+                f"{type(retriever).__name__}; wrap a framework retriever with "
+                "langchain_rag_gates.LangChainRetrieverAdapter or "
+                "llama_index.retrievers.rag_gates.LlamaIndexRetrieverAdapter")
         mode = self.config.mode
         if retriever is None and mode != "never":
             raise ValueError(f"mode {mode!r} may retrieve: pass a retriever (or mode='never')")

@@ -82,6 +82,11 @@ class SelfRoutingGate(BaseGate):
                  layer: int | None = None) -> None:
         if mode not in _NAMES:
             raise ValueError(f"mode must be one of {sorted(_NAMES)}, got {mode!r}")
+        if policy is not None and not isinstance(policy, SourcePolicy):
+            raise TypeError(
+                f"policy must be a SourcePolicy (SourcePolicy.open_existing(lm, path=...) or "
+                f"load_default_policy(lm)), got {type(policy).__name__}; a threshold goes in "
+                "as tau=")
         # The calibration is of p_M * p_D: the other modes' scores are other numbers.
         calibrated = getattr(policy, "tau", None) if mode == "product" else None
         self.tau_source = ("given" if tau is not None else

@@ -141,6 +141,9 @@ class TokRAGDecoder(TwoStreamDecoder):
 
     def __init__(self, lm: Any, config: TokRAGConfig | None = None, *,
                  dataset: str | None = None) -> None:
+        if config is not None and not isinstance(config, TokRAGConfig):
+            raise TypeError(f"config must be a TokRAGConfig (e.g. TokRAGConfig(a=5e-7)), got "
+                            f"{type(config).__name__}")
         super().__init__(lm, dataset=dataset)
         self.config = config or TokRAGConfig()
         model = self.lm.model

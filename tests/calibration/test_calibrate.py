@@ -243,8 +243,12 @@ def test_a_truncated_spec_is_refused(tmp_path: Path, model: ModelIdentity) -> No
 
 
 def test_other_files_are_refused(tmp_path: Path) -> None:
-    with pytest.raises(CalibrationError, match="no such gate spec"):
-        GateSpec.load(tmp_path / "missing.json")
+    missing = tmp_path / "missing.json"
+    with pytest.raises(CalibrationError, match="no such gate spec") as refused:
+        GateSpec.load(missing)
+    assert f"rag-gates calibrate --out {missing}" in str(refused.value)  # the path, filled in
+    with pytest.raises(CalibrationError, match="is a directory; pass the gate spec file"):
+        GateSpec.load(tmp_path)
     (tmp_path / "eval.json").write_text(json.dumps({"gate": "quco", "threshold": 0.3}))
     with pytest.raises(CalibrationError, match="not a rag-gates gate spec"):
         GateSpec.load(tmp_path / "eval.json")

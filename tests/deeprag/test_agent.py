@@ -271,6 +271,17 @@ def test_bad_question() -> None:
         agent.run("   ")
 
 
+def test_arguments_of_the_wrong_kind_say_what_to_pass(bm25: Any) -> None:
+    lm = ScriptedLM(jaws_world)
+    for config in (3, {"k": 2}):  # a setting positionally, not a DeepRAGConfig
+        with pytest.raises(TypeError, match=r"DeepRAGConfig, got .*DeepRAG\(lm, retriever, k=3\)"):
+            DeepRAG(lm, bm25, config)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="as_text_lm"):
+        DeepRAG("SmolLM2", bm25)  # type: ignore[arg-type]
+    with pytest.raises(TypeError, match="LangChainRetrieverAdapter"):
+        DeepRAG(lm, object())  # type: ignore[arg-type]
+
+
 # ---------------------------------------------------------------- likelihood mode
 def test_likelihood_gate_compares_the_markers_on_a_real_model(tiny_long: Any) -> None:
     prompt = [{"role": "user", "content": "Question: Who directed Jaws?"},

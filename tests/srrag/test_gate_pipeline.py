@@ -57,6 +57,11 @@ def test_product_gate_multiplies_the_two_factors(tiny: Any, policy: Any) -> None
     assert not high.retrieve and "verbalize" in high.reason
 
 
+def test_a_threshold_in_the_policys_place_is_refused(tiny: Any) -> None:
+    with pytest.raises(TypeError, match=r"policy must be a SourcePolicy .* tau="):
+        SelfRoutingGate(tiny, 0.5)  # type: ignore[arg-type]
+
+
 def test_single_factor_modes(tiny: Any, policy: Any) -> None:
     f = route_features(tiny, Q, RoutingPrompt(), 2)
     no_knn = SelfRoutingGate(tiny, tau=0.5, mode="model", layer=2)

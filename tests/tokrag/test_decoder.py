@@ -177,6 +177,9 @@ def test_bad_input(tiny: Any) -> None:
         TokRAGDecoder(TextOnly())
     with pytest.raises(WhiteBoxRequiredError):
         CADDecoder(TextOnly())
+    for config in (5e-7, {"a": 5e-7}):  # the settings positionally, not a TokRAGConfig
+        with pytest.raises(TypeError, match=r"config must be a TokRAGConfig \(e.g."):
+            TokRAGDecoder(tiny, config)  # type: ignore[arg-type]
     decoder = TokRAGDecoder(tiny, PAPER)
     with pytest.raises(ValueError, match="question is empty"):
         decoder.generate("  ", passages=PASSAGES)

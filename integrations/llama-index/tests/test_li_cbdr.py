@@ -287,6 +287,9 @@ def test_any_rag_gates_reranker(nodes: list[NodeWithScore]) -> None:
 def test_bad_arguments(lm: Any, core: CoreReranker, nodes: list[NodeWithScore]) -> None:
     with pytest.raises(TypeError, match="PassageReranker protocol"):
         ConfidenceGainReranker(reranker=object())
+    # A misspelt option is refused (it was dropped: top_k=2 gave top_n=3 in silence).
+    with pytest.raises(ValueError, match=r"top_k\n  Extra inputs are not permitted"):
+        ConfidenceGainReranker(reranker=core, top_k=2)
     other = ConfidenceProbe(ProbeConfig(model_id="another-model", hidden_size=lm.hidden_size,
                                         num_layers=lm.num_layers, layer=1))
     with pytest.raises(ProbeMismatchError, match="another-model"):

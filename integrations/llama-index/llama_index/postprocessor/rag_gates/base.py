@@ -13,7 +13,7 @@ from llama_index.core.instrumentation.events.rerank import ReRankEndEvent, ReRan
 from llama_index.core.postprocessor.types import BaseNodePostprocessor
 from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import annotate_node, nodes_to_passages
-from pydantic import Field, PrivateAttr, field_validator
+from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
 from rag_gates.rerank import (
     PassageReranker,
@@ -104,6 +104,9 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         response = await engine.aquery(question)
         ```
     """
+
+    # A misspelt option (top_k=2) is refused, not dropped (the base class ignores extras).
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
 
     top_n: int | None = Field(
         default=3,
