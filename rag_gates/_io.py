@@ -11,7 +11,8 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "parse_lines_but_a_torn_tail",
+__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "output_path_problem",
+           "parse_lines_but_a_torn_tail",
            "write_bytes_atomic", "write_text_atomic"]
 
 T = TypeVar("T")
@@ -41,6 +42,19 @@ def _write_atomic(path: Path, mode: str, data: str | bytes) -> None:
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def output_path_problem(path: Path, *, directory: bool) -> str | None:
+    """Why ``path`` cannot be written as a command's output (None: it can): it is a file
+    where a directory is wanted, or a folder above it is a file. Checked before a command
+    loads a model, so the mistake is said at once rather than as a traceback at the end."""
+    if directory and path.exists() and not path.is_dir():
+        return f"{path} is a file; give a directory (it is created if it does not exist)"
+    for parent in path.parents:  # the nearest that exists must be a directory
+        if parent.exists():
+            return None if parent.is_dir() else (
+                f"{parent} is a file, so {path} cannot be created inside it")
+    return None
 
 
 def drop_torn_tail(path: Path) -> bool:

@@ -478,6 +478,7 @@ def bench(
         raise typer.BadParameter(str(exc)) from exc
     _check_names(lambda: check_dataset(dataset), lambda: check_retriever(retriever),
                  lambda: check_methods(config.methods))
+    _check_output_dir(out)
     _quiet_transformers()  # after the checks: importing transformers takes a second or two
     # Transient: an error (or the summary) is printed where the bar was, not under it.
     with Progress("[progress.description]{task.description}", BarColumn(),
@@ -542,6 +543,7 @@ def eval_gate(
         raise typer.BadParameter(str(exc)) from exc
     _check_names(lambda: check_gate_names(gate), lambda: check_dataset(dataset),
                  lambda: check_retriever(retriever))
+    _check_output_dir(out)
     _quiet_transformers()
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console,
@@ -616,6 +618,15 @@ def report(
         console.print(error_line(exc))
         raise typer.Exit(2) from exc
     console.print(f"wrote {path}")
+
+
+def _check_output_dir(out: Path) -> None:
+    """--out must be a directory that can be made: said before any model loads."""
+    from rag_gates._io import output_path_problem
+
+    problem = output_path_problem(out, directory=True)
+    if problem is not None:
+        raise typer.BadParameter(problem, param_hint="'--out'")
 
 
 def _check_names(*checks: Callable[[], None]) -> None:

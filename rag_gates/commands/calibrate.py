@@ -681,6 +681,12 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                          f"{MIN_QUESTIONS}")
     if out.suffix != ".json":
         raise ValueError(f"--out {out}: give a .json path (the spec), e.g. gate.json")
+    from rag_gates._io import output_path_problem
+
+    for option, path, is_dir in (("--out", out, False), ("--work-dir", work_dir, True)):
+        problem = None if path is None else output_path_problem(path, directory=is_dir)
+        if problem is not None:
+            raise ValueError(f"{option}: {problem}")
     if isinstance(source, QdrantCorpus):
         collection = open_qdrant_corpus(source)
         try:

@@ -46,6 +46,22 @@ def no_model_loads(monkeypatch: pytest.MonkeyPatch) -> list[str]:
     return calls
 
 
+@pytest.mark.parametrize("command", [
+    ["bench", "--dataset", "hotpotqa", "--methods", "no-rag"],
+    ["eval-gate", "--gate", "first-token-prob", "--dataset", "hotpotqa"]])
+def test_an_out_that_is_a_file_is_refused_before_a_model_loads(
+        command: list[str], tmp_path: Path, no_model_loads: list[str]) -> None:
+    taken = tmp_path / "afile"
+    taken.write_text("not a run directory")
+    for out, message in ((taken, f"{taken} is a file; give a directory"),
+                         (taken / "run", f"{taken} is a file, so {taken / 'run'} cannot")):
+        result = CliRunner().invoke(app, [*command, "--out", str(out)],
+                                    env={"COLUMNS": "500"})  # the path on one line
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split())
+    assert no_model_loads == []
+
+
 def _rows(n: int) -> list[str]:
     return HOTPOT.read_text(encoding="utf-8").splitlines()[:n]
 

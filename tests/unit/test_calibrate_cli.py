@@ -41,6 +41,21 @@ def test_bad_options_fail_before_the_model_loads(args: list[str], message: str,
     assert not (tmp_path / "gate-work").exists()  # nothing ran
 
 
+def test_an_output_path_that_cannot_be_made_fails_before_the_model_loads(
+        tmp_path: Path) -> None:
+    taken = tmp_path / "runs"
+    taken.write_text("a file, not a folder")
+    for args, message in (
+            (["--out", str(taken / "gate.json")],
+             f"--out: {taken} is a file, so {taken / 'gate.json'} cannot be created"),
+            (["--out", str(tmp_path / "gate.json"), "--work-dir", str(taken)],
+             f"--work-dir: {taken} is a file; give a directory")):
+        result = _invoke("--data", str(SAMPLE), "--corpus", str(CORPUS), *args)
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split())
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["runs"]  # nothing ran
+
+
 def test_bad_data_line_is_named(tmp_path: Path) -> None:
     data = tmp_path / "q.jsonl"
     data.write_text('{"question": "Who?", "answers": ["x"]}\n{"question": "no answers"}\n')
