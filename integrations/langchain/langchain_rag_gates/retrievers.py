@@ -14,7 +14,7 @@ from langchain_core.callbacks import (
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig
-from langchain_core.runnables.config import set_config_context
+from langchain_core.runnables.config import run_in_executor, set_config_context
 from langchain_core.runnables.utils import coro_with_context
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
@@ -62,6 +62,20 @@ async def _adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision
     """:func:`_decide_in_run` with ``gate.adecide``."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
         return _checked(gate, await coro_with_context(gate.adecide(query), context))
+
+
+async def _ainvoke_retriever(retriever: BaseRetriever, query: str,
+                            config: RunnableConfig | None, **kwargs: Any) -> list[Document]:
+    """``retriever.ainvoke(query, config, **kwargs)``, except for a retriever whose keyword
+    arguments only its sync method takes: LangChain's default async method (the base
+    class's, which such a retriever keeps) accepts none and raises ``TypeError``; it is then
+    invoked synchronously in a worker thread, with the same arguments and callbacks."""
+    if kwargs and type(retriever)._aget_relevant_documents is \
+            BaseRetriever._aget_relevant_documents:
+        docs: list[Document] = await run_in_executor(config, retriever.invoke, query, config,
+                                                     **kwargs)
+        return docs
+    return await retriever.ainvoke(query, config=config, **kwargs)
 
 
 class GatedRetriever(BaseRetriever):
@@ -257,7 +271,7 @@ class GatedRetriever(BaseRetriever):
             if isinstance(skipped, list):
                 return skipped
             data = await self._areport(skipped, config)  # overturned: retrieve after all
-        docs = await self.retriever.ainvoke(query, config=config, **inner_kwargs)
+        docs = await _ainvoke_retriever(self.retriever, query, config, **inner_kwargs)
         return self._annotated(docs, data, k)
 
 
@@ -306,4 +320,5 @@ class LangChainRetrieverAdapter(RagGatesBaseRetriever):
 
     async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
         query, k = check_query(query, k)
-        return documents_to_passages((await self.retriever.ainvoke(query, k=k))[:k])
+        return documents_to_passages((await _ainvoke_retriever(self.retriever, query, None,
+                                                              k=k))[:k])

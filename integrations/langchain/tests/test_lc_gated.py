@@ -11,11 +11,17 @@ from uuid import UUID
 import pytest
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.documents import Document
+from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
-from langchain_rag_gates import GatedRetriever, annotate_document, passages_to_documents
+from langchain_rag_gates import (
+    GatedRetriever,
+    LangChainRetrieverAdapter,
+    annotate_document,
+    passages_to_documents,
+)
 from langchain_rag_gates.retrievers import DECISION_EVENT
 from langchain_tests.integration_tests import RetrieversIntegrationTests
-from pydantic import JsonValue
+from pydantic import Field, JsonValue
 
 from rag_gates.eval.corpus import corpus_passages
 from rag_gates.gate import BaseGate
@@ -299,3 +305,27 @@ def test_a_langchain_model_inside_the_gate_is_traced_under_the_retrievers_run(
         else:
             asyncio.run(runnable.ainvoke("Who directed Ed Wood?", config=config))
         assert seen.chat_parents == [seen.runs[run]], (run, seen.chat_parents, seen.runs)
+
+
+class SyncOnlyRetriever(BaseRetriever):
+    """A custom retriever that takes ``k`` in its sync method only (LangChain's default
+    async method accepts no keyword arguments)."""
+
+    seen: list[int] = Field(default_factory=list)
+
+    def _get_relevant_documents(self, query: str, *, run_manager: Any, k: int = 4,
+                                **kwargs: Any) -> list[Document]:
+        self.seen.append(k)
+        return [Document(page_content=f"passage {i} about {query}") for i in range(k)]
+
+
+async def test_async_with_k_on_a_retriever_whose_keywords_are_sync_only() -> None:
+    """`ainvoke` with k used to fail deep in LangChain (TypeError: unexpected keyword 'k');
+    it answers as `invoke` does, with the retriever given the same k."""
+    inner = SyncOnlyRetriever()
+    gated = GatedRetriever(retriever=inner, gate=CapitalisedWordsGate(threshold=1), k=2)
+    docs = await gated.ainvoke(ASK)
+    assert [d.page_content for d in docs] == [d.page_content for d in gated.invoke(ASK)]
+    assert len(docs) == 2 and inner.seen == [2, 2]
+    assert [len(p.text) > 0 for p in await LangChainRetrieverAdapter(inner).aretrieve(ASK, k=1)
+            ] == [True] and inner.seen[-1] == 1
