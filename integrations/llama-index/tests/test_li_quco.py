@@ -20,7 +20,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from llama_index.core import VectorStoreIndex
+from llama_index.core import Settings, VectorStoreIndex
 from llama_index.core.base.llms.types import CompletionResponse, LLMMetadata
 from llama_index.core.instrumentation.events.llm import (
     LLMChatStartEvent,
@@ -282,7 +282,7 @@ def test_gated_engine_prompts_are_exposed_and_updatable(
 
 
 def test_gated_engine_rejects_bad_arguments(
-    index: VectorStoreIndex, gate: QuCoGate, llm: RagGatesLLM
+    index: VectorStoreIndex, gate: QuCoGate, llm: RagGatesLLM, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     engine = index.as_query_engine(llm=llm)
     with pytest.raises(TypeError, match="BaseQueryEngine"):
@@ -295,6 +295,11 @@ def test_gated_engine_rejects_bad_arguments(
         GatedQueryEngine(engine, gate=gate, llm=llm, direct_prompt="Q: {query_str}")  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="annotation_key"):
         GatedQueryEngine(engine, gate=gate, llm=llm, annotation_key="")
+    # No llm= and no Settings.llm offline: what to pass, not LlamaIndex's OpenAI key error.
+    monkeypatch.delenv("OPENAI_API_KEY", raising=False)
+    monkeypatch.setattr(Settings, "_llm", None)
+    with pytest.raises(ValueError, match=r"pass llm= \(the LLM of your query engine"):
+        GatedQueryEngine(engine, gate=gate)
 
 
 # ---------------------------------------------------------------- QuCoQueryEngine

@@ -54,6 +54,19 @@ DEFAULT_DIRECT_PROMPT = PromptTemplate(
 _VERBATIM = PromptTemplate("{query_str}")
 
 
+def _settings_llm() -> LLM:
+    """LlamaIndex's ``Settings.llm``, or an error saying what to pass: offline, its default
+    (OpenAI) fails with a message about an API key the user never meant to use."""
+    try:
+        return Settings.llm
+    except (ValueError, ImportError) as exc:
+        raise ValueError(
+            "GatedQueryEngine answers a question the gate skips with an LLM: pass llm= (the "
+            "LLM of your query engine, or RagGatesLLM(lm=load_default_lm()) offline) or set "
+            f"Settings.llm; LlamaIndex's default LLM did not load ({str(exc).strip()[:200]})"
+        ) from exc
+
+
 class GatedQueryEngine(BaseQueryEngine):
     """Ask a rag-gates gate first; retrieve through ``query_engine`` only when it says so.
 
@@ -173,7 +186,7 @@ class GatedQueryEngine(BaseQueryEngine):
         self.on_gate_error: GateErrorPolicy = policy
         self.query_engine = query_engine
         self.gate = gate
-        self.llm: LLM = llm or Settings.llm
+        self.llm: LLM = llm or _settings_llm()
         self.direct_prompt: BasePromptTemplate = direct_prompt or DEFAULT_DIRECT_PROMPT
         self._direct_prompt_given = direct_prompt is not None
         self.annotation_key = annotation_key
