@@ -176,6 +176,7 @@ class GatedRetriever(BaseRetriever):
     k: int | None = Field(
         None,
         ge=1,
+        strict=True,  # k="3" is refused here as it is by invoke(k=...)
         description=(
             "Number of documents to return: passed on to the wrapped retriever as `k` and "
             "the result cut to it. None = the wrapped retriever's own number."
@@ -185,6 +186,18 @@ class GatedRetriever(BaseRetriever):
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     _last_decision: GateDecision | None = PrivateAttr(None)
+
+    @field_validator("retriever", mode="before")
+    @classmethod
+    def _check_retriever(cls, value: Any) -> Any:
+        if isinstance(value, BaseRetriever):
+            return value
+        llama = any(c.__module__.startswith("llama_index") for c in type(value).__mro__)
+        raise ValueError(
+            f"retriever must be a LangChain retriever (e.g. vectorstore.as_retriever()), got "
+            f"{type(value).__name__}" + (
+                "; for a LlamaIndex retriever use llama_index.retrievers.rag_gates."
+                "GatedRetriever" if llama else ""))
 
     @field_validator("gate")
     @classmethod

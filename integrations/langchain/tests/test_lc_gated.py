@@ -209,10 +209,20 @@ def test_a_white_box_gate_on_the_tiny_model(tiny: Any) -> None:
 def test_bad_arguments_are_rejected() -> None:
     with pytest.raises(TypeError, match="Gate protocol"):
         GatedRetriever(retriever=store().as_retriever(), gate=object())
-    with pytest.raises(ValueError):
+    wanted = r"LangChain retriever \(e.g. vectorstore.as_retriever\(\)\), got object \["
+    with pytest.raises(ValueError, match=wanted):
         GatedRetriever(retriever=object(), gate=CapitalisedWordsGate(1))  # type: ignore[arg-type]
-    with pytest.raises(ValueError):
-        GatedRetriever(retriever=store().as_retriever(), gate=CapitalisedWordsGate(1), k=0)
+    from llama_index.core.retrievers import BaseRetriever as LlamaIndexRetriever
+
+    class Nodes(LlamaIndexRetriever):
+        def _retrieve(self, query_bundle: Any) -> list[Any]:
+            return []
+
+    with pytest.raises(ValueError, match=r"got Nodes; for a LlamaIndex retriever use llama_index"):
+        GatedRetriever(retriever=Nodes(), gate=CapitalisedWordsGate(1))  # type: ignore[arg-type]
+    for k in (0, "3", True):  # k="3" was taken as 3, though invoke(k="3") is refused
+        with pytest.raises(ValueError):
+            GatedRetriever(retriever=store().as_retriever(), gate=CapitalisedWordsGate(1), k=k)
 
 
 def test_annotate_document_copies() -> None:
