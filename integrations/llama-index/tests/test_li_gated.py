@@ -144,6 +144,10 @@ def test_bad_arguments_are_rejected(index: VectorStoreIndex, gate: CapitalisedWo
         GatedRetriever(index.as_retriever(), gate=object())  # type: ignore[arg-type]
     with pytest.raises(ValueError, match="annotation_key"):
         GatedRetriever(index.as_retriever(), gate=gate, annotation_key="")
+    for option in ("similarity_top_k", "top_k"):  # the wrapped retriever's setting
+        with pytest.raises(TypeError, match=rf"argument\(s\) {option}; .*similarity_top_k=5"):
+            GatedRetriever(index.as_retriever(), gate=gate, **{option: 2})
+    assert GatedRetriever(index.as_retriever(), gate=gate, verbose=True)._verbose  # the base's
 
 
 def test_custom_annotation_key(index: VectorStoreIndex, gate: CapitalisedWordsGate) -> None:

@@ -8,6 +8,7 @@ decision is dispatched as a :class:`GateDecisionEvent` through LlamaIndex instru
 
 from __future__ import annotations
 
+import inspect
 import logging
 from contextvars import ContextVar
 from typing import Any, Literal
@@ -183,6 +184,12 @@ class GatedRetriever(BaseRetriever):
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
         policy = check_gate_error_policy(on_gate_error)
+        unknown = sorted(set(kwargs) - set(inspect.signature(BaseRetriever.__init__).parameters))
+        if unknown:
+            raise TypeError(
+                f"GatedRetriever got unexpected keyword argument(s) {', '.join(unknown)}; how "
+                "many nodes come back is the wrapped retriever's setting: "
+                "index.as_retriever(similarity_top_k=5)")
         super().__init__(callback_manager=callback_manager, **kwargs)
         self.on_gate_error: GateErrorPolicy = policy
         self.retriever = retriever
