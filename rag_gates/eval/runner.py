@@ -418,6 +418,9 @@ def run_bench(
                        data.skipped[:5])
     if not data.examples:
         after = f" after skipping {config.offset} valid ones (--offset)" if config.offset else ""
+        if not data.skipped and not after:
+            raise ValueError(f"{data.path} holds no question (an empty file?); give a "
+                             f"{config.dataset} file with one question per line")
         raise ValueError(
             f"no valid question in {data.path}{after}: {len(data.skipped)} lines skipped as "
             f"malformed (first: {data.skipped[:3]}); check that it is a {config.dataset} file")

@@ -241,6 +241,9 @@ def test_a_data_file_without_a_valid_question_is_an_error(tmp_path: Path,
                                       str(tmp_path / "run"), "--methods", "no-rag",
                                       "--data", str(path)])
     assert result.exit_code == 2 and "no valid question" in result.output
+    path.write_text("", encoding="utf-8")  # empty: said as such, not "0 lines skipped"
+    with pytest.raises(ValueError, match=r"hotpotqa_dev\.jsonl holds no question \(an empty"):
+        run_bench(config, tmp_path / "run")
     assert no_model_loads == []
 
 

@@ -113,6 +113,8 @@ def test_cad_method_and_bad_input(tiny_li: Any) -> None:
         cad.complete(" ", passages=NODES)
     no_nodes = cad.complete(Q, passages=[])
     assert no_nodes.additional_kwargs[CHOICES_KEY]["warnings"]
+    with pytest.raises(TypeError, match=r"a model goes in as lm= \(TokRAGSynthesizer\(lm="):
+        TokRAGSynthesizer(tiny_li)  # the model positionally, where the README says lm=
 
 
 def test_query_engine_switches_with_one_argument(tiny_li: Any, collector: Any) -> None:

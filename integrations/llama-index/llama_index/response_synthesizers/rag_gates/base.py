@@ -292,7 +292,8 @@ class TokRAGSynthesizer(BaseSynthesizer):
         elif lm is not None or llm_kwargs:
             raise TypeError("pass either llm=TokRAGLLM(...) or lm=... with its settings")
         if not isinstance(llm, TokRAGLLM):
-            raise TypeError(f"llm must be a TokRAGLLM, got {type(llm).__name__}")
+            raise TypeError(f"llm must be a TokRAGLLM, got {type(llm).__name__}; a model "
+                            "goes in as lm= (TokRAGSynthesizer(lm=load_default_lm()))")
         super().__init__(llm=llm, callback_manager=callback_manager, streaming=streaming)
         self.llm: TokRAGLLM = llm
 
