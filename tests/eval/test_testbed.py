@@ -214,6 +214,34 @@ def test_build_is_deterministic(tiny_base, tmp_path):
     assert all(torch.equal(wa[k], wb[k]) for k in wa)
 
 
+def test_bf16_build_trains_in_bfloat16_autocast_and_saves_fp32_weights(tiny_base, tmp_path):
+    fp32, bf16 = tmp_path / "fp32", tmp_path / "bf16"
+    build_testbed(_config(tiny_base), fp32, progress=False)
+    record = build_testbed(_config(tiny_base, precision="bf16"), bf16, progress=False)
+    assert record["config"]["precision"] == "bf16"
+    assert json.loads((bf16 / "config.json").read_text())["precision"] == "bf16"
+    wa, wb = _weights(fp32), _weights(bf16)
+    assert all(w.dtype == torch.float32 for w in wb.values())  # master weights stay fp32
+    # The same data and seed: only the autocast differs, and it moves the weights.
+    assert any(not torch.allclose(wa[k], wb[k], atol=1e-6) for k in wa)
+    with pytest.raises(ValueError, match="another configuration"):
+        build_testbed(_config(tiny_base), bf16, progress=False)
+
+
+def test_precision_is_fp32_or_bf16_and_an_old_config_reads_as_fp32(tiny_base, tmp_path):
+    from pydantic import ValidationError
+
+    from rag_gates.eval.testbed.build import write_plan
+
+    with pytest.raises(ValidationError, match="fp32"):
+        _config(tiny_base, precision="fp16")
+    write_plan(_config(tiny_base), tmp_path)
+    written = json.loads((tmp_path / "config.json").read_text())
+    del written["precision"]  # a testbed planned before the option existed
+    (tmp_path / "config.json").write_text(json.dumps(written))
+    write_plan(_config(tiny_base), tmp_path)  # the same configuration: no refusal
+
+
 class _Interrupt(transformers.TrainerCallback):
     """Stops the process mid-training, after a checkpoint was written."""
 

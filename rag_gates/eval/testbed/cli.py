@@ -94,6 +94,9 @@ def build_command(
     save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] =
         _DEFAULT.save_steps,
     seed: Annotated[int, typer.Option()] = 0,
+    precision: Annotated[str, typer.Option(
+        help="fp32, or bf16: bfloat16 autocast over fp32 weights, about 1.8x faster a step "
+             "on a CPU with AMX.")] = _DEFAULT.precision,
     bridges: Annotated[bool, typer.Option(help="Teach purpose-written second hops (a "
                                                "birthplace for the person a fact names) and "
                                                "write two-hop questions over them.")] = True,
@@ -117,7 +120,7 @@ def build_command(
             skill_twohop_reading=skill_twohop_reading, skill_unknown=skill_unknown,
             epochs=epochs, learning_rate=lr,
             batch_size=batch_size, block_size=block_size, save_steps=save_steps, seed=seed,
-            bridges=bridges, threads=threads)
+            precision=precision, bridges=bridges, threads=threads)
         if plan_only:
             counts = write_plan(config, out)
             console.print(f"planned {out}: {counts}")
