@@ -19,6 +19,14 @@ r = 0 for the one criterion this run cannot measure alone.
 Resumable: every answer is appended to ``--rows`` (default: next to ``--out``); rerun the same
 command to continue; a larger ``--n`` adds only the missing facts. ``--n`` / ``--twohop-n``
 cap the facts and two-hop questions (manifest order) for a cheap dry run.
+
+``--shard I/K`` answers the I-th of K shares into a rows file of its own and writes no
+``--out``: run K of them at once (one thread each), then the command without ``--shard``,
+which gathers their rows and writes the table::
+
+    for i in 0 1; do OMP_NUM_THREADS=1 .venv/bin/python benchmarks/testbed_skills.py \
+        --testbed DIR --shard $i/2 --out OUT & done; wait
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/testbed_skills.py --testbed DIR --out OUT
 """
 
 from __future__ import annotations
@@ -48,6 +56,17 @@ def base_closed_book_r0(validation: Path | None) -> float | None:
     return None
 
 
+def parse_shard(text: str) -> tuple[int, int]:
+    """``"1/2"`` -> ``(1, 2)``, the second of two shares."""
+    try:
+        index, count = (int(x) for x in text.split("/"))
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"--shard takes I/K, e.g. 0/2, not {text!r}") from None
+    if not 0 <= index < count:
+        raise argparse.ArgumentTypeError(f"--shard {text}: I must be in 0..K-1")
+    return index, count
+
+
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     parser.add_argument("--testbed", type=Path, required=True, help="rag-gates testbed build DIR")
@@ -61,13 +80,20 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                         help="the validate step's validation-TB.json (the base model's row)")
     parser.add_argument("--rows", type=Path, default=None,
                         help="answers JSONL (default: next to --out)")
+    parser.add_argument("--shard", type=parse_shard, default=None, metavar="I/K",
+                        help="answer the I-th of K shares (0 <= I < K) into a rows file of "
+                             "its own; no --out is written")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
     rows = args.rows or args.out.with_name(args.out.stem + "-rows.jsonl")
     summary = measure_skills(args.testbed, rows, model=args.model, n=args.n,
                              twohop_n=args.twohop_n, max_new_tokens=args.max_new_tokens,
                              base_closed_book_r0=base_closed_book_r0(args.validation),
-                             progress=lambda s: print(s, flush=True))
+                             shard=args.shard, progress=lambda s: print(s, flush=True))
+    if args.shard is not None:
+        print(f"shard {args.shard[0]}/{args.shard[1]} done: run the command without --shard "
+              f"to gather the shards' rows into {rows} and write {args.out}")
+        return summary
     caps = "".join(f" --{k} {v}" for k, v in (("n", args.n), ("twohop-n", args.twohop_n))
                    if v is not None)
     payload = {

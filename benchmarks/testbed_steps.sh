@@ -14,6 +14,9 @@
 #                srrag's policies, expectations reads what the others wrote: no model)
 #   SKILLS_N     caps the evaluation facts and two-hop questions the skills step answers
 #                (a dry run; it writes apart, skills-$TB-nN.json)
+#   SKILLS_SHARD I/K: the skills step answers the I-th of K shares only (K lanes at once,
+#                one thread each); a skills step without it then gathers them and writes
+#                the table
 #   TWOHOP_N     caps the two-hop questions DeepRAG answers (default: all)
 #   SRRAG_N      caps the questions per split SR-RAG labels and answers (default: all)
 #   BUILD_THREADS  the build's torch threads (default 1); every other step runs on one thread
@@ -68,7 +71,7 @@ skills)
   # r = 0 comes from the validate step's table. Resumes from skills-$TB*-rows.jsonl.
   .venv/bin/python benchmarks/testbed_skills.py --testbed $D \
       --validation benchmarks/results/testbed/validation-$TB.json \
-      ${SKILLS_N:+--n $SKILLS_N --twohop-n $SKILLS_N} \
+      ${SKILLS_N:+--n $SKILLS_N --twohop-n $SKILLS_N} ${SKILLS_SHARD:+--shard $SKILLS_SHARD} \
       --out benchmarks/results/testbed/skills-$TB${SKILLS_N:+-n$SKILLS_N}.json ;;
 gates)
   for g in first-token-prob answer-logprob quco; do

@@ -5,6 +5,7 @@ on a planned testbed with the tiny random-weight model (accuracy values mean not
 
 from __future__ import annotations
 
+import argparse
 import copy
 import importlib.util
 import json
@@ -205,6 +206,40 @@ def test_rows_from_before_a_form_was_added_resume_with_only_the_new_form(
         skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=1, max_new_tokens=4)
 
 
+def test_shards_split_the_plan_and_the_plain_run_gathers_them(planned: Path, tiny: Any,
+                                                              tmp_path: Path) -> None:
+    from rag_gates._io import append_locked
+    from rag_gates.errors import FileInUseError
+
+    whole = skills.measure_skills(planned, tmp_path / "whole.jsonl", lm=tiny, model="tiny",
+                                  n=2, twohop_n=1, max_new_tokens=3)
+    rows = tmp_path / "rows.jsonl"
+    for index in (0, 1):
+        skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=2, twohop_n=1,
+                              max_new_tokens=3, shard=(index, 2))
+    shards = [_rows(skills.shard_rows_path(rows, i, 2)) for i in (0, 1)]
+    keys = [{(r["form"], r["id"]) for r in rows_of} for rows_of in shards]
+    assert keys[0] and keys[1] and not keys[0] & keys[1]
+    assert keys[0] | keys[1] == {(r["form"], r["id"]) for r in _rows(tmp_path / "whole.jsonl")}
+    assert not rows.exists()
+    # A shard still writing holds its lock: gathering refuses instead of missing its rows.
+    with append_locked(skills.shard_rows_path(rows, 1, 2)), pytest.raises(FileInUseError):
+        skills.measure_skills(planned, rows, model="tiny", n=2, twohop_n=1, max_new_tokens=3)
+    # Gathered: no model loads (the name "tiny" is no model anywhere), the table is the whole
+    # run's, answer for answer (greedy, the same model).
+    gathered = skills.measure_skills(planned, rows, model="tiny", n=2, twohop_n=1,
+                                     max_new_tokens=3)
+    drop = ("seconds_median",)
+    assert {f: {k: v for k, v in c.items() if k not in drop}
+            for f, c in gathered["table"].items()} == \
+        {f: {k: v for k, v in c.items() if k not in drop} for f, c in whole["table"].items()}
+    answers = {(r["form"], r["id"]): r["answer"] for r in _rows(rows)}
+    assert answers == {(r["form"], r["id"]): r["answer"]
+                       for r in _rows(tmp_path / "whole.jsonl")}
+    with pytest.raises(ValueError, match="index < count"):
+        skills.measure_skills(planned, rows, lm=tiny, n=2, shard=(2, 2))
+
+
 # ------------------------------------------------------------------ criteria
 def _synthetic(acc: dict[str, dict[int, float]], per_rung: int = 10) -> list[dict[str, Any]]:
     """Rows with the given accuracy (percent) per form and rung: real inputs of summarise."""
@@ -370,6 +405,10 @@ def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
     assert (tmp_path / "skills-rows.jsonl").is_file()
     names = [c["criterion"] for c in payload["criteria"]]
     assert len(names) == len(set(names)) and all("rule" in c for c in payload["criteria"])
+    assert script.parse_shard("1/2") == (1, 2)
+    for bad in ("2/2", "1", "a/b"):
+        with pytest.raises(argparse.ArgumentTypeError):
+            script.parse_shard(bad)
 
 
 def test_the_unknown_verbalization_script_answers_after_no_information(

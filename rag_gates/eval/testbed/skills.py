@@ -216,10 +216,41 @@ def _plan(directory: Path, n: int | None, twohop_n: int | None
     return plan
 
 
+def shard_rows_path(rows: str | Path, index: int, count: int) -> Path:
+    """Where shard ``index`` of ``count`` writes its answers: beside ``rows``
+    (``skills-tb17-rows.jsonl`` -> ``skills-tb17-rows.shard-0-of-2.jsonl``)."""
+    path = Path(rows)
+    return path.with_name(f"{path.stem}.shard-{index}-of-{count}{path.suffix}")
+
+
+def _check_shard(shard: tuple[int, int] | None) -> None:
+    if shard is not None and not (shard[1] >= 1 and 0 <= shard[0] < shard[1]):
+        raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
+
+
+def _gather_shards(rows: Path, log: Any, done: list[dict[str, Any]],
+                   header: dict[str, Any]) -> None:
+    """Copy into ``log`` the rows of every shard file beside ``rows`` that it lacks. A shard
+    still being written holds its lock, so this waits for none: it raises
+    :class:`~rag_gates.errors.FileInUseError` naming the file."""
+    from rag_gates._io import JsonlLog
+
+    have = {(r["form"], r["id"]) for r in done}
+    for path in sorted(rows.parent.glob(f"{rows.stem}.shard-*-of-*{rows.suffix}")):
+        _grow_forms(path, header)
+        with JsonlLog(path, header) as shard_log:
+            for row in shard_log.open():
+                if (row["form"], row["id"]) not in have:
+                    have.add((row["form"], row["id"]))
+                    log.append(row)
+                    done.append(row)
+
+
 def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
                    model: str | None = None, n: int | None = None,
                    twohop_n: int | None = None, max_new_tokens: int = 24,
                    base_closed_book_r0: float | None = None,
+                   shard: tuple[int, int] | None = None,
                    progress: Callable[[str], None] | None = None) -> dict[str, Any]:
     """Answer what ``rows`` (a resumable JSONL) lacks for the first ``n`` evaluation facts
     and ``twohop_n`` two-hop questions, then :func:`summarise` what is there.
@@ -227,17 +258,34 @@ def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
     ``lm`` (any white-box model) or ``model`` (a path or ``"default"``; default the
     testbed's ``model/``) answers; ``model`` names it in the rows' header either way.
     ``base_closed_book_r0``: see :func:`summarise`.
+
+    ``shard=(index, count)``: answer only every ``count``-th item of the plan from the
+    ``index``-th on, into :func:`shard_rows_path` (so ``count`` processes, one thread each,
+    share the work), and summarise those rows alone. A run without ``shard`` first copies
+    every shard file's rows into ``rows``, then answers what none of them did.
+
+    Example (two lanes, then the whole table)::
+
+        measure_skills(tb, rows, shard=(0, 2))   # in one process
+        measure_skills(tb, rows, shard=(1, 2))   # in another, at the same time
+        summary = measure_skills(tb, rows)       # after both: no answer left to give
     """
     from rag_gates._io import JsonlLog
 
+    _check_shard(shard)
     directory = Path(testbed).expanduser().resolve()
     name = model or str(directory / "model")
     plan = _plan(directory, n, twohop_n)
+    if shard is not None:  # by position in the whole plan, so a resumed shard keeps its share
+        plan = plan[shard[0]::shard[1]]
     header = _header(directory, name, max_new_tokens)
-    _grow_forms(Path(rows), header)
-    log = JsonlLog(Path(rows), header)
+    path = Path(rows) if shard is None else shard_rows_path(rows, *shard)
+    _grow_forms(path, header)
+    log = JsonlLog(path, header)
     with log:
         done = log.open()
+        if shard is None:
+            _gather_shards(path, log, done, header)
         have = {(r["form"], r["id"]) for r in done}
         todo = [(f, e, p) for f, e, p in plan if (f, e.id) not in have]
         if todo:
