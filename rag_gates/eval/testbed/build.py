@@ -155,7 +155,7 @@ class TestbedConfig(BaseModel):
     save_steps: int = Field(10, ge=1, description="Checkpoint every this many steps.")
     precision: Literal["fp32", "bf16"] = Field("fp32", description=(
         "'fp32', or 'bf16': bfloat16 autocast over fp32 master weights (the saved model "
-        "stays fp32). About 1.8 times faster a step on a CPU with AMX "
+        "stays fp32). About 1.6 times faster a step on a CPU with AMX "
         "(benchmarks/testbed_train_precision.py); slower on one without bfloat16 units."))
     popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
     wiki_path: str | None = Field(None, description="Paragraph file (default: shipped).")

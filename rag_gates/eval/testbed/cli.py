@@ -95,7 +95,7 @@ def build_command(
         _DEFAULT.save_steps,
     seed: Annotated[int, typer.Option()] = 0,
     precision: Annotated[str, typer.Option(
-        help="fp32, or bf16: bfloat16 autocast over fp32 weights, about 1.8x faster a step "
+        help="fp32, or bf16: bfloat16 autocast over fp32 weights, about 1.6x faster a step "
              "on a CPU with AMX.")] = _DEFAULT.precision,
     bridges: Annotated[bool, typer.Option(help="Teach purpose-written second hops (a "
                                                "birthplace for the person a fact names) and "
