@@ -228,6 +228,24 @@ def test_bf16_build_trains_in_bfloat16_autocast_and_saves_fp32_weights(tiny_base
         build_testbed(_config(tiny_base), bf16, progress=False)
 
 
+def test_cli_precision_reaches_the_config_and_a_wrong_one_is_refused(tiny_base, tmp_path):
+    from typer.testing import CliRunner
+
+    from rag_gates.cli import app
+
+    flags = ["testbed", "build", "--base-model", str(tiny_base), "--n-facts", "24",
+             "--ladder", "0,1,3", "--general-paragraphs", "6", "--reading-examples", "6",
+             "--plan-only"]
+    result = CliRunner().invoke(app, [*flags, "--out", str(tmp_path / "a"),
+                                      "--precision", "bf16"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "a" / "config.json").read_text())["precision"] == "bf16"
+    result = CliRunner().invoke(app, [*flags, "--out", str(tmp_path / "b"),
+                                      "--precision", "fp16"])
+    assert result.exit_code != 0 and "'fp16' is not one of" in result.output
+    assert not (tmp_path / "b").exists()
+
+
 def test_precision_is_fp32_or_bf16_and_an_old_config_reads_as_fp32(tiny_base, tmp_path):
     from pydantic import ValidationError
 

@@ -215,11 +215,17 @@ def test_shards_split_the_plan_and_the_plain_run_gathers_them(planned: Path, tin
                                   n=2, twohop_n=1, max_new_tokens=3)
     rows = tmp_path / "rows.jsonl"
     for index in (0, 1):
-        skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=2, twohop_n=1,
-                              max_new_tokens=3, shard=(index, 2))
+        own = skills.measure_skills(planned, rows, lm=tiny, model="tiny", n=2, twohop_n=1,
+                                    max_new_tokens=3, shard=(index, 2))
+        assert own["facts_complete"] == 1  # its own share's table
     shards = [_rows(skills.shard_rows_path(rows, i, 2)) for i in (0, 1)]
     keys = [{(r["form"], r["id"]) for r in rows_of} for rows_of in shards]
     assert keys[0] and keys[1] and not keys[0] & keys[1]
+    # Whole facts per shard, every form alike: each shard's own table is complete.
+    for rows_of in shards:
+        facts = {r["id"] for r in rows_of if r["form"] != "twohop-single"}
+        assert len(facts) == 1
+        assert {r["form"] for r in rows_of if r["form"] != "twohop-single"} == set(FACT_FORMS)
     assert keys[0] | keys[1] == {(r["form"], r["id"]) for r in _rows(tmp_path / "whole.jsonl")}
     assert not rows.exists()
     # A shard still writing holds its lock: gathering refuses instead of missing its rows.

@@ -228,16 +228,36 @@ def _check_shard(shard: tuple[int, int] | None) -> None:
         raise ValueError(f"shard must be (index, count) with 0 <= index < count, got {shard}")
 
 
+def _shard_of(plan: Sequence[tuple[str, QAExample, list[Passage]]], index: int, count: int
+              ) -> list[tuple[str, QAExample, list[Passage]]]:
+    """The ``index``-th of ``count`` shares of ``plan``: whole facts (every form of the j-th
+    fact goes to share j % count) and whole two-hop questions (the t-th to t % count), so
+    every share holds each form alike and keeps its items when ``n`` grows."""
+    position: dict[tuple[bool, str], int] = {}
+    seen = {False: 0, True: 0}  # facts, two-hop questions
+    for form, example, _ in plan:
+        key = (form == TWOHOP, example.id)
+        if key not in position:
+            position[key] = seen[key[0]]
+            seen[key[0]] += 1
+    return [item for item in plan
+            if position[(item[0] == TWOHOP, item[1].id)] % count == index]
+
+
 def _gather_shards(rows: Path, log: Any, done: list[dict[str, Any]],
                    header: dict[str, Any]) -> None:
     """Copy into ``log`` the rows of every shard file beside ``rows`` that it lacks. A shard
     still being written holds its lock, so this waits for none: it raises
-    :class:`~rag_gates.errors.FileInUseError` naming the file."""
+    :class:`~rag_gates.errors.FileInUseError` naming the file; a shard written with other
+    settings raises :class:`~rag_gates.errors.ArtifactError` (its header is never rewritten
+    here: that could pull the file from under a running shard)."""
+    import glob
+
     from rag_gates._io import JsonlLog
 
     have = {(r["form"], r["id"]) for r in done}
-    for path in sorted(rows.parent.glob(f"{rows.stem}.shard-*-of-*{rows.suffix}")):
-        _grow_forms(path, header)
+    pattern = f"{glob.escape(rows.stem)}.shard-*-of-*{glob.escape(rows.suffix)}"
+    for path in sorted(rows.parent.glob(pattern)):
         with JsonlLog(path, header) as shard_log:
             for row in shard_log.open():
                 if (row["form"], row["id"]) not in have:
@@ -259,10 +279,11 @@ def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
     testbed's ``model/``) answers; ``model`` names it in the rows' header either way.
     ``base_closed_book_r0``: see :func:`summarise`.
 
-    ``shard=(index, count)``: answer only every ``count``-th item of the plan from the
-    ``index``-th on, into :func:`shard_rows_path` (so ``count`` processes, one thread each,
-    share the work), and summarise those rows alone. A run without ``shard`` first copies
-    every shard file's rows into ``rows``, then answers what none of them did.
+    ``shard=(index, count)``: answer only every ``count``-th fact (all its forms) and
+    two-hop question from the ``index``-th on, into :func:`shard_rows_path` (so ``count``
+    processes, one thread each, share the work), and summarise those rows alone. A run
+    without ``shard`` first copies every shard file's rows into ``rows``, then answers what
+    none of them did.
 
     Example (two lanes, then the whole table)::
 
@@ -276,8 +297,8 @@ def measure_skills(testbed: str | Path, rows: str | Path, *, lm: Any = None,
     directory = Path(testbed).expanduser().resolve()
     name = model or str(directory / "model")
     plan = _plan(directory, n, twohop_n)
-    if shard is not None:  # by position in the whole plan, so a resumed shard keeps its share
-        plan = plan[shard[0]::shard[1]]
+    if shard is not None:
+        plan = _shard_of(plan, *shard)
     header = _header(directory, name, max_new_tokens)
     path = Path(rows) if shard is None else shard_rows_path(rows, *shard)
     _grow_forms(path, header)
