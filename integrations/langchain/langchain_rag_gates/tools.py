@@ -156,17 +156,24 @@ class GatedRetrieverInput(BaseModel):
 
 
 class _DecisionCatcher(BaseCallbackHandler):
-    """Keeps the gate decisions reported during one tool call (the first is the tool's
-    retriever's: it decides before anything it wraps runs)."""
+    """Keeps the gate decisions reported during one tool call, each with the run that
+    reported it."""
 
     run_inline = True
 
     def __init__(self) -> None:
-        self.decisions: list[Any] = []
+        self.decisions: list[tuple[UUID, Any]] = []
 
     def on_custom_event(self, name: str, data: Any, *, run_id: UUID, **kwargs: Any) -> None:
         if name == DECISION_EVENT:
-            self.decisions.append(data)
+            self.decisions.append((run_id, data))
+
+    def final(self) -> Any:
+        """The tool's retriever's last decision: its run reports first (it decides before
+        anything it wraps runs), and last when it overturned its first decision (a
+        SelfRoutingRetriever whose verbalization came back empty retrieves after all)."""
+        own = self.decisions[0][0]
+        return [data for run, data in self.decisions if run == own][-1]
 
 
 class GatedRetrieverTool(BaseTool):
@@ -256,7 +263,7 @@ class GatedRetrieverTool(BaseTool):
                 f"the gated retriever reported no {DECISION_EVENT!r} event; "
                 "GatedRetrieverTool needs a langchain_rag_gates.GatedRetriever"
             )
-        decision = GateDecision.model_validate(catcher.decisions[0])
+        decision = GateDecision.model_validate(catcher.final())
         summary = gated_retrieval_summary(decision, documents_to_passages(docs))
         return json.dumps(summary, ensure_ascii=False), GatedRetrieval(decision, list(docs))
 

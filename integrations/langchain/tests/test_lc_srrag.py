@@ -190,3 +190,33 @@ async def test_an_empty_verbalization_retrieves_instead() -> None:
         assert rec.names[0] == "SelfRoutingRetriever" and len(rec.names) == 2  # the store ran
     decision = retriever.last_decision  # the overturned one, not the first
     assert decision is not None and decision.model_dump(mode="json") == async_.events[-1][1]
+
+
+async def test_the_search_tool_reports_the_overturned_decision() -> None:
+    """The agent's tool says what the retriever did: it retrieved after an empty
+    verbalization, so the tool's decision is the overturned one (audit s15 #2), while a
+    retriever nested inside the tool's keeps its own decision out of the tool's."""
+    import json
+
+    from langchain_core.language_models.fake_chat_models import FakeListChatModel
+    from langchain_rag_gates import GatedRetriever, GatedRetrieverTool, as_text_lm
+
+    from rag_gates.gate import BaseGate
+
+    class Always(BaseGate):
+        name = "always"
+
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
+            return 1.0, {}
+
+    blank = as_text_lm(FakeListChatModel(responses=[" \n"]))
+    nested = GatedRetriever(retriever=store().as_retriever(), gate=Always(0.5))
+    tool = GatedRetrieverTool(retriever=SelfRoutingRetriever(
+        retriever=nested, k=2, verbalizer=Verbalizer(blank, max_new_tokens=6),
+        gate=SelfRoutingGate(lm(), mode="model", tau=1.0, layer=2)))
+    call = {"type": "tool_call", "id": "1", "name": tool.name, "args": {"query": Q}}
+    for message in (tool.invoke(call), await tool.ainvoke(call)):
+        decision = message.artifact.decision
+        assert decision.retrieve is True and decision.evidence["verbalization"] == "empty"
+        assert decision.gate != "always"
+        assert json.loads(message.content)["retrieved"] is True

@@ -140,3 +140,31 @@ async def test_an_empty_verbalization_retrieves_instead(lm: Any, bm25: PassageRe
         assert nodes[0].node.metadata["rag_gates"] == decision.model_dump(mode="json")
         assert retriever.last_decision == decision
         collector.events.clear()
+
+
+async def test_the_search_tool_reports_the_overturned_decision(lm: Any,
+                                                               bm25: PassageRetriever) -> None:
+    """The agent's tool says what the retriever did: it retrieved after an empty
+    verbalization, so the tool's decision is the overturned one (audit s15 #2), while a
+    retriever nested inside the tool's keeps its own decision out of the tool's."""
+    from llama_index.retrievers.rag_gates import GatedRetriever
+    from llama_index.tools.rag_gates import gated_retriever_tool
+
+    from rag_gates.gate import BaseGate
+
+    class Always(BaseGate):
+        name = "always"
+
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
+            return 1.0, {}
+
+    overturning = SelfRoutingRetriever(
+        GatedRetriever(bm25, Always(0.5)),  # nested: its own decision comes after
+        SelfRoutingGate(lm, mode="model", tau=1.0, layer=2),
+        verbalizer=Verbalizer(SaysNothing(), max_new_tokens=6))
+    tool = gated_retriever_tool(overturning)
+    for output in (tool.call(Q), await tool.acall(Q)):
+        decision = output.raw_output.decision
+        assert decision.retrieve is True and decision.evidence["verbalization"] == "empty"
+        assert decision.gate != "always"
+        assert '"retrieved": true' in output.content

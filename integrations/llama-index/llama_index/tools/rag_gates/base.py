@@ -150,7 +150,7 @@ class GatedRetrieval:
 # The decisions of the tool call running in this context (None outside a call): the
 # GatedRetriever reports its decision only as an instrumentation event, and a context
 # variable keeps concurrent tool calls (parallel agent tool calls) apart.
-_CALL_DECISIONS: ContextVar[list[GateDecision] | None] = ContextVar(
+_CALL_DECISIONS: ContextVar[list[tuple[str | None, GateDecision]] | None] = ContextVar(
     "rag_gates_tool_decisions", default=None)
 _INSTALL_LOCK = threading.Lock()
 
@@ -165,7 +165,7 @@ class _DecisionCatcher(BaseEventHandler):
     def handle(self, event: BaseEvent, **kwargs: Any) -> None:
         sink = _CALL_DECISIONS.get()
         if sink is not None and isinstance(event, GateDecisionEvent):
-            sink.append(event.gate_decision())
+            sink.append((event.span_id, event.gate_decision()))
 
 
 def _install_catcher() -> None:
@@ -175,13 +175,18 @@ def _install_catcher() -> None:
             gated.dispatcher.add_event_handler(_DecisionCatcher())
 
 
-def _gated_retrieval(decisions: list[GateDecision], nodes: list[NodeWithScore]) -> GatedRetrieval:
+def _gated_retrieval(decisions: list[tuple[str | None, GateDecision]],
+                     nodes: list[NodeWithScore]) -> GatedRetrieval:
     if not decisions:
         raise RuntimeError("the gated retriever dispatched no GateDecisionEvent; "
                            "gated_retriever_tool needs a llama_index.retrievers.rag_gates."
                            "GatedRetriever")
-    # The first decision is the tool's retriever's: it decides before anything it wraps runs.
-    return GatedRetrieval(decision=decisions[0], nodes=list(nodes))
+    # The tool's retriever's span reports first (it decides before anything it wraps runs),
+    # and last when it overturned its first decision (a SelfRoutingRetriever whose
+    # verbalization came back empty retrieves after all): its last decision is the one.
+    own = decisions[0][0]
+    return GatedRetrieval(decision=[d for span, d in decisions if span == own][-1],
+                          nodes=list(nodes))
 
 
 def _content(result: Any) -> str:
@@ -254,7 +259,7 @@ def gated_retriever_tool(
 
     def search_documents(query: str) -> GatedRetrieval:
         """Search the documents behind a retrieval gate."""
-        decisions: list[GateDecision] = []
+        decisions: list[tuple[str | None, GateDecision]] = []
         token = _CALL_DECISIONS.set(decisions)
         policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
@@ -266,7 +271,7 @@ def gated_retriever_tool(
 
     async def asearch_documents(query: str) -> GatedRetrieval:
         """Search the documents behind a retrieval gate."""
-        decisions: list[GateDecision] = []
+        decisions: list[tuple[str | None, GateDecision]] = []
         token = _CALL_DECISIONS.set(decisions)
         policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
