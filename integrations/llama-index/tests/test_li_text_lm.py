@@ -145,6 +145,7 @@ class _OpenAIStyleLLM(CustomLLM):
 
     with_logprobs: bool = True
     first_logprob: float = -0.1
+    text: str = "Paris."  # what the rows' first tokens spell: decoded greedily
     seen: dict[str, Any] = Field(default_factory=dict)
 
     @property
@@ -163,7 +164,7 @@ class _OpenAIStyleLLM(CustomLLM):
             [LogProb(token=".", logprob=-0.3), LogProb(token="!", logprob=-1.4)],
         ]
         return CompletionResponse(
-            text="Paris.",
+            text=self.text,
             logprobs=rows if self.with_logprobs else None,
             additional_kwargs={"prompt_tokens": 7, "completion_tokens": 3},
         )
@@ -223,6 +224,24 @@ def test_declared_logprobs_missing_raises() -> None:
     d = AnswerLogprobGate(lm, threshold=0.5).decide("Capital of France?")
     assert d.retrieve is True and "undecided" in d.evidence
     assert "LogprobsMissingError" in d.reason, d.reason
+
+
+def test_a_sampled_answer_has_no_logprobs_to_read_and_the_gate_retrieves() -> None:
+    """OpenAI-layout rows list only the likeliest tokens; an LLM that sampled " Paris"'s
+    rival wrote "London." while the rows say "Par" "is" ".": reading them as the written
+    tokens made the answer look confident and the gate skip (audit s15 #1)."""
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.errors import LogprobsMissingError
+
+    lm = as_text_lm(_OpenAIStyleLLM(text="London."), supports_logprobs=True)
+    with pytest.raises(LogprobsMissingError, match="do not spell the text it wrote"):
+        lm.generate("Capital of France?", logprobs=0)
+    assert lm.generate("Capital of France?").text == "London."  # no logprobs asked: fine
+    d = AnswerLogprobGate(lm, threshold=1.0).decide("Capital of France?")
+    assert d.retrieve is True and "LogprobsMissingError" in d.reason, d.reason
+    # Whitespace around the text is no sampling.
+    padded = as_text_lm(_OpenAIStyleLLM(text=" Paris.\n"), supports_logprobs=True)
+    assert padded.generate("Capital of France?", logprobs=0).logprobs is not None
 
 
 def test_from_llama_index_logprobs_layouts() -> None:

@@ -81,7 +81,8 @@ def from_llama_index_logprobs(
     that top-k already. Any other layout is LlamaIndex's
     usual one (OpenAI integration): a row holds only the most likely tokens, so ``row[0]``
     stands for the generated token, which is exact under greedy decoding (rag-gates'
-    default, ``temperature=0``) and an approximation when the LLM samples. ``top`` caps the
+    default, ``temperature=0``); :class:`LlamaIndexTextLM` refuses rows whose first tokens
+    do not spell the text (the LLM sampled) with a ``LogprobsMissingError``. ``top`` caps the
     alternatives kept. Returns None when a row is empty (the LLM sent no alternatives).
     """
     chosen_first = layout in (LOGPROBS_LAYOUT, "chosen_then_top")
@@ -104,6 +105,16 @@ def from_llama_index_logprobs(
             )
         )
     return out
+
+
+def _first_tokens_spell(rows: Sequence[Sequence[LogProb]], text: str) -> bool:
+    """Whether the rows' first tokens spell ``text`` (whitespace at either end aside), by
+    their bytes when every one has them (a character split over tokens), else their text."""
+    if all(row[0].bytes for row in rows):
+        spelt = bytes(b for row in rows for b in row[0].bytes).decode("utf-8", "replace")
+    else:
+        spelt = "".join(row[0].token for row in rows)
+    return spelt.strip() == text.strip()
 
 
 def _bytes(lp: LogProb) -> list[int] | None:
@@ -203,10 +214,23 @@ class LlamaIndexTextLM(BaseTextLM):
         if reported in _FINISH_REASONS:
             finish = reported
         found = find_stop(text, stops)
+        written = text
         if found is not None:
             text, finish = text[: found[0]], "stop"
         token_logprobs: list[TokenLogprob] | None = None
         if logprobs is not None:
+            if rows is not None and all(rows) and \
+                    info.get(LOGPROBS_LAYOUT_KEY) not in (LOGPROBS_LAYOUT, "chosen_then_top") \
+                    and not _first_tokens_spell(rows, written):
+                # LlamaIndex's usual layout lists only the likeliest tokens: when they are
+                # not what was written the LLM sampled, and reading them would make the
+                # answer look likelier than it was (a confidence gate then skips).
+                raise LogprobsMissingError(
+                    f"{type(self.llm).__name__}'s log-probabilities list only the likeliest "
+                    "tokens, and those do not spell the text it wrote (it sampled): the "
+                    "written tokens' log-probabilities are unknown. Decode greedily "
+                    "(temperature=0 in the LLM, or through as_text_lm(call_kwargs=...))"
+                )
             if rows is not None:
                 token_logprobs = from_llama_index_logprobs(
                     rows, logprobs, layout=info.get(LOGPROBS_LAYOUT_KEY)
