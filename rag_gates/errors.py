@@ -104,10 +104,10 @@ class ServerLogprobError(ServerReplyError):
 
 
 class LogprobsMissingError(ServerLogprobError, ValueError):
-    """A model wrapper returned no usable token log-probabilities although they were
-    requested (a LangChain or LlamaIndex adapter over a provider that dropped or reshaped
-    them): configure the model to return them. A gate reading them cannot decide and
-    retrieves."""
+    """A model returned no usable token log-probabilities although they were requested (a
+    server's reply without them or in another shape, a LangChain or LlamaIndex adapter over
+    a provider that dropped or reshaped them): configure the model to return them. A gate
+    reading them cannot decide and retrieves."""
 
 
 class ServerUnavailableError(ServerError):

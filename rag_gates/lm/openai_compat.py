@@ -82,6 +82,7 @@ from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import (
     ContextLengthError,
+    LogprobsMissingError,
     ServerError,
     ServerLogprobError,
     ServerReplyError,
@@ -518,7 +519,7 @@ class OpenAICompatibleLM(BaseTextLM):
             tokens = (_completion_logprobs(choice, url, logprobs)
                       if logprobs is not None else None)
         if logprobs is not None and not tokens and text:
-            raise ServerReplyError(f"{url} returned no log-probabilities although they were "
+            raise LogprobsMissingError(f"{url} returned no log-probabilities although they were "
                                    "asked for (start the server with logits_all / logprobs "
                                    "enabled)")
         text, tokens, finish = _finish(text, tokens, stops, choice)
@@ -1038,7 +1039,7 @@ def _completion_logprobs(choice: dict[str, Any], url: str, k: int) -> list[Token
                              top_logprobs=_tops((top or {}).items(), k, url, f"token {i}"))
                 for i, (t, v, top) in enumerate(zip(tokens, values, tops, strict=True))]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ServerReplyError(f"{url}: choices[0].logprobs is not in the completions shape "
+        raise LogprobsMissingError(f"{url}: choices[0].logprobs is not in the completions shape "
                                f"(tokens, token_logprobs, top_logprobs): {str(lp)[:200]}"
                                ) from exc
 
@@ -1057,7 +1058,7 @@ def _chat_logprobs(choice: dict[str, Any], url: str, k: int) -> list[TokenLogpro
                                                 url, f"token {i}"))
                 for i, item in enumerate(lp["content"] or [])]
     except (KeyError, TypeError, ValueError) as exc:
-        raise ServerReplyError(f"{url}: choices[0].logprobs is not in the chat shape "
+        raise LogprobsMissingError(f"{url}: choices[0].logprobs is not in the chat shape "
                                f"(content[].token/logprob/top_logprobs): {str(lp)[:200]}"
                                ) from exc
 

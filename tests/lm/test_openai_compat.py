@@ -365,6 +365,34 @@ def test_answer_logprob_gate_fails_closed_on_a_positive_log_probability(
     assert "ServerLogprobError" in str(d.evidence["error"])
 
 
+def _completion_logprobs_as(logprobs: object) -> bytes:
+    import json
+
+    return json.dumps({"object": "text_completion", "choices": [{
+        "index": 0, "text": " Paris", "finish_reason": "stop", "logprobs": logprobs}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": 1}}).encode()
+
+
+@pytest.mark.parametrize("logprobs", [None, {"tokens": [" Paris"]}],
+                         ids=["missing", "another-shape"])
+def test_a_reply_without_usable_log_probabilities_makes_the_gates_retrieve(
+        server: ReplayServer, raw_lm: OpenAICompatibleLM, logprobs: object) -> None:
+    """One reply of a server that passed the start-up probe lacks the log-probabilities it
+    was asked for (a mixed backend pool): the gates reading them retrieve and say why; they
+    raised ServerReplyError out of the gate before (audit s15 #3)."""
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.errors import LogprobsMissingError
+
+    server.faults.append(("body", _completion_logprobs_as(logprobs)))
+    with pytest.raises(LogprobsMissingError):
+        raw_lm.generate("The capital of France is", max_new_tokens=4, logprobs=0)
+    gate = AnswerLogprobGate(raw_lm, threshold=1.0, max_new_tokens=6)
+    server.faults.append(("body", _completion_logprobs_as(logprobs)))
+    d = gate.decide("What is the capital of France?")
+    assert d.retrieve and "could not decide" in d.reason
+    assert "LogprobsMissingError" in str(d.evidence["error"])
+
+
 def test_a_server_with_invalid_log_probabilities_is_probed_as_offering_none(
         server: ReplayServer) -> None:
     """At construction the probe reads generated tokens' log-probabilities: positive ones
