@@ -57,6 +57,7 @@ __all__ = [
     "check_in_range",
     "check_threshold",
     "decision_margin",
+    "fail_closed",
     "gate_error_decision",
     "is_gate_expression",
     "json_safe",
@@ -315,6 +316,30 @@ def json_safe(evidence: dict[str, JsonValue]) -> dict[str, JsonValue]:
 def _undecided(decision: GateDecision) -> bool:
     return "undecided" in decision.evidence or not math.isfinite(decision.score) \
         or decision.score >= UNDECIDED_SCORE
+
+
+def fail_closed(decision: GateDecision) -> GateDecision:
+    """``decision``, unless it skips retrieval on a score that is no number (NaN, inf) or
+    that its gate marked undecided: then a copy that retrieves and says why. :class:`BaseGate`
+    never makes such a decision; a gate that follows the :class:`Gate` protocol without it
+    can, and the framework wrappers pass every decision through this, as composites do.
+
+    Example:
+        >>> d = GateDecision(gate="remote", retrieve=False, score=float("nan"),
+        ...                  threshold=0.5, reason="nan < 0.5")
+        >>> fixed = fail_closed(d)
+        >>> fixed.retrieve, fixed.evidence["raw_score"]
+        (True, 'nan')
+    """
+    if decision.retrieve or not _undecided(decision):
+        return decision
+    why = str(decision.evidence.get("undecided") or
+              f"its score {decision.score!r} is not a finite number")
+    return decision.model_copy(update={
+        "retrieve": True, "score": UNDECIDED_SCORE,
+        "reason": f"{decision.gate} could not decide ({why}): retrieve",
+        "evidence": {**decision.evidence, "raw_score": repr(decision.score), "undecided": why,
+                     "gate_said": decision.reason}})
 
 
 def decision_margin(decision: GateDecision) -> float:

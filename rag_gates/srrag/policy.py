@@ -111,6 +111,12 @@ def _check_key(vector: Sequence[float], dim: int, what: str) -> None:
         raise PolicyKeyError(
             f"{what} is not finite ({bad} NaN/inf of {dim} values): the model's hidden state "
             "is broken (a NaN or inf weight or input), so no neighbour can be found for it")
+    if not any(vector):
+        # Cosine similarity with a zero vector is 0 for every stored key: the "nearest"
+        # neighbours would be whichever the store lists first, a vote on nothing.
+        raise PolicyKeyError(
+            f"{what} is all zeros: it has no direction, so no neighbour is nearer than another "
+            "(the model's hidden state is broken)")
 
 
 class KeyFunction(Protocol):

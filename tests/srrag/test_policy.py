@@ -133,6 +133,10 @@ def test_non_finite_keys_and_bad_k_are_refused(tiny: Any) -> None:
         half = [1.0] * 63 + [float("inf")]
         with pytest.raises(PolicyKeyError, match="not finite"):
             policy.vote(half)
+        # A zero key is as near to every stored key: its vote was the store's first k
+        # (p 0.33 from the cache, 0.67 from Qdrant; audit s15 #5).
+        with pytest.raises(PolicyKeyError, match="all zeros"):
+            policy.vote([0.0] * 64)
     for k in (-2, 0, 1.5, True, "3"):
         with pytest.raises(ValueError, match=r"k must be an int >= 1"):
             policy.vote_question("Who wrote Hamlet?", k=k)  # type: ignore[arg-type]
@@ -141,6 +145,8 @@ def test_non_finite_keys_and_bad_k_are_refused(tiny: Any) -> None:
     with pytest.raises(PolicyKeyError, match=r"key 0 .*not finite"):
         policy.add([PolicyEntry(id="9", question="Poisoned?", source="parametric")],
                    [nan_key])
+    with pytest.raises(PolicyKeyError, match=r"key 0 .*all zeros"):
+        policy.add([PolicyEntry(id="9", question="Empty?", source="parametric")], [[0.0] * 64])
     assert len(policy) == 4
     policy.close()
 

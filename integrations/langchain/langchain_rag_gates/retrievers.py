@@ -19,7 +19,7 @@ from langchain_core.runnables.utils import coro_with_context
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
-from rag_gates.gate import Gate
+from rag_gates.gate import Gate, fail_closed
 from rag_gates.retrieval.base import BaseRetriever as RagGatesBaseRetriever
 from rag_gates.retrieval.base import check_query
 from rag_gates.types import GateDecision, Passage
@@ -41,13 +41,15 @@ def _check_gate(value: Any) -> Any:
 
 
 def _checked(gate: Any, decision: Any) -> GateDecision:
-    """``decision`` if it is a ``GateDecision``, else a TypeError naming the gate."""
+    """``decision`` if it is a ``GateDecision`` (one that skips on a score that is no number
+    retrieves instead: :func:`rag_gates.gate.fail_closed`), else a TypeError naming the
+    gate."""
     if not isinstance(decision, GateDecision):
         raise TypeError(
             f"gate {getattr(gate, 'name', type(gate).__name__)!r} returned "
             f"{type(decision).__name__}, expected a rag_gates GateDecision"
         )
-    return decision
+    return fail_closed(decision)
 
 
 def _decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:

@@ -21,7 +21,7 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
 from pydantic import Field, JsonValue
 
-from rag_gates.gate import Gate, gate_error_decision
+from rag_gates.gate import Gate, fail_closed, gate_error_decision
 from rag_gates.types import GateDecision
 
 __all__ = ["GateDecisionEvent", "GatedRetriever"]
@@ -57,18 +57,27 @@ def decide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
     decision that retrieves and names the error (``"retrieve"``). A tool call's policy
     (``gated_retriever_tool``) overrides ``policy``."""
     try:
-        return gate.decide(query_str)
+        decision = gate.decide(query_str)
     except Exception as error:  # any failure to decide is "undecided"
         return _gate_failed(gate, query_str, error, policy)
+    return _closed(decision)
+
+
+def _closed(decision: Any) -> Any:
+    """A decision that skips on a score that is no number retrieves instead (a gate outside
+    ``BaseGate`` can make one); anything not a decision is left to :func:`emit_decision`'s
+    TypeError."""
+    return fail_closed(decision) if isinstance(decision, GateDecision) else decision
 
 
 async def adecide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
                                  ) -> GateDecision:
     """:func:`decide_or_fail_closed` with ``gate.adecide``."""
     try:
-        return await gate.adecide(query_str)
+        decision = await gate.adecide(query_str)
     except Exception as error:  # any failure to decide is "undecided"
         return _gate_failed(gate, query_str, error, policy)
+    return _closed(decision)
 
 
 class GateDecisionEvent(BaseEvent):
