@@ -2,7 +2,7 @@
 judge's intermediate values on tiny random-weight Llamas, against a fixture written by the
 decoder as it was before the streams were made cheap (unpadded no-passage stream, last
 position only). A change to how the streams run must leave the decoding as it was: greedy
-tokens and sides exactly, scores and log-probabilities within 1e-5.
+tokens and sides exactly, scores and log-probabilities within 1e-4 (relative above 1).
 
 The fixture (``data/pinned_choices.json``) is written by::
 
@@ -23,7 +23,10 @@ import pytest
 torch = pytest.importorskip("torch")
 
 FIXTURE = Path(__file__).parent / "data" / "pinned_choices.json"
-TOL = 1e-5
+# float32 kernels differ between CPUs: the fixture, written on one machine, reads up to 2.3e-5
+# (relative) off on another with AVX-512 and AMX (same tokens, same sides); a change to how
+# the streams run moves these values far more.
+TOL = 1e-4
 
 PASSAGES = {
     "france": [
