@@ -1,6 +1,6 @@
 """What ``rag-gates testbed build --precision bf16`` saves a training step against fp32.
 
-    .venv/bin/python benchmarks/testbed_train_precision.py --steps 12 --threads 2 \\
+    .venv/bin/python benchmarks/testbed_train_precision.py --steps 16 --threads 2 \\
         --out benchmarks/results/testbed/train_precision.json
 
 The embedded SmolLM2-135M, loaded twice in fp32 from the same weights, trains on the same

@@ -331,15 +331,19 @@ def fail_closed(decision: GateDecision) -> GateDecision:
         >>> fixed.retrieve, fixed.evidence["raw_score"]
         (True, 'nan')
     """
-    if decision.retrieve or not _undecided(decision):
+    marked = decision.evidence.get("undecided")
+    finite = math.isfinite(decision.score) and decision.score < UNDECIDED_SCORE
+    if decision.retrieve or (finite and not marked):
         return decision
-    why = str(decision.evidence.get("undecided") or
-              f"its score {decision.score!r} is not a finite number")
+    why = (str(marked) if marked else
+           f"its score {decision.score!r} is not a finite number" if not
+           math.isfinite(decision.score) else
+           f"its score {decision.score!r} is the undecided sentinel")
     return decision.model_copy(update={
         "retrieve": True, "score": UNDECIDED_SCORE,
         "reason": f"{decision.gate} could not decide ({why}): retrieve",
-        "evidence": {**decision.evidence, "raw_score": repr(decision.score), "undecided": why,
-                     "gate_said": decision.reason}})
+        "evidence": json_safe({**decision.evidence, "raw_score": repr(decision.score),
+                               "undecided": why, "gate_said": decision.reason})})
 
 
 def decision_margin(decision: GateDecision) -> float:

@@ -905,6 +905,8 @@ class OpenAICompatibleLM(BaseTextLM):
                 found[kind] = await self._probe_kind(kind)
             except ServerRequestError as exc:  # e.g. a chat-only server refusing completions
                 found[kind] = ("missing", f"the completions endpoint refused: {exc}", False)
+            except LogprobsMissingError:  # none at all: say how to start the server, as ever
+                raise
             except ServerLogprobError as exc:  # values that are not log-probabilities
                 invalid = str(exc)
                 found[kind] = ("mismatch", f"invalid log-probabilities: {exc}", False)

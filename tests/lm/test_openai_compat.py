@@ -393,6 +393,23 @@ def test_a_reply_without_usable_log_probabilities_makes_the_gates_retrieve(
     assert "LogprobsMissingError" in str(d.evidence["error"])
 
 
+def test_a_server_sending_no_log_probabilities_at_all_is_refused_at_construction(
+        server: ReplayServer) -> None:
+    """The start-up probe still refuses a server that drops log-probabilities (the reply
+    error now being a LogprobsMissingError must not turn it into "invalid values")."""
+    from rag_gates.errors import LogprobsMissingError
+
+    def drop(path: str, payload: Any, reply: Any) -> Any:
+        if not (payload or {}).get("echo"):
+            for choice in reply.get("choices") or []:
+                choice["logprobs"] = None
+        return reply
+
+    server.transform = drop
+    with pytest.raises(LogprobsMissingError, match="logits_all"):
+        OpenAICompatibleLM(server.url, chat=False, **FAST)
+
+
 def test_a_server_with_invalid_log_probabilities_is_probed_as_offering_none(
         server: ReplayServer) -> None:
     """At construction the probe reads generated tokens' log-probabilities: positive ones

@@ -264,3 +264,23 @@ def test_non_finite_evidence_is_made_json_safe_and_finite_scores_decide_as_befor
     assert Fixed(0.5).decide(QUESTION).retrieve is True
     undecided = Fixed(float("-inf")).decide(QUESTION)  # -inf would have meant "never retrieve"
     assert undecided.retrieve is True and undecided.evidence["raw_score"] == "-inf"
+
+
+def test_fail_closed_overturns_only_a_skip_it_cannot_read() -> None:
+    """What the framework wrappers apply to decisions from gates outside BaseGate."""
+    from rag_gates.gate import fail_closed
+
+    def decision(score: float, retrieve: bool, **evidence: Any) -> GateDecision:
+        return GateDecision(gate="remote", retrieve=retrieve, score=score, threshold=0.5,
+                            reason="its own reason", evidence=evidence)
+
+    for kept in (decision(0.2, False), decision(0.2, False, undecided=False),
+                 decision(0.9, True), decision(float("nan"), True)):
+        assert fail_closed(kept) is kept
+    nan = fail_closed(decision(float("nan"), False, spread=float("inf")))
+    assert nan.retrieve and nan.score == UNDECIDED_SCORE
+    assert nan.reason == "remote could not decide (its score nan is not a finite number): retrieve"
+    assert nan.evidence["gate_said"] == "its own reason" and nan.evidence["spread"] == "inf"
+    GateDecision.model_validate_json(nan.model_dump_json())  # valid JSON
+    marked = fail_closed(decision(0.2, False, undecided="the service timed out"))
+    assert marked.retrieve and "(the service timed out)" in marked.reason

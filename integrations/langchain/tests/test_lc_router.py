@@ -198,3 +198,27 @@ def test_bad_inputs_say_what_to_do(router: GateRouter, llm: ChatRagGates) -> Non
         route_by_gate(object(), retrieve=llm, direct=llm)
     with pytest.raises(TypeError, match="Runnable"):
         route_by_gate(CapitalisedWordsGate(1), retrieve=3, direct=llm)  # type: ignore[arg-type]
+
+
+def test_a_skip_on_a_score_that_is_no_number_takes_the_retrieval_route(
+    llm: ChatRagGates, rag_chain: Runnable[Any, Any]
+) -> None:
+    """A gate outside BaseGate that skips on NaN: the router fails closed (audit s15 #4)."""
+
+    class ProtocolOnlyGate:
+        name, threshold = "remote", 0.5
+
+        def decide(self, query: str, **signals: Any) -> GateDecision:
+            return GateDecision(gate=self.name, retrieve=False, score=float("nan"),
+                                threshold=self.threshold, reason="nan against 0.5")
+
+        async def adecide(self, query: str, **signals: Any) -> GateDecision:
+            return self.decide(query)
+
+        def decide_batch(self, queries: list[str], **signals: Any) -> list[GateDecision]:
+            return [self.decide(q) for q in queries]
+
+    router = route_by_gate(ProtocolOnlyGate(), retrieve=rag_chain,
+                           direct=DIRECT_PROMPT | llm)
+    said = router.invoke(SKIP).response_metadata[KEY]
+    assert said["retrieve"] is True and "remote could not decide" in said["reason"]

@@ -239,9 +239,19 @@ def test_a_sampled_answer_has_no_logprobs_to_read_and_the_gate_retrieves() -> No
     assert lm.generate("Capital of France?").text == "London."  # no logprobs asked: fine
     d = AnswerLogprobGate(lm, threshold=1.0).decide("Capital of France?")
     assert d.retrieve is True and "LogprobsMissingError" in d.reason, d.reason
-    # Whitespace around the text is no sampling.
+    # Whitespace around the text is no sampling; nor is a stop string the server cut from
+    # the text but not from the log-probabilities ("." here), nor a piece of a character a
+    # server sent as U+FFFD.
     padded = as_text_lm(_OpenAIStyleLLM(text=" Paris.\n"), supports_logprobs=True)
     assert padded.generate("Capital of France?", logprobs=0).logprobs is not None
+    cut = as_text_lm(_OpenAIStyleLLM(text="Paris"), supports_logprobs=True,
+                     call_kwargs=lambda o: {"stop": list(o.stop)})
+    assert cut.generate("Capital of France?", stop=["."], logprobs=0).logprobs is not None
+    from llama_index.llms.rag_gates.text_lm import _first_tokens_spell
+
+    pieces = [[LogProb(token="Caf", logprob=-0.1)], [LogProb(token="\ufffd", logprob=-0.2)]]
+    assert _first_tokens_spell(pieces, "Café")
+    assert not _first_tokens_spell(pieces, "Cab")
 
 
 def test_from_llama_index_logprobs_layouts() -> None:

@@ -156,7 +156,8 @@ class TestbedConfig(BaseModel):
     precision: Literal["fp32", "bf16"] = Field("fp32", description=(
         "'fp32', or 'bf16': bfloat16 autocast over fp32 master weights (the saved model "
         "stays fp32). About 1.6 times faster a step on a CPU with AMX "
-        "(benchmarks/testbed_train_precision.py); slower on one without bfloat16 units."))
+        "(benchmarks/testbed_train_precision.py); expected slower on one without bfloat16 "
+        "units (not measured)."))
     popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
     wiki_path: str | None = Field(None, description="Paragraph file (default: shipped).")
     threads: int | None = Field(None, ge=1, exclude=True,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
-from typing import Annotated, Literal
+from typing import Annotated
 
 import typer
 from rich.console import Console
@@ -94,7 +94,7 @@ def build_command(
     save_steps: Annotated[int, typer.Option(min=1, help="Checkpoint every N steps.")] =
         _DEFAULT.save_steps,
     seed: Annotated[int, typer.Option()] = 0,
-    precision: Annotated[Literal["fp32", "bf16"], typer.Option(
+    precision: Annotated[str, typer.Option(  # a str: typer reads Literal only from 0.19
         help="fp32, or bf16: bfloat16 autocast over fp32 weights, about 1.6x faster a step "
              "on a CPU with AMX.")] = _DEFAULT.precision,
     bridges: Annotated[bool, typer.Option(help="Teach purpose-written second hops (a "
@@ -108,6 +108,9 @@ def build_command(
     """Choose facts, write the corpus and manifest, and continue training the model on it."""
     from rag_gates.eval.testbed.build import build_testbed, plan_figures, write_plan
 
+    if precision not in ("fp32", "bf16"):
+        raise typer.BadParameter(f"{precision!r} is not one of 'fp32', 'bf16'.",
+                                 param_hint="'--precision'")
     with clean_errors():
         config = TestbedConfig(
             base_model=base_model, n_facts=n_facts, ladder=_ints(ladder),

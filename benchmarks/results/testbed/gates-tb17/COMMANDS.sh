@@ -1,7 +1,7 @@
 #!/bin/bash
 # tb17: tb16's flags trained in bfloat16 autocast (--precision bf16; issue 35). tb16's build
 # (fp32) reached checkpoint-2010 of 3,666 steps and was lost with the machine between two
-# sessions; an fp32 build takes about 2.7 hours on this machine's two threads, longer than a
+# sessions; an fp32 build takes about 2.6 hours on this machine's two threads, longer than a
 # session leaves beside the validate and skills steps, and bfloat16 autocast over fp32 master
 # weights runs a step 1.58 times faster here (benchmarks/results/testbed/train_precision.json).
 # Facts, splits, corpus and steps are tb16's (same flags); the saved model is fp32, and every

@@ -6,6 +6,7 @@ LlamaIndex application already uses: OpenAI, Ollama, vLLM, a local HuggingFace L
 
 from __future__ import annotations
 
+import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
 from typing import Any, Literal
@@ -107,14 +108,30 @@ def from_llama_index_logprobs(
     return out
 
 
-def _first_tokens_spell(rows: Sequence[Sequence[LogProb]], text: str) -> bool:
+def _first_tokens_spell(rows: Sequence[Sequence[LogProb]], text: str,
+                        stops: Sequence[str] = ()) -> bool:
     """Whether the rows' first tokens spell ``text`` (whitespace at either end aside), by
-    their bytes when every one has them (a character split over tokens), else their text."""
+    their bytes when every one has them (a character split over tokens), else their text.
+    Also when they spell it followed by a stop string the server cut from the text but not
+    from the log-probabilities, and when a server sent a piece of a character as U+FFFD
+    (each run of them then stands for any characters)."""
     if all(row[0].bytes for row in rows):
         spelt = bytes(b for row in rows for b in row[0].bytes).decode("utf-8", "replace")
     else:
         spelt = "".join(row[0].token for row in rows)
-    return spelt.strip() == text.strip()
+    candidates = [spelt]
+    found = find_stop(spelt, stops)
+    if found is not None:
+        candidates.append(spelt[: found[0]])
+    want = text.strip()
+    for candidate in (c.strip() for c in candidates):
+        if candidate == want:
+            return True
+        if "\ufffd" in candidate and "\ufffd" not in want:
+            pattern = ".+?".join(re.escape(p) for p in re.split("\ufffd+", candidate))
+            if re.fullmatch(pattern, want, flags=re.DOTALL):
+                return True
+    return False
 
 
 def _bytes(lp: LogProb) -> list[int] | None:
@@ -219,16 +236,17 @@ class LlamaIndexTextLM(BaseTextLM):
             text, finish = text[: found[0]], "stop"
         token_logprobs: list[TokenLogprob] | None = None
         if logprobs is not None:
-            if rows is not None and all(rows) and \
+            if rows and all(rows) and \
                     info.get(LOGPROBS_LAYOUT_KEY) not in (LOGPROBS_LAYOUT, "chosen_then_top") \
-                    and not _first_tokens_spell(rows, written):
+                    and not _first_tokens_spell(rows, written, stops):
                 # LlamaIndex's usual layout lists only the likeliest tokens: when they are
                 # not what was written the LLM sampled, and reading them would make the
                 # answer look likelier than it was (a confidence gate then skips).
                 raise LogprobsMissingError(
                     f"{type(self.llm).__name__}'s log-probabilities list only the likeliest "
-                    "tokens, and those do not spell the text it wrote (it sampled): the "
-                    "written tokens' log-probabilities are unknown. Decode greedily "
+                    "tokens, and those do not spell the text it wrote (it sampled, or the "
+                    "server reformatted the text): the written tokens' log-probabilities "
+                    "are unknown. Decode greedily "
                     "(temperature=0 in the LLM, or through as_text_lm(call_kwargs=...))"
                 )
             if rows is not None:
