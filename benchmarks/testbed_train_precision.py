@@ -13,6 +13,10 @@ warm-up, step left out), the median of the per-block ratios fp32 / bf16, and eac
 loss on every block, so a reader sees whether bfloat16 changes what is learnt in the first
 steps. Also the CPU's bfloat16 units (``amx_bf16``, ``avx512_bf16``): without them bfloat16
 is emulated and slower.
+
+``--compile`` adds a third copy, bf16 under ``torch.compile`` (what ``rag-gates testbed build
+--precision bf16 --compile`` runs): its first step, which compiles, is timed apart
+(``compile_seconds``) and the ratio ``bf16 / bf16-compiled`` is reported the same way.
 """
 
 from __future__ import annotations
@@ -80,33 +84,38 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--block-size", type=int, default=512)
     parser.add_argument("--lr", type=float, default=1.5e-4)
+    parser.add_argument("--compile", action="store_true",
+                        help="also time bf16 under torch.compile")
     parser.add_argument("--out", type=Path, default=None)
     args = parser.parse_args(argv)
     torch.set_num_threads(args.threads)
     data = blocks(args.block_size, args.steps + 1)
+    arms = (*PRECISIONS, "bf16-compiled") if args.compile else PRECISIONS
     copies = {}
-    for name in PRECISIONS:
+    for name in arms:
         model = transformers.AutoModelForCausalLM.from_pretrained(
             default_lm_dir(), local_files_only=True, dtype=torch.float32)
         model.train()
-        copies[name] = (model, torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True,
-                                                 weight_decay=0.0))
-    seconds: dict[str, list[float]] = {p: [] for p in PRECISIONS}
-    losses: dict[str, list[float]] = {p: [] for p in PRECISIONS}
+        optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, fused=True,
+                                      weight_decay=0.0)
+        copies[name] = (torch.compile(model) if name == "bf16-compiled" else model, optimizer)
+    seconds: dict[str, list[float]] = {p: [] for p in arms}
+    losses: dict[str, list[float]] = {p: [] for p in arms}
     for i, block in enumerate(data):
         ids = torch.tensor([block])
-        order = PRECISIONS if i % 2 == 0 else PRECISIONS[::-1]
+        order = arms if i % 2 == 0 else arms[::-1]
         for name in order:
-            took, loss = step(*copies[name], ids, bf16=name == "bf16")
+            took, loss = step(*copies[name], ids, bf16=name != "fp32")
             seconds[name].append(took)
             losses[name].append(round(loss, 4))
-    timed = {p: s[1:] for p, s in seconds.items()}  # the first step warms up
+    timed = {p: s[1:] for p, s in seconds.items()}  # the first step warms up (or compiles)
     ratios = [a / b for a, b in zip(timed["fp32"], timed["bf16"], strict=True)]
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT,
                             capture_output=True, text=True).stdout.strip()
     result = {
         "command": "benchmarks/testbed_train_precision.py " + " ".join(
-            f"--{k.replace('_', '-')} {v}" for k, v in vars(args).items() if k != "out"),
+            (f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')} {v}")
+            for k, v in vars(args).items() if k != "out" and v is not False),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": commit,
         "machine": {"processor": platform.processor() or platform.machine(),
                     "bf16_units": cpu_bf16_units(), "threads": args.threads,
@@ -120,7 +129,16 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
         "max_abs_loss_difference": round(max(abs(a - b) for a, b in zip(
             losses["fp32"], losses["bf16"], strict=True)), 4),
     }
-    print(json.dumps({k: v for k, v in result.items() if k not in ("ratios", "loss_per_step")},
+    if args.compile:
+        compiled = [a / b for a, b in zip(timed["bf16"], timed["bf16-compiled"], strict=True)]
+        result.update({
+            "compile_seconds": round(seconds["bf16-compiled"][0], 1),
+            "median_ratio_bf16_over_bf16_compiled": round(statistics.median(compiled), 2),
+            "ratios_compiled": [round(r, 2) for r in compiled],
+            "max_abs_loss_difference_compiled": round(max(abs(a - b) for a, b in zip(
+                losses["bf16"], losses["bf16-compiled"], strict=True)), 4)})
+    print(json.dumps({k: v for k, v in result.items()
+                      if k not in ("ratios", "ratios_compiled", "loss_per_step")},
                      indent=2))
     if args.out:
         args.out.parent.mkdir(parents=True, exist_ok=True)

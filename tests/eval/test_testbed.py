@@ -228,6 +228,22 @@ def test_bf16_build_trains_in_bfloat16_autocast_and_saves_fp32_weights(tiny_base
         build_testbed(_config(tiny_base), bf16, progress=False)
 
 
+def test_a_compiled_build_trains_the_same_testbed(tiny_base, tmp_path):
+    """torch.compile changes how the steps run, not what they train: the same directory
+    resumes either way (not part of the identity) and the weights agree to float rounding."""
+    eager, compiled = tmp_path / "eager", tmp_path / "compiled"
+    build_testbed(_config(tiny_base), eager, progress=False)
+    record = build_testbed(_config(tiny_base, compile=True), compiled, progress=False)
+    assert record["torch_compile"] is True and "compile" not in record["config"]
+    wa, wb = _weights(eager), _weights(compiled)
+    assert all(torch.allclose(wa[k], wb[k], atol=1e-4) for k in wa)
+    # ... and not bit for bit, as two eager builds are (test_build_is_deterministic): the
+    # compiled kernels ran.
+    assert any(not torch.equal(wa[k], wb[k]) for k in wa)
+    assert build_testbed(_config(tiny_base), compiled, progress=False)["steps"] == \
+        record["steps"]  # complete: the eager configuration finds it so
+
+
 def test_cli_precision_reaches_the_config_and_a_wrong_one_is_refused(tiny_base, tmp_path):
     from typer.testing import CliRunner
 
