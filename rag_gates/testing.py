@@ -21,12 +21,18 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from pydantic import JsonValue
+
 from rag_gates._optional import require
 from rag_gates.extract.sentences import split_sentences
+from rag_gates.gate import BaseGate
 from rag_gates.tools import SEARCH_DOCUMENTS_NAME, VERIFY_CLAIMS_NAME
+from rag_gates.types import GateDecision
 
 __all__ = [
     "TINY_CHAT_TEMPLATE",
+    "ConstantGate",
+    "NaNSkippingGate",
     "ScriptedTurn",
     "VerifyReviseScript",
     "check_exports",
@@ -326,3 +332,48 @@ def tiny_gate_spec(lm: Any, path: str | Path, *, n: int = 40, max_new_tokens: in
                        retriever="none (test)", gates=["answer-logprob"], composite=False,
                        options={"max_new_tokens": max_new_tokens})
     return report.best.save(path)
+
+
+class ConstantGate(BaseGate):
+    """A gate whose score is always ``score``: ``ConstantGate(1.0)`` retrieves at its
+    threshold 0.5, ``ConstantGate(0.0)`` never does.
+
+    Example:
+        >>> ConstantGate(1.0).decide("Who wrote Hamlet?").retrieve
+        True
+    """
+
+    name = "constant"
+
+    def __init__(self, score: float, threshold: float = 0.5) -> None:
+        super().__init__(threshold)
+        self.constant = score
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return self.constant, {}
+
+
+class NaNSkippingGate:
+    """A gate that follows the :class:`~rag_gates.gate.Gate` protocol without ``BaseGate``
+    (a remote scoring service, say) and decides "no retrieval" on the NaN its service
+    answered: what the framework wrappers must fail closed on.
+
+    Example:
+        >>> from rag_gates.gate import fail_closed
+        >>> fail_closed(NaNSkippingGate().decide("Who wrote Hamlet?")).retrieve
+        True
+    """
+
+    name, threshold = "remote", 0.5
+    said = "nan against 0.5"
+
+    def decide(self, query: str, **signals: Any) -> GateDecision:
+        return GateDecision(gate=self.name, retrieve=False, score=float("nan"),
+                            threshold=self.threshold, reason=self.said)
+
+    async def adecide(self, query: str, **signals: Any) -> GateDecision:
+        return self.decide(query)
+
+    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+        return [self.decide(q) for q in queries]
+

@@ -204,21 +204,9 @@ def test_a_skip_on_a_score_that_is_no_number_takes_the_retrieval_route(
     llm: ChatRagGates, rag_chain: Runnable[Any, Any]
 ) -> None:
     """A gate outside BaseGate that skips on NaN: the router fails closed (audit s15 #4)."""
+    from rag_gates.testing import NaNSkippingGate
 
-    class ProtocolOnlyGate:
-        name, threshold = "remote", 0.5
-
-        def decide(self, query: str, **signals: Any) -> GateDecision:
-            return GateDecision(gate=self.name, retrieve=False, score=float("nan"),
-                                threshold=self.threshold, reason="nan against 0.5")
-
-        async def adecide(self, query: str, **signals: Any) -> GateDecision:
-            return self.decide(query)
-
-        def decide_batch(self, queries: list[str], **signals: Any) -> list[GateDecision]:
-            return [self.decide(q) for q in queries]
-
-    router = route_by_gate(ProtocolOnlyGate(), retrieve=rag_chain,
+    router = route_by_gate(NaNSkippingGate(), retrieve=rag_chain,
                            direct=DIRECT_PROMPT | llm)
     said = router.invoke(SKIP).response_metadata[KEY]
     assert said["retrieve"] is True and "remote could not decide" in said["reason"]

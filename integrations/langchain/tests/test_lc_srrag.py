@@ -153,16 +153,12 @@ def test_product_gate_evidence_reaches_the_documents() -> None:
 
 
 def test_a_gate_without_a_model_needs_a_verbalizer() -> None:
-    from rag_gates.gate import BaseGate
-
-    class Always(BaseGate):
-        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-            return 1.0, {}
+    from rag_gates.testing import ConstantGate
 
     with pytest.raises(ValueError, match="pass verbalizer=Verbalizer"):
-        SelfRoutingRetriever(retriever=store().as_retriever(), gate=Always(0.5))
+        SelfRoutingRetriever(retriever=store().as_retriever(), gate=ConstantGate(1.0))
     with pytest.raises(TypeError, match="Verbalizer"):
-        SelfRoutingRetriever(retriever=store().as_retriever(), gate=Always(0.5),
+        SelfRoutingRetriever(retriever=store().as_retriever(), gate=ConstantGate(1.0),
                              verbalizer=object())
 
 
@@ -201,16 +197,10 @@ async def test_the_search_tool_reports_the_overturned_decision() -> None:
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
     from langchain_rag_gates import GatedRetriever, GatedRetrieverTool, as_text_lm
 
-    from rag_gates.gate import BaseGate
-
-    class Always(BaseGate):
-        name = "always"
-
-        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-            return 1.0, {}
+    from rag_gates.testing import ConstantGate
 
     blank = as_text_lm(FakeListChatModel(responses=[" \n"]))
-    nested = GatedRetriever(retriever=store().as_retriever(), gate=Always(0.5))
+    nested = GatedRetriever(retriever=store().as_retriever(), gate=ConstantGate(1.0))
     tool = GatedRetrieverTool(retriever=SelfRoutingRetriever(
         retriever=nested, k=2, verbalizer=Verbalizer(blank, max_new_tokens=6),
         gate=SelfRoutingGate(lm(), mode="model", tau=1.0, layer=2)))
@@ -218,5 +208,5 @@ async def test_the_search_tool_reports_the_overturned_decision() -> None:
     for message in (tool.invoke(call), await tool.ainvoke(call)):
         decision = message.artifact.decision
         assert decision.retrieve is True and decision.evidence["verbalization"] == "empty"
-        assert decision.gate != "always"
+        assert decision.gate != "constant"
         assert json.loads(message.content)["retrieved"] is True

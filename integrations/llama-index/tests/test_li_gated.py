@@ -216,36 +216,19 @@ def test_a_composed_gate_drops_in_and_its_sub_decisions_reach_the_metadata(
     assert cascade.last_decision.evidence["expensive_called"] is True
 
 
-class _ProtocolOnlyGate:
-    """Follows the Gate protocol without BaseGate (a remote scoring service, say), and
-    decides "no retrieval" on the NaN its service answered."""
-
-    name, threshold = "remote", 0.5
-
-    def decide(self, query: str, **signals: Any) -> GateDecision:
-        score = float("nan")
-        return GateDecision(gate=self.name, retrieve=score >= self.threshold, score=score,
-                            threshold=self.threshold, reason="nan against 0.5")
-
-    async def adecide(self, query: str, **signals: Any) -> GateDecision:
-        return self.decide(query)
-
-    def decide_batch(self, queries: list[str], **signals: Any) -> list[GateDecision]:
-        return [self.decide(q) for q in queries]
-
-
 async def test_a_skip_on_a_score_that_is_no_number_retrieves() -> None:
     """A decision the wrapper did not make itself still fails closed (audit s15 #4): the
     nodes come back and the decision says why, as AllOf over the same gate does."""
     from llama_index.retrievers.rag_gates import PassageRetriever
 
     from rag_gates.retrieval.bm25 import BM25Retriever
+    from rag_gates.testing import NaNSkippingGate
     from rag_gates.types import Passage
 
     bm25 = PassageRetriever(BM25Retriever.from_passages(
         [Passage(id="p1", text="William Shakespeare wrote Hamlet."),
          Passage(id="p2", text="The capital of France is Paris.")]), similarity_top_k=1)
-    gated = GatedRetriever(bm25, gate=_ProtocolOnlyGate())
+    gated = GatedRetriever(bm25, gate=NaNSkippingGate())
     for nodes in (gated.retrieve("Who wrote Hamlet?"),
                   await gated.aretrieve(QueryBundle("Who wrote Hamlet?"))):
         assert [n.node.node_id for n in nodes] == ["p1"]

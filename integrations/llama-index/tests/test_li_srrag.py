@@ -100,16 +100,12 @@ def test_drops_into_a_query_engine_with_the_product_gate(lm: Any,
 
 
 def test_a_gate_without_a_model_needs_a_verbalizer(bm25: PassageRetriever) -> None:
-    from rag_gates.gate import BaseGate
-
-    class Always(BaseGate):
-        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-            return 1.0, {}
+    from rag_gates.testing import ConstantGate
 
     with pytest.raises(ValueError, match="pass verbalizer=Verbalizer"):
-        SelfRoutingRetriever(bm25, Always(0.5))
+        SelfRoutingRetriever(bm25, ConstantGate(1.0))
     with pytest.raises(TypeError, match="Verbalizer"):
-        SelfRoutingRetriever(bm25, Always(0.5), verbalizer=object())
+        SelfRoutingRetriever(bm25, ConstantGate(1.0), verbalizer=object())
 
 
 class SaysNothing(BaseTextLM):
@@ -150,21 +146,15 @@ async def test_the_search_tool_reports_the_overturned_decision(lm: Any,
     from llama_index.retrievers.rag_gates import GatedRetriever
     from llama_index.tools.rag_gates import gated_retriever_tool
 
-    from rag_gates.gate import BaseGate
-
-    class Always(BaseGate):
-        name = "always"
-
-        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
-            return 1.0, {}
+    from rag_gates.testing import ConstantGate
 
     overturning = SelfRoutingRetriever(
-        GatedRetriever(bm25, Always(0.5)),  # nested: its own decision comes after
+        GatedRetriever(bm25, ConstantGate(1.0)),  # nested: its own decision comes after
         SelfRoutingGate(lm, mode="model", tau=1.0, layer=2),
         verbalizer=Verbalizer(SaysNothing(), max_new_tokens=6))
     tool = gated_retriever_tool(overturning)
     for output in (tool.call(Q), await tool.acall(Q)):
         decision = output.raw_output.decision
         assert decision.retrieve is True and decision.evidence["verbalization"] == "empty"
-        assert decision.gate != "always"
+        assert decision.gate != "constant"
         assert '"retrieved": true' in output.content
