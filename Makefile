@@ -62,12 +62,25 @@ test: lint typecheck pytest
 test-install:
 	PYTHON=$(PYTHON) bash tests/install/test_install.sh
 
-# llama.cpp has no wheel on PyPI for this machine: pip compiles it (about 16 CPU-minutes, so
-# 8-10 minutes on 2 cores, the first time; pip caches the wheel, later installs take seconds).
+# llama.cpp has no wheel on PyPI for this machine: pip compiles it (8-10 minutes on 2 cores
+# the first time). Compiled for the CPU it builds on (GGML_NATIVE), it takes the AMX kernels
+# on a CPU that lists AMX, and on this machine's virtual CPUs their first instruction
+# (ldtilecfg) faults: the server dies at its first completion. So a portable build (AVX2, no
+# AMX), into a folder of its own: pip's wheel cache is keyed by the source, not CMAKE_ARGS,
+# and would hand back a native wheel built earlier; the forced reinstall replaces a native
+# build already in the venv (pip would call it satisfied). Later runs take seconds.
 # The tests start the server on 127.0.0.1 with the embedded GGUF (about 3 minutes on one thread).
 SERVER_BUILD_JOBS ?= 2
+LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
+LLAMA_CPP_WHEELS ?= $(HOME)/.cache/rag-gates/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-portable
 test-server: $(VENV)/.installed-dev
-	CMAKE_BUILD_PARALLEL_LEVEL=$(SERVER_BUILD_JOBS) $(PIP) "llama-cpp-python[server]"
+	ls $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(SERVER_BUILD_JOBS) \
+	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-cache-dir --no-deps \
+	-w $(LLAMA_CPP_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP) --find-links $(LLAMA_CPP_WHEELS) "llama-cpp-python[server]"
+	$(BIN)/python -m pip install --quiet --disable-pip-version-check --force-reinstall \
+	--no-deps $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m server tests/server
 
 bench: $(VENV)/.installed

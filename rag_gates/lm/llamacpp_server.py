@@ -2,7 +2,9 @@
 by default the embedded SmolLM2: for tests, benchmarks and trying a served model locally.
 
 ``pip install "llama-cpp-python[server]"`` builds llama.cpp from source (about 16 CPU-minutes
-here; pip caches the wheel). ``--logits_all true`` is needed for log-probabilities.
+here; pip caches the wheel). ``--logits_all true`` is needed for log-probabilities. By default
+llama.cpp is compiled for the CPU it builds on; on a virtual CPU that lists AMX, that build
+faults at its first completion: ``make test-server`` builds a portable one (NATIVE_BUILD_HINT).
 
 Example:
     >>> with llamacpp_server() as url:                                    # doctest: +SKIP
@@ -27,7 +29,12 @@ from pathlib import Path
 from rag_gates._optional import require
 from rag_gates.errors import ServerUnavailableError
 
-__all__ = ["child_server", "free_port", "llamacpp_server"]
+__all__ = ["NATIVE_BUILD_HINT", "child_server", "free_port", "llamacpp_server"]
+
+NATIVE_BUILD_HINT = (
+    "A llama.cpp compiled for this CPU (pip's default, GGML_NATIVE) can fault on a virtual CPU "
+    "that lists AMX; build a portable one: CMAKE_ARGS=-DGGML_NATIVE=OFF pip install "
+    "--no-cache-dir --force-reinstall --no-deps llama-cpp-python (make test-server does).")
 
 
 def free_port() -> int:
@@ -58,13 +65,15 @@ def _die_with_parent() -> Callable[[], None] | None:
 @contextmanager
 def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 120.0,
                  log: str | os.PathLike[str] | None = None,
-                 env: Mapping[str, str] | None = None) -> Iterator[str]:
+                 env: Mapping[str, str] | None = None, crash_hint: str = "") -> Iterator[str]:
     """Run an HTTP server ``command`` in a child process, wait until ``GET {url}/models``
     answers 200, yield ``url``, and stop the child when the block ends (terminate, then kill
     after 20 s; on Linux the child also gets SIGTERM if this process dies without cleaning
     up). Output goes to ``log`` (default: a temporary file, deleted when the block ends); its
     end is quoted in the error when the child exits or does not answer in
-    ``startup_timeout`` seconds."""
+    ``startup_timeout`` seconds, and in the :class:`ServerUnavailableError` raised at the
+    block's end if the child died while in use (chained to the block's own error, if any);
+    ``crash_hint`` is added to that error when a signal killed the child."""
     httpx = require("httpx", "api")
     if log:
         log_path, own_log = Path(log), False
@@ -76,22 +85,31 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
         proc = subprocess.Popen(list(command), stdout=out, stderr=subprocess.STDOUT,
                                 env=dict(env) if env is not None else None,
                                 preexec_fn=_die_with_parent())
+    name = f"the server {' '.join(command[:4])} ..."
     try:
         deadline = time.monotonic() + startup_timeout
         while True:
             if proc.poll() is not None or time.monotonic() > deadline:
-                tail = log_path.read_text(errors="replace")[-2000:]
                 raise ServerUnavailableError(
-                    f"the server {' '.join(command[:4])} ... "
-                    + (f"exited ({proc.returncode})" if proc.returncode is not None else
-                       f"did not answer in {startup_timeout:.0f} s") + f"; its log: {tail}")
+                    f"{name} " + (_exit_status(proc.returncode) if proc.returncode is not None
+                                  else f"did not answer in {startup_timeout:.0f} s")
+                    + f"; its log: {_log_tail(log_path)}")
             try:
                 if httpx.get(f"{url}/models", timeout=2.0).status_code == 200:
                     break
             except httpx.TransportError:
                 pass
             time.sleep(0.5)
-        yield url
+        try:
+            yield url
+        except Exception as exc:
+            # A server that crashed while in use (a native fault, the OOM killer) shows up
+            # to its clients only as refused connections: name the death as their cause.
+            if proc.poll() is not None:
+                raise _died_in_use(name, proc.returncode, log_path, crash_hint) from exc
+            raise
+        if proc.poll() is not None:
+            raise _died_in_use(name, proc.returncode, log_path, crash_hint)
     finally:
         proc.terminate()
         try:
@@ -101,6 +119,30 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
             proc.wait()
         if own_log:
             log_path.unlink(missing_ok=True)
+
+
+def _died_in_use(name: str, returncode: int, log_path: Path,
+                 crash_hint: str) -> ServerUnavailableError:
+    hint = f" {crash_hint}" if crash_hint and returncode < 0 else ""
+    return ServerUnavailableError(f"{name} {_exit_status(returncode)} while in use.{hint} "
+                                  f"Its log: {_log_tail(log_path)}")
+
+
+def _exit_status(returncode: int) -> str:
+    """``exited (3)``, or ``was killed by SIGSEGV`` for a negative return code."""
+    if returncode < 0:
+        try:
+            return f"was killed by {signal.Signals(-returncode).name}"
+        except ValueError:
+            return f"was killed by signal {-returncode}"
+    return f"exited ({returncode})"
+
+
+def _log_tail(path: Path) -> str:
+    try:
+        return path.read_text(errors="replace")[-2000:]
+    except OSError as exc:
+        return f"(unreadable: {exc})"
 
 
 @contextmanager
@@ -122,5 +164,6 @@ def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | N
                "127.0.0.1", "--port", str(port), "--logits_all", "true", "--n_ctx", str(n_ctx),
                "--n_threads", str(threads), "--n_threads_batch", str(threads)]
     with child_server(command, f"http://127.0.0.1:{port}/v1", startup_timeout=startup_timeout,
-                      log=log, env={**os.environ, "OMP_NUM_THREADS": str(threads)}) as url:
+                      log=log, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
+                      crash_hint=NATIVE_BUILD_HINT) as url:
         yield url

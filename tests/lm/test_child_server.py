@@ -43,6 +43,60 @@ def test_a_child_that_exits_is_an_error_with_its_log(tmp_path: Path) -> None:
         pass
 
 
+CRASHES_ON_REQUEST = SERVES_MODELS.replace(
+    "    def do_GET(self):\n",
+    "    def do_GET(self):\n"
+    "        if self.path == '/v1/crash':\n"
+    "            import os, signal\n"
+    "            print('about to fault', flush=True)\n"
+    "            os.kill(os.getpid(), signal.SIGSEGV)\n")
+
+
+def _wait_until_refused(url: str, why: str) -> None:
+    """Return once the server's port refuses connections, as its clients see it."""
+    import time
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        try:
+            httpx.get(f"{url}/models", timeout=1)
+        except httpx.TransportError:
+            return
+        time.sleep(0.1)
+    pytest.fail(f"the server outlived {why}")
+
+
+def _crash(url: str) -> None:
+    with pytest.raises(httpx.TransportError):
+        httpx.get(f"{url}/crash", timeout=10)
+    _wait_until_refused(url, "its fault")
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_server_that_dies_in_use_is_named_at_the_blocks_end(tmp_path: Path) -> None:
+    """Its clients see only refused connections; the block's end says how it died."""
+    port = free_port()
+    with pytest.raises(ServerUnavailableError,
+                       match=r"(?s)killed by SIGSEGV while in use.*about to fault"), \
+            child_server([sys.executable, "-c", CRASHES_ON_REQUEST, str(port)],
+                         f"http://127.0.0.1:{port}/v1", startup_timeout=30,
+                         log=tmp_path / "log") as url:
+        _crash(url)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_a_clients_error_after_the_death_is_chained_to_it() -> None:
+    port = free_port()
+    with pytest.raises(ServerUnavailableError,
+                       match=r"SIGSEGV while in use\. Rebuild it\. Its log") as caught, \
+            child_server([sys.executable, "-c", CRASHES_ON_REQUEST, str(port)],
+                         f"http://127.0.0.1:{port}/v1", startup_timeout=30,
+                         crash_hint="Rebuild it.") as url:
+        _crash(url)
+        httpx.get(f"{url}/models", timeout=2)  # refused: the server is gone
+    assert isinstance(caught.value.__cause__, httpx.TransportError)
+
+
 def test_the_default_log_is_deleted_and_no_descriptor_is_left_open(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """A long-lived process starting servers again and again leaks neither a file in the
@@ -69,7 +123,6 @@ def test_the_server_dies_with_a_parent_killed_without_cleanup(tmp_path: Path) ->
     """A parent killed by SIGKILL runs no ``finally``; the kernel still stops its server."""
     import signal
     import subprocess
-    import time
 
     port = free_port()
     url = f"http://127.0.0.1:{port}/v1"
@@ -87,14 +140,6 @@ def test_the_server_dies_with_a_parent_killed_without_cleanup(tmp_path: Path) ->
         assert httpx.get(f"{url}/models", timeout=2).status_code == 200
         parent.send_signal(signal.SIGKILL)
         parent.wait(timeout=10)
-        deadline = time.monotonic() + 10
-        while time.monotonic() < deadline:
-            try:
-                httpx.get(f"{url}/models", timeout=1)
-            except httpx.TransportError:
-                break
-            time.sleep(0.2)
-        else:
-            pytest.fail("the server outlived its killed parent")
+        _wait_until_refused(url, "its killed parent")
     finally:
         parent.kill()
