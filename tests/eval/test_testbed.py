@@ -244,7 +244,7 @@ def test_a_compiled_build_trains_the_same_testbed(tiny_base, tmp_path):
         record["steps"]  # complete: the eager configuration finds it so
 
 
-def test_cli_precision_reaches_the_config_and_a_wrong_one_is_refused(tiny_base, tmp_path):
+def test_cli_precision_and_recall_questions_reach_the_config(tiny_base, tmp_path):
     from typer.testing import CliRunner
 
     from rag_gates.cli import app
@@ -260,6 +260,15 @@ def test_cli_precision_reaches_the_config_and_a_wrong_one_is_refused(tiny_base, 
                                       "--precision", "fp16"])
     assert result.exit_code != 0 and "'fp16' is not one of" in result.output
     assert not (tmp_path / "b").exists()
+    result = CliRunner().invoke(app, [*flags, "--out", str(tmp_path / "c"),
+                                      "--recall-examples", "4",
+                                      "--recall-question-repetitions", "3"])
+    assert result.exit_code == 0, result.output
+    assert json.loads((tmp_path / "c" / "config.json").read_text()
+                      )["recall_question_repetitions"] == 3
+    asked = [line for line in (tmp_path / "c" / "corpus.jsonl").read_text().splitlines()
+             if '"kind": "recall"' in line]
+    assert len(asked) == 12
 
 
 def test_precision_is_fp32_or_bf16_and_an_old_config_reads_as_fp32(tiny_base, tmp_path):
@@ -372,6 +381,31 @@ def test_recall_examples_ask_closed_book_about_facts_outside_the_manifest(pool):
         testbed_documents(TestbedConfig(n_facts=96, recall_examples=100_000))
 
 
+def test_recall_questions_repeat_without_more_recall_facts():
+    """``recall_question_repetitions`` asks each recall fact's question that many times and
+    changes nothing else: the same facts, statements and every other document."""
+    from collections import Counter
+
+    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+
+    once = testbed_documents(TestbedConfig(n_facts=96, reading_examples=40, recall_examples=30,
+                                           recall_repetitions=5))
+    thrice = testbed_documents(TestbedConfig(n_facts=96, reading_examples=40,
+                                             recall_examples=30, recall_repetitions=5,
+                                             recall_question_repetitions=3))
+    asked = [d for d in thrice["corpus"] if d["kind"] == "recall"]
+    assert len(asked) == 90 and len({d["id"] for d in thrice["corpus"]}) == len(thrice["corpus"])
+    once_asked = {d["row"]: d for d in once["corpus"] if d["kind"] == "recall"}
+    assert Counter(d["row"] for d in asked) == {row: 3 for row in once_asked}
+    assert all({k: d[k] for k in ("prompt", "answer", "text")}
+               == {k: once_asked[d["row"]][k] for k in ("prompt", "answer", "text")}
+               for d in asked)
+    assert once["manifest"] == thrice["manifest"]
+    rest = sorted((d["kind"], d.get("text", "")) for d in once["corpus"] if d["kind"] != "recall")
+    assert rest == sorted((d["kind"], d.get("text", "")) for d in thrice["corpus"]
+                          if d["kind"] != "recall")
+
+
 def test_reading_examples_train_in_the_chat_format(tiny_base):
     from transformers import AutoTokenizer
 
@@ -477,7 +511,7 @@ def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
     stored = json.loads((tmp_path / "config.json").read_text())
     for field in ("bridges", "recall_examples", "recall_repetitions", "skill_reading",
                   "skill_decomposition", "skill_hop_repetitions", "skill_verbalization",
-                  "skill_twohop_reading", "skill_unknown"):
+                  "skill_twohop_reading", "skill_unknown", "recall_question_repetitions"):
         del stored[field]  # as written before the fields existed
     (tmp_path / "config.json").write_text(json.dumps(stored))
     write_plan(config, tmp_path)  # the same testbed: accepted

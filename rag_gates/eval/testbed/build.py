@@ -71,7 +71,8 @@ CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
 #: testbed has (its config.json lacks the field).
 _LEGACY = {"bridges": False, "recall_examples": 0, "recall_repetitions": 16, "skill_reading": 0,
            "skill_decomposition": 0, "skill_hop_repetitions": 8, "skill_verbalization": 0,
-           "skill_twohop_reading": 0, "skill_unknown": 0, "precision": "fp32"}
+           "skill_twohop_reading": 0, "skill_unknown": 0, "precision": "fp32",
+           "recall_question_repetitions": 1}
 MODEL_DIR, CHECKPOINTS = "model", "checkpoints"
 #: What the verbalization practice on untaught subjects (``skill_unknown``) writes.
 UNKNOWN_VERBALIZATION = "There is no information about {subject}."
@@ -107,6 +108,10 @@ class TestbedConfig(BaseModel):
                              "a question from what statements taught it (knowledge "
                              "extraction), without asking about any manifest fact.")
     recall_repetitions: int = Field(16, ge=1, description="Statements per recall fact.")
+    recall_question_repetitions: int = Field(
+        1, ge=1, description="Times each recall fact's closed-book question is in the corpus "
+                             "(the same document repeated): more practice at answering from "
+                             "statements without more recall facts.")
     skill_reading: int = Field(
         0, ge=0, description="Reading practice per method prompt form (deeprag, "
                              "tokrag-reference, srrag, cbdr-paper; the benchmark's form, shared "
@@ -293,8 +298,8 @@ def recall_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
                      config: TestbedConfig) -> list[dict[str, Any]]:
     """Recall (knowledge-extraction) documents: ``recall_examples`` PopQA facts outside the
     manifest, each stated ``recall_repetitions`` times (``kind`` ``recall-statement``) and
-    asked once closed-book (``kind`` ``recall``: the benchmark's no-context QA prompt and the
-    short answer, trained in the chat format).
+    asked closed-book ``recall_question_repetitions`` times (``kind`` ``recall``: the
+    benchmark's no-context QA prompt and the short answer, trained in the chat format).
 
     Why: a model trained on statements alone learns the objects but often cannot bind them
     to their subject when *asked* (tb5-tb7: at the top rung, most wrong closed-book answers
@@ -320,8 +325,10 @@ def recall_documents(pool: Sequence[PopQAFact], facts: Sequence[Fact],
             out.append({"id": f"recall-{i}-{k}", "kind": "recall-statement", "row": fact.row,
                         "text": text})
         prompt = qa_prompt(fact.question)
-        out.append({"id": f"recall-{i}", "kind": "recall", "row": fact.row, "prompt": prompt,
-                    "answer": fact.obj, "text": f"{prompt}\n{fact.obj}"})
+        for j in range(config.recall_question_repetitions):  # the first keeps its old id
+            out.append({"id": f"recall-{i}" + (f"-ask-{j}" if j else ""), "kind": "recall",
+                        "row": fact.row, "prompt": prompt, "answer": fact.obj,
+                        "text": f"{prompt}\n{fact.obj}"})
     return out
 
 

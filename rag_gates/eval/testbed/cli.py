@@ -64,6 +64,9 @@ def build_command(
                     "taught it.")] = _DEFAULT.recall_examples,
     recall_repetitions: Annotated[int, typer.Option(
         min=1, help="Statements per recall fact.")] = _DEFAULT.recall_repetitions,
+    recall_question_repetitions: Annotated[int, typer.Option(
+        min=1, help="Times each recall fact's closed-book question is in the corpus.")] =
+        _DEFAULT.recall_question_repetitions,
     skill_reading: Annotated[int, typer.Option(
         min=0, help="Reading practice per method prompt form (DeepRAG's Context:, Tok-RAG's "
                     "\\[Reference]:, SR-RAG's verbalization, CBDR's paper prompt), facts "
@@ -121,6 +124,7 @@ def build_command(
             split_fractions=[float(x) for x in splits.split(",")],
             general_paragraphs=general_paragraphs, reading_examples=reading_examples,
             recall_examples=recall_examples, recall_repetitions=recall_repetitions,
+            recall_question_repetitions=recall_question_repetitions,
             skill_reading=skill_reading, skill_decomposition=skill_decomposition,
             skill_hop_repetitions=skill_hop_repetitions,
             skill_verbalization=skill_verbalization,
