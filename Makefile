@@ -74,13 +74,14 @@ SERVER_BUILD_JOBS ?= 2
 LLAMA_CPP_VERSION := $(shell sed -n 's/^llama-cpp-python==//p' constraints.txt)
 LLAMA_CPP_WHEELS ?= $(HOME)/.cache/rag-gates/wheels/llama-cpp-python-$(LLAMA_CPP_VERSION)-portable
 test-server: $(VENV)/.installed-dev
-	ls $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl >/dev/null 2>&1 || \
+	$(if $(LLAMA_CPP_VERSION),,$(error constraints.txt pins no llama-cpp-python==VERSION))
+	ls "$(LLAMA_CPP_WHEELS)"/llama_cpp_python-$(LLAMA_CPP_VERSION)-*.whl >/dev/null 2>&1 || \
 	CMAKE_ARGS="-DGGML_NATIVE=OFF" CMAKE_BUILD_PARALLEL_LEVEL=$(SERVER_BUILD_JOBS) \
 	$(BIN)/python -m pip wheel --quiet --disable-pip-version-check --no-cache-dir --no-deps \
-	-w $(LLAMA_CPP_WHEELS) "llama-cpp-python==$(LLAMA_CPP_VERSION)"
-	$(PIP) --find-links $(LLAMA_CPP_WHEELS) "llama-cpp-python[server]"
+	-w "$(LLAMA_CPP_WHEELS)" "llama-cpp-python==$(LLAMA_CPP_VERSION)"
+	$(PIP) --find-links "$(LLAMA_CPP_WHEELS)" "llama-cpp-python[server]"
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --force-reinstall \
-	--no-deps $(LLAMA_CPP_WHEELS)/llama_cpp_python-*.whl
+	--no-deps --no-index --find-links "$(LLAMA_CPP_WHEELS)" "llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m server tests/server
 
 bench: $(VENV)/.installed

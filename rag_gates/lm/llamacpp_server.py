@@ -2,9 +2,10 @@
 by default the embedded SmolLM2: for tests, benchmarks and trying a served model locally.
 
 ``pip install "llama-cpp-python[server]"`` builds llama.cpp from source (about 16 CPU-minutes
-here; pip caches the wheel). ``--logits_all true`` is needed for log-probabilities. By default
-llama.cpp is compiled for the CPU it builds on; on a virtual CPU that lists AMX, that build
-faults at its first completion: ``make test-server`` builds a portable one (NATIVE_BUILD_HINT).
+here). ``--logits_all true`` is needed for log-probabilities. By default llama.cpp is compiled
+for the CPU it builds on; on a virtual CPU that lists AMX, that build faults at its first
+completion: ``make test-server`` builds a portable one (see :func:`native_build_hint`); pip's
+wheel cache would hand back a native wheel built earlier, whatever ``CMAKE_ARGS`` says.
 
 Example:
     >>> with llamacpp_server() as url:                                    # doctest: +SKIP
@@ -29,12 +30,24 @@ from pathlib import Path
 from rag_gates._optional import require
 from rag_gates.errors import ServerUnavailableError
 
-__all__ = ["NATIVE_BUILD_HINT", "child_server", "free_port", "llamacpp_server"]
+__all__ = ["child_server", "free_port", "llamacpp_server", "native_build_hint"]
 
-NATIVE_BUILD_HINT = (
-    "A llama.cpp compiled for this CPU (pip's default, GGML_NATIVE) can fault on a virtual CPU "
-    "that lists AMX; build a portable one: CMAKE_ARGS=-DGGML_NATIVE=OFF pip install "
-    "--no-cache-dir --force-reinstall --no-deps llama-cpp-python (make test-server does).")
+#: Signals of a native fault, for which :func:`child_server` adds its ``crash_hint``.
+FAULT_SIGNALS = frozenset({signal.SIGSEGV, signal.SIGILL, signal.SIGBUS})
+
+
+def native_build_hint() -> str:
+    """What to do when llama.cpp's server faults: rebuild the installed version portably."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        pin = f"=={version('llama-cpp-python')}"
+    except PackageNotFoundError:
+        pin = ""
+    return ("A llama.cpp compiled for this CPU (pip's default, GGML_NATIVE) can fault on a "
+            "virtual CPU that lists AMX; build a portable one: CMAKE_ARGS=-DGGML_NATIVE=OFF "
+            f"pip install --no-cache-dir --force-reinstall --no-deps 'llama-cpp-python{pin}' "
+            "(make test-server does).")
 
 
 def free_port() -> int:
@@ -73,7 +86,8 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
     end is quoted in the error when the child exits or does not answer in
     ``startup_timeout`` seconds, and in the :class:`ServerUnavailableError` raised at the
     block's end if the child died while in use (chained to the block's own error, if any);
-    ``crash_hint`` is added to that error when a signal killed the child."""
+    ``crash_hint`` is added to that error when a fault signal (SIGSEGV, SIGILL, SIGBUS) killed
+    the child."""
     httpx = require("httpx", "api")
     if log:
         log_path, own_log = Path(log), False
@@ -104,10 +118,15 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
             yield url
         except Exception as exc:
             # A server that crashed while in use (a native fault, the OOM killer) shows up
-            # to its clients only as refused connections: name the death as their cause.
-            if proc.poll() is not None:
-                raise _died_in_use(name, proc.returncode, log_path, crash_hint) from exc
-            raise
+            # to its clients only as refused connections: name the death as their cause. Its
+            # socket closes before it can be reaped, so wait a moment for the exit status.
+            try:
+                returncode: int | None = proc.wait(timeout=1.0)
+            except subprocess.TimeoutExpired:
+                returncode = None  # alive: the block's own error stands
+            if returncode is None:
+                raise
+            raise _died_in_use(name, returncode, log_path, crash_hint) from exc
         if proc.poll() is not None:
             raise _died_in_use(name, proc.returncode, log_path, crash_hint)
     finally:
@@ -123,7 +142,8 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
 
 def _died_in_use(name: str, returncode: int, log_path: Path,
                  crash_hint: str) -> ServerUnavailableError:
-    hint = f" {crash_hint}" if crash_hint and returncode < 0 else ""
+    fault = returncode < 0 and -returncode in {int(s) for s in FAULT_SIGNALS}
+    hint = f" {crash_hint}" if crash_hint and fault else ""
     return ServerUnavailableError(f"{name} {_exit_status(returncode)} while in use.{hint} "
                                   f"Its log: {_log_tail(log_path)}")
 
@@ -165,5 +185,5 @@ def llamacpp_server(gguf: str | os.PathLike[str] | None = None, *, port: int | N
                "--n_threads", str(threads), "--n_threads_batch", str(threads)]
     with child_server(command, f"http://127.0.0.1:{port}/v1", startup_timeout=startup_timeout,
                       log=log, env={**os.environ, "OMP_NUM_THREADS": str(threads)},
-                      crash_hint=NATIVE_BUILD_HINT) as url:
+                      crash_hint=native_build_hint()) as url:
         yield url

@@ -47,9 +47,13 @@ CRASHES_ON_REQUEST = SERVES_MODELS.replace(
     "    def do_GET(self):\n",
     "    def do_GET(self):\n"
     "        if self.path == '/v1/crash':\n"
-    "            import os, signal\n"
+    "            import os, resource, signal\n"
+    "            resource.setrlimit(resource.RLIMIT_CORE, (0, 0))  # no core file left behind\n"
     "            print('about to fault', flush=True)\n"
-    "            os.kill(os.getpid(), signal.SIGSEGV)\n")
+    "            os.kill(os.getpid(), signal.SIGSEGV)\n"
+    "        if self.path == '/v1/quit':\n"
+    "            import os\n"
+    "            os._exit(3)\n")
 
 
 def _wait_until_refused(url: str, why: str) -> None:
@@ -88,13 +92,53 @@ def test_a_server_that_dies_in_use_is_named_at_the_blocks_end(tmp_path: Path) ->
 def test_a_clients_error_after_the_death_is_chained_to_it() -> None:
     port = free_port()
     with pytest.raises(ServerUnavailableError,
-                       match=r"SIGSEGV while in use\. Rebuild it\. Its log") as caught, \
+                       match=r"(?s)SIGSEGV while in use\. Rebuild it\. Its log: .*about to fault"
+                       ) as caught, \
             child_server([sys.executable, "-c", CRASHES_ON_REQUEST, str(port)],
                          f"http://127.0.0.1:{port}/v1", startup_timeout=30,
                          crash_hint="Rebuild it.") as url:
         _crash(url)
         httpx.get(f"{url}/models", timeout=2)  # refused: the server is gone
     assert isinstance(caught.value.__cause__, httpx.TransportError)
+
+
+@pytest.mark.skipif(sys.platform == "win32", reason="POSIX signals")
+def test_an_exit_that_is_no_fault_gets_no_crash_hint() -> None:
+    port = free_port()
+    with pytest.raises(ServerUnavailableError, match=r"exited \(3\) while in use\. Its log") \
+            as caught, child_server([sys.executable, "-c", CRASHES_ON_REQUEST, str(port)],
+                                    f"http://127.0.0.1:{port}/v1", startup_timeout=30,
+                                    crash_hint="Rebuild it.") as url:
+        with pytest.raises(httpx.TransportError):
+            httpx.get(f"{url}/quit", timeout=10)
+        _wait_until_refused(url, "its exit")
+    assert "Rebuild it." not in str(caught.value)
+
+
+def test_the_blocks_own_error_stands_while_the_server_lives() -> None:
+    port = free_port()
+    with pytest.raises(KeyError, match="not the server's fault") as caught, \
+            child_server([sys.executable, "-c", SERVES_MODELS, str(port)],
+                         f"http://127.0.0.1:{port}/v1", startup_timeout=30):
+        raise KeyError("not the server's fault")
+    assert caught.value.__cause__ is None
+
+
+def test_the_native_build_hint_names_the_installed_version(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import importlib.metadata
+
+    from rag_gates.lm.llamacpp_server import native_build_hint
+
+    monkeypatch.setattr(importlib.metadata, "version", lambda name: "0.3.36")
+    assert "-DGGML_NATIVE=OFF" in native_build_hint()
+    assert "'llama-cpp-python==0.3.36'" in native_build_hint()
+
+    def missing(name: str) -> str:
+        raise importlib.metadata.PackageNotFoundError(name)
+
+    monkeypatch.setattr(importlib.metadata, "version", missing)
+    assert "'llama-cpp-python'" in native_build_hint()
 
 
 def test_the_default_log_is_deleted_and_no_descriptor_is_left_open(

@@ -103,7 +103,8 @@ class TestbedConfig(BaseModel):
                                                              "(one states the answer).")
     recall_examples: int = Field(
         0, ge=0, description="Facts outside the manifest, each stated recall_repetitions "
-                             "times and asked once closed-book in the chat format of the "
+                             "times and asked closed-book (recall_question_repetitions "
+                             "times) in the chat format of the "
                              "benchmark's no-context QA prompt: they teach the model to answer "
                              "a question from what statements taught it (knowledge "
                              "extraction), without asking about any manifest fact.")

@@ -60,8 +60,8 @@ def build_command(
                     "model keeps reading its context.")] = _DEFAULT.reading_examples,
     recall_examples: Annotated[int, typer.Option(
         min=0, help="Facts outside the manifest, stated --recall-repetitions times and asked "
-                    "once closed-book, so the model learns to answer from what statements "
-                    "taught it.")] = _DEFAULT.recall_examples,
+                    "closed-book (--recall-question-repetitions times), so the model learns to "
+                    "answer from what statements taught it.")] = _DEFAULT.recall_examples,
     recall_repetitions: Annotated[int, typer.Option(
         min=1, help="Statements per recall fact.")] = _DEFAULT.recall_repetitions,
     recall_question_repetitions: Annotated[int, typer.Option(
