@@ -376,4 +376,3 @@ class NaNSkippingGate:
 
     def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
         return [self.decide(q) for q in queries]
-

@@ -142,7 +142,7 @@ def child_server(command: Sequence[str], url: str, *, startup_timeout: float = 1
 
 def _died_in_use(name: str, returncode: int, log_path: Path,
                  crash_hint: str) -> ServerUnavailableError:
-    fault = returncode < 0 and -returncode in {int(s) for s in FAULT_SIGNALS}
+    fault = returncode < 0 and -returncode in FAULT_SIGNALS  # Signals are ints
     hint = f" {crash_hint}" if crash_hint and fault else ""
     return ServerUnavailableError(f"{name} {_exit_status(returncode)} while in use.{hint} "
                                   f"Its log: {_log_tail(log_path)}")
