@@ -606,12 +606,16 @@ def report(
         help="Also put the report into this markdown page, between its "
              "'<!-- BEGIN rag-gates report' and '<!-- END rag-gates report -->' lines "
              "(the rest of the page is kept).")] = None,
+    paired: Annotated[bool, typer.Option(
+        help="Report each dataset's bench runs on the questions that every method of every "
+             "run on it answered: a run stopped part-way compares with the others on the "
+             "same questions.")] = False,
 ) -> None:
     """Write a markdown report with a table and PNG plots for bench/eval-gate directories."""
     from rag_gates.eval.report import update_document, write_report
 
     try:
-        path = write_report(runs, out, title=title)
+        path = write_report(runs, out, title=title, paired=paired)
         if doc is not None:
             console.print(f"updated {update_document(doc, path)}")
     except (FileNotFoundError, ValueError) as exc:

@@ -51,6 +51,7 @@ __all__ = [
     "accuracy_by_quartile",
     "accuracy_figure",
     "collect",
+    "common_questions",
     "gain_over_random",
     "pareto_front",
     "roc_figure",
@@ -179,18 +180,15 @@ class ReportData:
 
 
 def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None]:
-    """A bench directory's config and summary (recomputed from its results, so an
+    """A bench directory's config and records (its summary is computed from them, so an
     unfinished or interrupted run reports what it has), and/or a gate evaluation."""
     config = directory / CONFIG
     gate = directory / "gate_eval.json"
     bench = None
     if config.is_file():
         stored = json.loads(config.read_text())
-        records = read_records(directory)
-        bench = {"config": stored["config"], "summary": summarize(records), "records": records,
-                 "planned_questions": stored["config"]["n"],
-                 "popularity": {m: accuracy_by_quartile(records, m)
-                                for m in summarize(records)}}
+        bench = {"config": stored["config"], "records": read_records(directory),
+                 "planned_questions": stored["config"]["n"]}
     gate_eval = json.loads(gate.read_text()) if gate.is_file() else None
     if bench is None and gate_eval is None:
         raise FileNotFoundError(f"{directory} has neither config.json (rag-gates bench) nor "
@@ -198,15 +196,29 @@ def _load(directory: Path) -> tuple[dict[str, Any] | None, dict[str, Any] | None
     return bench, gate_eval
 
 
-def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> None:
+def common_questions(runs: Sequence[Sequence[RunRecord]]) -> set[str]:
+    """The question ids that every method of every run answered: the questions a paired
+    comparison of unfinished runs (one stopped part-way, one whole) may use."""
+    answered = [{r.id for r in records if r.method == method}
+                for records in runs for method in {r.method for r in records}]
+    return set.intersection(*answered) if answered else set()
+
+
+def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any],
+                   paired: int | None = None) -> None:
     cfg = bench["config"]
-    done = min((int(s["questions"]) for s in bench["summary"].values()), default=0)
+    summary = summarize(bench["records"])
+    done = min((int(s["questions"]) for s in summary.values()), default=0)
     partial = (f", partial: {done} of {bench['planned_questions']} questions"
                if done < bench["planned_questions"] else "")
+    if paired is not None:
+        partial += (f"; paired: only the {paired} questions every method of the reported "
+                    f"runs on {cfg['dataset']} answered")
     data.markdown.append(summary_markdown(
-        bench["summary"], f"{cfg['dataset']} ({directory.name}): {cfg['retriever']}, "
-                          f"k={cfg['k']}, model {cfg['model']}{partial}"))
-    for method, rows in bench["popularity"].items():
+        summary, f"{cfg['dataset']} ({directory.name}): {cfg['retriever']}, "
+                 f"k={cfg['k']}, model {cfg['model']}{partial}"))
+    popularity = {m: accuracy_by_quartile(bench["records"], m) for m in summary}
+    for method, rows in popularity.items():
         if not rows:
             continue
         data.markdown += [f"{method} accuracy by s_pop quartile (Wikipedia page views of the "
@@ -218,7 +230,7 @@ def _bench_section(data: ReportData, directory: Path, bench: dict[str, Any]) -> 
         data.markdown.append("")
     setting = (cfg["dataset"], cfg.get("model", "default"), cfg.get("data_path"))
     data.records.setdefault(setting, []).extend(bench["records"])
-    for method, s in bench["summary"].items():
+    for method, s in summary.items():
         data.points.append(_Point(method, cfg["dataset"], int(s["questions"]),
                                   int(cfg.get("offset", 0)), s["retrievals_per_question"],
                                   s["accuracy"], str(cfg.get("model", "default"))))
@@ -251,18 +263,30 @@ def _gate_section(data: ReportData, gate_eval: dict[str, Any]) -> None:
     data.markdown.append("")
 
 
-def collect(run_dirs: Sequence[str | Path]) -> ReportData:
+def collect(run_dirs: Sequence[str | Path], *, paired: bool = False) -> ReportData:
     """Read bench (``config.json``) and eval-gate (``gate_eval.json``) directories.
+
+    ``paired``: report each dataset's bench runs on the questions that every method of
+    every run on it answered (:func:`common_questions`), so that a run stopped part-way
+    compares with the others on the same questions.
 
     Raises:
         FileNotFoundError: a directory holds neither.
     """
     data = ReportData()
-    for raw in run_dirs:
-        directory = Path(raw)
-        bench, gate_eval = _load(directory)
+    loaded = [(Path(raw), *_load(Path(raw))) for raw in run_dirs]
+    common: dict[str, set[str]] = {}
+    if paired:
+        for dataset in {b["config"]["dataset"] for _, b, _ in loaded if b is not None}:
+            common[dataset] = common_questions([b["records"] for _, b, _ in loaded
+                                                if b is not None
+                                                and b["config"]["dataset"] == dataset])
+    for directory, bench, gate_eval in loaded:
         if bench is not None:
-            _bench_section(data, directory, bench)
+            ids = common.get(bench["config"]["dataset"])
+            if ids is not None:
+                bench = {**bench, "records": [r for r in bench["records"] if r.id in ids]}
+            _bench_section(data, directory, bench, None if ids is None else len(ids))
         if gate_eval is not None:
             _gate_section(data, gate_eval)
     for setting, records in data.records.items():
@@ -547,12 +571,13 @@ def roc_figure(data: ReportData) -> Figure:
 
 
 def write_report(run_dirs: Sequence[str | Path], out_dir: str | Path,
-                 title: str = "rag-gates report") -> Path:
-    """Write ``report.md`` and its PNGs to ``out_dir``; return the report's path."""
+                 title: str = "rag-gates report", *, paired: bool = False) -> Path:
+    """Write ``report.md`` and its PNGs to ``out_dir``; return the report's path.
+    ``paired``: as :func:`collect`'s."""
     plt = _pyplot()
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
-    data = collect(run_dirs)
+    data = collect(run_dirs, paired=paired)
     lines = [f"# {title}", "", *data.markdown]
     if data.points or data.gates:
         fig = accuracy_figure(data)

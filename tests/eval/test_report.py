@@ -15,6 +15,7 @@ from rag_gates.eval.report import (
     RANDOM_GATE_GID,
     accuracy_figure,
     collect,
+    common_questions,
     gain_over_random,
     roc_figure,
     update_document,
@@ -173,3 +174,35 @@ def test_labels_tell_apart_a_method_run_with_several_models() -> None:
                                                point("default", 100, 5.0)])}
     assert sizes == {"deeprag (n=200)", "deeprag (n=100)"}
     assert [t for t, _, _ in _method_labels([point("default", 200, 6.0)])] == ["deeprag"]
+
+
+def test_paired_report_compares_a_stopped_run_on_the_questions_it_answered(
+        tmp_path: Path) -> None:
+    """A run stopped part-way (its cbdr methods answered the first 120 of 200 questions)
+    beside a whole run on the same dataset: paired, every method of both is summarized on
+    the 120 questions all of them answered; unpaired, each on what it has."""
+    import shutil
+
+    whole = EVAL / "popqa-200-cbdr"
+    stopped = tmp_path / "stopped"
+    shutil.copytree(whole, stopped)
+    records = read_records(whole)
+    kept_ids = list(dict.fromkeys(r.id for r in records))[:120]
+    (stopped / "results.jsonl").write_text("".join(
+        r.model_dump_json() + "\n" for r in records
+        if not r.method.startswith("cbdr") or r.id in kept_ids))
+    assert common_questions([read_records(stopped), records]) == set(kept_ids)
+
+    def table(paired: bool) -> dict[str, dict[str, float]]:
+        data = collect([stopped, whole], paired=paired)
+        return {f"{p.method}/{i // 4}": (p.questions, p.accuracy)
+                for i, p in enumerate(data.points)}
+
+    unpaired, paired = table(False), table(True)
+    assert unpaired["single/0"][0] == 200 and unpaired["cbdr-ce@1.0/0"][0] == 120
+    assert {n for n, _ in paired.values()} == {120}
+    on_kept = summarize([r for r in records if r.id in kept_ids])
+    assert paired["single/1"][1] == pytest.approx(on_kept["single"]["accuracy"])
+    assert paired["single/0"] == paired["single/1"]  # the same records, the same questions
+    report = write_report([stopped, whole], tmp_path / "report", paired=True)
+    assert "paired: only the 120 questions" in report.read_text()
