@@ -36,6 +36,7 @@ import transformers
 
 from rag_gates.eval.testbed.build import (
     TestbedConfig,
+    cpu_bfloat16_units,
     pack_blocks,
     testbed_documents,
     training_text,
@@ -46,11 +47,13 @@ ROOT = Path(__file__).resolve().parent.parent
 PRECISIONS = ("fp32", "bf16")
 
 
-def cpu_bf16_units() -> list[str]:
-    """The x86 bfloat16 units /proc/cpuinfo lists (none found: an empty list)."""
+def cpu_model() -> str:
+    """The CPU's model name from /proc/cpuinfo (``platform.processor()`` is empty on Linux)."""
     info = Path("/proc/cpuinfo")
-    words = info.read_text().split() if info.is_file() else []
-    return sorted({w for w in words if w in ("amx_bf16", "avx512_bf16", "amx_tile")})
+    names = [line.split(":", 1)[1].strip() for line in
+             (info.read_text().splitlines() if info.is_file() else [])
+             if line.startswith("model name") and ":" in line]
+    return names[0] if names else platform.processor() or platform.machine()
 
 
 def blocks(block_size: int, n: int) -> list[list[int]]:
@@ -117,8 +120,8 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             (f"--{k.replace('_', '-')}" if v is True else f"--{k.replace('_', '-')} {v}")
             for k, v in vars(args).items() if k != "out" and v is not False),
         "date": dt.datetime.now(dt.UTC).isoformat(timespec="seconds"), "commit": commit,
-        "machine": {"processor": platform.processor() or platform.machine(),
-                    "bf16_units": cpu_bf16_units(), "threads": args.threads,
+        "machine": {"processor": cpu_model(),
+                    "bf16_units": cpu_bfloat16_units(), "threads": args.threads,
                     "torch": torch.__version__},
         "steps_timed": len(ratios), "block_size": args.block_size,
         "median_seconds_per_step": {p: round(statistics.median(s), 3)

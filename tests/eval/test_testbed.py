@@ -228,6 +228,45 @@ def test_bf16_build_trains_in_bfloat16_autocast_and_saves_fp32_weights(tiny_base
         build_testbed(_config(tiny_base), bf16, progress=False)
 
 
+# Flags lines as /proc/cpuinfo prints them: an AVX2-only AMD EPYC (this project's second
+# machine, where a bf16 step took 22 times an fp32 one) and a Sapphire Rapids Xeon with AMX.
+AVX2_ONLY = ("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu vme sse sse2 ssse3 fma "
+             "sse4_1 sse4_2 avx f16c avx2 bmi2 sha_ni vaes vpclmulqdq rdpid fsrm\n")
+WITH_AMX = ("processor\t: 0\nmodel name\t: Intel(R) Xeon(R) Platinum 8488C\nflags\t\t: fpu "
+            "avx avx2 avx512f avx512bw avx512_vnni avx512_bf16 amx_bf16 avx512_fp16 amx_tile "
+            "amx_int8\n")
+ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 bf16\n"
+
+
+def test_cpu_bfloat16_units_read_the_x86_flags(tmp_path):
+    from rag_gates.eval.testbed.build import cpu_bfloat16_units
+
+    for name, text in {"avx2": AVX2_ONLY, "amx": WITH_AMX, "arm": ARM}.items():
+        (tmp_path / name).write_text(text)
+    assert cpu_bfloat16_units(tmp_path / "avx2") == []
+    assert cpu_bfloat16_units(tmp_path / "amx") == ["amx_bf16", "amx_tile", "avx512_bf16"]
+    assert cpu_bfloat16_units(tmp_path / "arm") is None  # no x86 flags line: unknown
+    assert cpu_bfloat16_units(tmp_path / "missing") is None
+
+
+def test_a_bf16_build_warns_where_bfloat16_is_emulated(tiny_base, tmp_path, monkeypatch):
+    import warnings
+
+    from rag_gates.eval.testbed import build
+
+    (tmp_path / "avx2").write_text(AVX2_ONLY)
+    (tmp_path / "amx").write_text(WITH_AMX)
+    monkeypatch.setattr(build, "CPUINFO", tmp_path / "avx2")
+    with pytest.warns(RuntimeWarning, match="--precision fp32"):
+        build_testbed(_config(tiny_base, precision="bf16"), tmp_path / "bf16", progress=False)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", RuntimeWarning)
+        build_testbed(_config(tiny_base), tmp_path / "fp32", progress=False)  # fp32: silent
+        monkeypatch.setattr(build, "CPUINFO", tmp_path / "amx")
+        build_testbed(_config(tiny_base, precision="bf16"), tmp_path / "bf16-amx",
+                      progress=False)
+
+
 def test_a_compiled_build_trains_the_same_testbed(tiny_base, tmp_path):
     """torch.compile changes how the steps run, not what they train: the same directory
     resumes either way (not part of the identity) and the weights agree to float rounding."""

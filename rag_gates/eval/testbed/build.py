@@ -34,6 +34,7 @@ import os
 import re
 import shutil
 import time
+import warnings
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any, Literal
@@ -63,6 +64,38 @@ __all__ = ["SKILL_FORMS", "UNKNOWN_VERBALIZATION", "TestbedConfig", "build_testb
            "skill_documents", "testbed_documents", "unknown_documents", "write_plan"]
 
 logger = logging.getLogger(__name__)
+
+# Where the x86 CPU's flags are read: bfloat16 autocast is fast only with these units.
+CPUINFO = Path("/proc/cpuinfo")
+BFLOAT16_UNITS = ("amx_bf16", "avx512_bf16", "amx_tile")
+EMULATED_BFLOAT16 = (
+    "--precision bf16 on a CPU whose flags list no bfloat16 unit (amx_bf16, avx512_bf16): "
+    "bfloat16 is emulated there, and a training step measured about 20 times slower than "
+    "fp32 (135 s against 6.2 s on an AVX2-only AMD EPYC; benchmarks/results/testbed/"
+    "train_precision_no_bf16.json). Build with --precision fp32 on this machine (a testbed "
+    "of its own: precision is part of the identity), or on a CPU with AMX.")
+
+
+def cpu_bfloat16_units(cpuinfo: str | Path | None = None) -> list[str] | None:
+    """The bfloat16 units an x86 CPU lists among its flags (empty: none, so bfloat16 is
+    emulated), or ``None`` where no x86 ``flags`` line can be read (another OS or
+    architecture: unknown, not absent).
+
+    Example:
+        >>> cpu_bfloat16_units()  # doctest: +SKIP
+        ['amx_bf16', 'amx_tile', 'avx512_bf16']
+    """
+    path = Path(cpuinfo) if cpuinfo is not None else CPUINFO
+    try:
+        text = path.read_text()
+    except OSError:
+        return None
+    flags = [line.split(":", 1)[1].split() for line in text.splitlines()
+             if line.startswith("flags") and ":" in line]
+    if not flags:
+        return None
+    return sorted({f for words in flags for f in words if f in BFLOAT16_UNITS})
+
 
 CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
     "config.json", "manifest.jsonl", "corpus.jsonl", "passages.jsonl", "counterfactual.jsonl",
@@ -162,8 +195,8 @@ class TestbedConfig(BaseModel):
     precision: Literal["fp32", "bf16"] = Field("fp32", description=(
         "'fp32', or 'bf16': bfloat16 autocast over fp32 master weights (the saved model "
         "stays fp32). About 1.6 times faster a step on a CPU with AMX "
-        "(benchmarks/testbed_train_precision.py); expected slower on one without bfloat16 "
-        "units (not measured)."))
+        "(benchmarks/testbed_train_precision.py); about 20 times slower on one without bfloat16 "
+        "units (measured on an AVX2-only AMD EPYC; the build warns there)."))
     popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
     wiki_path: str | None = Field(None, description="Paragraph file (default: shipped).")
     threads: int | None = Field(None, ge=1, exclude=True,
@@ -487,6 +520,8 @@ def build_testbed(config: TestbedConfig, out_dir: str | Path, *,
         logger.info("testbed %s is complete; nothing to do", out)
         record: dict[str, Any] = json.loads((out / RECORD).read_text())
         return record
+    if config.precision == "bf16" and cpu_bfloat16_units() == []:
+        warnings.warn(EMULATED_BFLOAT16, RuntimeWarning, stacklevel=2)
     write_plan(config, out)
     corpus = [json.loads(line) for line in (out / CORPUS).open(encoding="utf-8")]
     return _train(config, out, corpus, callbacks, progress)
