@@ -272,6 +272,7 @@ def collect(run_dirs: Sequence[str | Path], *, paired: bool = False) -> ReportDa
 
     Raises:
         FileNotFoundError: a directory holds neither.
+        ValueError: ``paired``, and the runs on a dataset share no answered question.
     """
     data = ReportData()
     loaded = [(Path(raw), *_load(Path(raw))) for raw in run_dirs]
@@ -281,6 +282,10 @@ def collect(run_dirs: Sequence[str | Path], *, paired: bool = False) -> ReportDa
             common[dataset] = common_questions([b["records"] for _, b, _ in loaded
                                                 if b is not None
                                                 and b["config"]["dataset"] == dataset])
+            if not common[dataset]:
+                raise ValueError(
+                    f"paired: no question of {dataset} was answered by every method of every "
+                    "run given; report them unpaired, or give runs that share questions")
     for directory, bench, gate_eval in loaded:
         if bench is not None:
             ids = common.get(bench["config"]["dataset"])

@@ -206,3 +206,10 @@ def test_paired_report_compares_a_stopped_run_on_the_questions_it_answered(
     assert paired["single/0"] == paired["single/1"]  # the same records, the same questions
     report = write_report([stopped, whole], tmp_path / "report", paired=True)
     assert "paired: only the 120 questions" in report.read_text()
+    # Runs that share no answered question cannot be paired: said, not an empty table.
+    other = tmp_path / "other"
+    shutil.copytree(whole, other)
+    (other / "results.jsonl").write_text("".join(
+        r.model_dump_json() + "\n" for r in records if r.id not in kept_ids))
+    with pytest.raises(ValueError, match="no question of popqa"):
+        collect([stopped, other], paired=True)
