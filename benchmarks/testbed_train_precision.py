@@ -37,6 +37,7 @@ import transformers
 from rag_gates.eval.testbed.build import (
     TestbedConfig,
     cpu_bfloat16_units,
+    cpuinfo_values,
     pack_blocks,
     testbed_documents,
     training_text,
@@ -49,10 +50,7 @@ PRECISIONS = ("fp32", "bf16")
 
 def cpu_model() -> str:
     """The CPU's model name from /proc/cpuinfo (``platform.processor()`` is empty on Linux)."""
-    info = Path("/proc/cpuinfo")
-    names = [line.split(":", 1)[1].strip() for line in
-             (info.read_text().splitlines() if info.is_file() else [])
-             if line.startswith("model name") and ":" in line]
+    names = cpuinfo_values("model name")
     return names[0] if names else platform.processor() or platform.machine()
 
 

@@ -70,10 +70,21 @@ CPUINFO = Path("/proc/cpuinfo")
 BFLOAT16_UNITS = ("amx_bf16", "avx512_bf16", "amx_tile")
 EMULATED_BFLOAT16 = (
     "--precision bf16 on a CPU whose flags list no bfloat16 unit (amx_bf16, avx512_bf16): "
-    "bfloat16 is emulated there, and a training step measured about 20 times slower than "
+    "bfloat16 is emulated there, and a training step measured 22 times slower than "
     "fp32 (135 s against 6.2 s on an AVX2-only AMD EPYC; benchmarks/results/testbed/"
     "train_precision_no_bf16.json). Build with --precision fp32 on this machine (a testbed "
     "of its own: precision is part of the identity), or on a CPU with AMX.")
+
+
+def cpuinfo_values(key: str, cpuinfo: str | Path | None = None) -> list[str] | None:
+    """The values of the ``key`` lines in ``/proc/cpuinfo`` (one per logical CPU), or
+    ``None`` where it cannot be read (another OS)."""
+    try:
+        text = (Path(cpuinfo) if cpuinfo is not None else CPUINFO).read_text()
+    except OSError:
+        return None
+    return [line.split(":", 1)[1].strip() for line in text.splitlines()
+            if line.split(":", 1)[0].strip() == key and ":" in line]
 
 
 def cpu_bfloat16_units(cpuinfo: str | Path | None = None) -> list[str] | None:
@@ -85,16 +96,10 @@ def cpu_bfloat16_units(cpuinfo: str | Path | None = None) -> list[str] | None:
         >>> cpu_bfloat16_units()  # doctest: +SKIP
         ['amx_bf16', 'amx_tile', 'avx512_bf16']
     """
-    path = Path(cpuinfo) if cpuinfo is not None else CPUINFO
-    try:
-        text = path.read_text()
-    except OSError:
-        return None
-    flags = [line.split(":", 1)[1].split() for line in text.splitlines()
-             if line.startswith("flags") and ":" in line]
+    flags = cpuinfo_values("flags", cpuinfo)
     if not flags:
         return None
-    return sorted({f for words in flags for f in words if f in BFLOAT16_UNITS})
+    return sorted({f for line in flags for f in line.split() if f in BFLOAT16_UNITS})
 
 
 CONFIG, MANIFEST, CORPUS, PASSAGES, COUNTERFACTUAL, TWOHOP, BRIDGES, RECORD = (
@@ -195,7 +200,7 @@ class TestbedConfig(BaseModel):
     precision: Literal["fp32", "bf16"] = Field("fp32", description=(
         "'fp32', or 'bf16': bfloat16 autocast over fp32 master weights (the saved model "
         "stays fp32). About 1.6 times faster a step on a CPU with AMX "
-        "(benchmarks/testbed_train_precision.py); about 20 times slower on one without bfloat16 "
+        "(benchmarks/testbed_train_precision.py); 22 times slower on one without bfloat16 "
         "units (measured on an AVX2-only AMD EPYC; the build warns there)."))
     popqa_path: str | None = Field(None, description="PopQA slice (default: shipped).")
     wiki_path: str | None = Field(None, description="Paragraph file (default: shipped).")

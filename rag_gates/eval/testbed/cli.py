@@ -99,7 +99,7 @@ def build_command(
     seed: Annotated[int, typer.Option()] = 0,
     precision: Annotated[str, typer.Option(  # a str: typer reads Literal only from 0.19
         help="fp32, or bf16: bfloat16 autocast over fp32 weights, about 1.6x faster a step "
-             "on a CPU with AMX, 20x slower on one without bfloat16 units (the build "
+             "on a CPU with AMX, 22x slower on one without bfloat16 units (the build "
              "warns).")] = _DEFAULT.precision,
     bridges: Annotated[bool, typer.Option(help="Teach purpose-written second hops (a "
                                                "birthplace for the person a fact names) and "
