@@ -150,7 +150,9 @@ def main() -> None:
         "command": f"OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_noisy.py --n {args.n} "
                    f"--max-new-tokens {args.max_new_tokens}"
                    + ("" if rag_methods == RAG_METHODS else
-                      f" --methods {','.join(rag_methods)} --out {args.out.name}"),
+                      f" --methods {','.join(rag_methods)} --out {args.out.name}")
+                   + ("" if args.cache.name == "tokrag_noisy_answers.jsonl" else
+                      f" --cache {args.cache.name}"),
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "dataset": "hotpotqa (dev, file order)", "questions_planned": len(examples),
         "passages": 5, "shares": list(SHARES), **summarise(rows, examples, rag_methods),

@@ -13,11 +13,20 @@ Per step, both streams' greedy tokens; if they differ, a judge keeps one side. T
 
 The paper's judge:
 
-1. fusion layer ``l*`` (Eq. 14) = ``floor((argmax_l f(l) + min{l : g(l) > a}) / 2)``, with
-   ``f(l)`` the RAG stream's attention mass (heads averaged) on the passage tokens at layer
-   ``l`` and ``g(l) = |JSD(lens(h~[l-1]), lens(h~[l])) - JSD(lens(h[l-1]), lens(h[l]))|``
-   (logit lens: final norm + LM head; ``h~`` RAG stream, ``h`` LLM stream). When no layer
-   has ``g(l) > a`` the second term is the deepest searched layer;
+1. fusion layer ``l*`` (Eq. 14) = ``floor((argmax_l f(l) + d) / 2)``, with ``f(l)`` the RAG
+   stream's attention mass (heads averaged) on the passage tokens at layer ``l`` and ``d``
+   the layer where the two streams' layer-to-layer change of word distribution parts.
+   ``layer_rule="authors"`` (the default) computes ``d`` as the released code does
+   (``get_dynamic_layer`` in ``Tok-RAG_for_ODQA.py`` on the divergences their
+   ``dola_greedy_decode`` records, :func:`authors_layer_divergence`): the lens is the LM head
+   alone (no final norm), the divergence DoLa's ``0.5 (KL(M||P) + KL(M||Q))`` averaged over
+   the vocabulary, ``d`` = ``i - 1`` for the first pair of hidden states ``(i, i + 1)`` with
+   ``i`` deeper than 10/32 of the depth where the RAG stream's divergence exceeds the LLM
+   stream's by more than ``a``; none -> 20/32 of the depth. ``layer_rule="paper-jsd"``
+   (before issue 55): ``d = min{l : g(l) > a}`` with ``g(l) = |JSD(lens(h~[l-1]),
+   lens(h~[l])) - JSD(lens(h[l-1]), lens(h[l]))|`` (lens = final norm + LM head, JSD summed
+   over the vocabulary), none -> the deepest searched layer; on SmolLM2 it fires at the
+   first layer searched;
 2. ``p_R`` over the passage tokens (Eq. 15-16): attention at ``l*`` renormalised over the
    passages, times ``softmax_j <E[v*], E[R_j]>`` with ``v*`` the token whose log-probability
    rises most from the lens at ``l*`` to the output; ``"renormalised"``: the product divided
@@ -55,13 +64,16 @@ from rag_gates.tokrag.streams import StepChoice, TwoStreamDecoder, TwoStreams, j
 require("torch", "hf")
 import torch  # noqa: E402
 
-__all__ = ["JudgeName", "Judgement", "PRForm", "TokRAGConfig", "TokRAGDecoder",
-           "default_authors_layer"]
+__all__ = ["JudgeName", "Judgement", "LayerRule", "PRForm", "TokRAGConfig", "TokRAGDecoder",
+           "authors_layer_divergence", "authors_search_bounds", "default_authors_layer"]
 
 PRForm = Literal["renormalised", "literal"]
 # "paper": Eq. 14-16 (l*, p_R); "authors-qa" / "authors-token": the released code's judges
 # (rag_gates.tokrag.authors), at one fixed layer, in input-embedding space.
 JudgeName = Literal["paper", "authors-qa", "authors-token"]
+# How Eq. 14's second term is found: "authors" = their get_dynamic_layer on DoLa's divergence
+# (issue 55); "paper-jsd" = |JSD difference| summed over the vocabulary (the reading before).
+LayerRule = Literal["authors", "paper-jsd"]
 
 
 class TokRAGConfig(BaseModel):
@@ -74,7 +86,14 @@ class TokRAGConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    a: float = Field(5e-7, ge=0.0, description="Threshold on g(l) (Eq. 14); the paper's 5e-7.")
+    a: float = Field(5e-7, ge=0.0, description="Threshold of Eq. 14's second term; the "
+                     "paper's and the authors' code's 5e-7.")
+    layer_rule: LayerRule = Field(
+        "authors", description="Eq. 14's second term: 'authors' (their get_dynamic_layer: "
+                               "vocabulary-mean DoLa divergence, lens without the final norm, "
+                               "signed RAG - LLM difference, layers deeper than 10/32 of the "
+                               "depth, none -> 20/32) or 'paper-jsd' (|JSD difference| summed "
+                               "over the vocabulary, from layer 1; fires at once on SmolLM2).")
     fusion_layer: int | None = Field(
         None, ge=0, description="With judge='paper': a fixed fusion layer l* "
                                 "(1..num_layers-1), skipping the search. With an authors' "
@@ -112,6 +131,28 @@ def default_authors_layer(num_layers: int) -> int:
     """Two thirds of the depth: layer 20 of SmolLM2's 30, the best of the 0..29 sweep on the
     AUC token set (held-out halves picked 20 and 24). Not validated on other models."""
     return min(num_layers - 1, round(2 * num_layers / 3))
+
+
+def authors_search_bounds(num_layers: int) -> tuple[float, int]:
+    """Their ``get_dynamic_layer`` (``Tok-RAG_for_ODQA.py`` l. 489-494) on LLaMA-2-7B's 32
+    layers reads pairs whose lower hidden state is deeper than 10 and falls back to layer 20;
+    here the same fractions of the depth: (the lower bound, exclusive; the fallback layer).
+    32 layers -> (10.0, 20); SmolLM2's 30 -> (9.375, 19)."""
+    return 10 * num_layers / 32, max(1, min(num_layers - 1, round(20 * num_layers / 32)))
+
+
+def authors_layer_divergence(logp_pre: torch.Tensor, logp_post: torch.Tensor) -> torch.Tensor:
+    """The divergence the authors' ``dola_greedy_decode`` records per pair of layers
+    (``my_transformers/generation/utils.py`` l. 2626-2651, DoLa's code): with ``M`` the mean
+    of the two distributions, ``0.5 * (mean_v M (log M - log P_post) + mean_v M (log M -
+    log P_pre))``: ``F.kl_div(log P, M)`` is ``KL(M || P)`` and ``reduction='none'`` then
+    ``.mean(-1)`` averages over the vocabulary. Inputs are log-probabilities ``[..., vocab]``
+    (natural log); the result ``[...]``."""
+    m = 0.5 * (logp_pre.exp() + logp_post.exp())
+    m_log_m = torch.xlogy(m, m)  # 0 where M underflows, as kl_div's target * log(target)
+    kl_post = (m_log_m - m * logp_post).mean(-1)
+    kl_pre = (m_log_m - m * logp_pre).mean(-1)
+    return 0.5 * (kl_post + kl_pre)
 
 
 def _cos(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -174,7 +215,15 @@ class TokRAGDecoder(TwoStreamDecoder):
         if self.config.passage_prefix:
             self.passage_format = "reference"
         n = self.config.search_layers
-        if n is None or n >= top:
+        if self.config.layer_rule == "authors":
+            # Their candidate_premature_layers: every hidden state 0..num_layers (l. 523),
+            # paired consecutively. f stays over 1..num_layers-1 as Eq. 14 reads it (their
+            # get_max_att would also read block 0, the shallow peak the paper passes over).
+            last = self.lm.num_layers
+            self.candidates = (list(range(last + 1)) if n is None or n > last else
+                               sorted({round(i * last / (n - 1)) for i in range(n)}))
+            self.searched = [x for x in self.candidates if 1 <= x <= top]
+        elif n is None or n >= top:
             self.searched = list(range(1, top + 1))
         else:
             self.searched = sorted({round(1 + i * (top - 1) / (n - 1)) for i in range(n)})
@@ -184,6 +233,8 @@ class TokRAGDecoder(TwoStreamDecoder):
             return [], [self.authors_layer]
         if self.config.fusion_layer is not None:
             return [self.config.fusion_layer], [self.config.fusion_layer]
+        if self.config.layer_rule == "authors":
+            return list(self.searched), list(self.searched)
         hidden = sorted(set(self.searched) | {layer - 1 for layer in self.searched})
         return hidden, list(self.searched)
 
@@ -196,6 +247,23 @@ class TokRAGDecoder(TwoStreamDecoder):
             logits = (weight_major(normed, self._head_weight) if self._head_weight is not None
                       else self._head(normed))
             return torch.log_softmax(logits.float(), dim=-1)
+
+    def head_lens(self, streams: TwoStreams, layer: int) -> torch.Tensor:
+        """The authors' early exit (``modeling_llama.py`` l. 998-999: ``lm_head`` on
+        ``hidden_states[layer]``, no final norm) as log-probabilities ``[2, vocab]``; the last
+        hidden state is already normed, so at ``num_layers`` it is the output distribution."""
+        memo = streams.step_memo()
+        if ("head", layer) not in memo:
+            if layer == self.lm.num_layers:
+                memo["head", layer] = streams.group.logprobs.float()
+            else:
+                with torch.inference_mode():
+                    hidden = streams.group.hidden(layer)
+                    logits = (weight_major(hidden.to(self._head_weight.dtype),
+                                           self._head_weight)
+                              if self._head_weight is not None else self._head(hidden))
+                    memo["head", layer] = torch.log_softmax(logits.float(), dim=-1)
+        return memo["head", layer]
 
     def _lensed(self, streams: TwoStreams, layers: list[int]) -> dict[int, torch.Tensor]:
         """The lens ``[2, vocab]`` at each of ``layers`` for the current step, the ones not
@@ -215,11 +283,12 @@ class TokRAGDecoder(TwoStreamDecoder):
         row = streams.group.attention(0, layer).mean(0)
         return row[streams.passage_index]
 
-    def fusion_layer(self, streams: TwoStreams) -> tuple[int, dict[str, list[float]]]:
-        """``l*`` by Eq. 14 over the searched layers, with ``f`` per searched layer and ``g``
-        up to the first layer where it exceeds ``a`` (the lens runs layer by layer and
-        stops there: on real activations that is usually the first searched layer, so a
-        disagreement step costs a few lens projections, not one per layer)."""
+    def fusion_layer(self, streams: TwoStreams) -> tuple[int, dict[str, Any]]:
+        """``l*`` by Eq. 14, with ``f`` per searched layer and ``g`` per pair read, up to the
+        first one past ``a`` (``config.layer_rule``; the curves also say which layer
+        ``d`` fired at, ``None`` for the fallback)."""
+        if self.config.layer_rule == "authors":
+            return self._fusion_layer_authors(streams)
         g: list[float] = []
         with torch.inference_mode():
             f = [float(self.passage_attention(streams, layer).sum()) for layer in self.searched]
@@ -236,7 +305,37 @@ class TokRAGDecoder(TwoStreamDecoder):
                 if g[-1] > self.config.a:
                     by_divergence = layer
                     break
-        return self._snap((by_attention + by_divergence) // 2), {"f": f, "g": g}
+        fired = by_divergence if g and g[-1] > self.config.a else None
+        return self._snap((by_attention + by_divergence) // 2), {"f": f, "g": g,
+                                                                  "fired": fired}
+
+    def _fusion_layer_authors(self, streams: TwoStreams) -> tuple[int, dict[str, Any]]:
+        """Eq. 14 with its second term as the released code's ``get_dynamic_layer``
+        (``Tok-RAG_for_ODQA.py`` l. 489-494: ``rag - no_rag > a`` on the divergence of
+        consecutive candidate layers, signed, lower layer deeper than 10/32 of the depth,
+        returns that layer - 1; none -> 20/32). The first term is ``argmax f`` over layers
+        1..num_layers-1 (the block with the largest passage mass, heads averaged, the first
+        on ties, as their ``get_max_att`` l. 475-487). Their code calls neither function
+        (it sweeps a fixed layer); Eq. 14 averages the two."""
+        low, fallback = authors_search_bounds(self.lm.num_layers)
+        g: list[float] = []
+        fired: int | None = None
+        with torch.inference_mode():
+            f = [float(self.passage_attention(streams, layer).sum()) for layer in self.searched]
+            by_attention = self.searched[max(range(len(f)), key=f.__getitem__)]
+            by_divergence = fallback
+            for pre, post in zip(self.candidates, self.candidates[1:], strict=False):
+                if not pre > low:
+                    continue
+                change = authors_layer_divergence(self.head_lens(streams, pre),
+                                                  self.head_lens(streams, post))  # [2]
+                g.append(float(change[0] - change[1]))
+                if g[-1] > self.config.a:
+                    fired = pre
+                    by_divergence = pre - 1
+                    break
+        return self._snap((by_attention + by_divergence) // 2), {"f": f, "g": g,
+                                                                  "fired": fired}
 
     def _snap(self, target: int) -> int:
         # With a thinned search, l* snaps down to a layer whose states were kept.
