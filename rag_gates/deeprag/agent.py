@@ -30,6 +30,15 @@ Malformed steps, the documented rule (each is counted in ``Trajectory.malformed`
 - generate mode, a subquery followed by neither decision marker: the step retrieves (the
   fail-closed rule of every gate) and goes on.
 
+The authors' rule (``marker_rule="authors"``, generate mode; ``rag-gates bench`` method
+``deeprag@authors``): the step is written and read as in the authors' inference loop
+(gxy-gxy/DeepRAG ``src/algorithms/sragsftv2.py``): generation runs on through blank lines to
+their stop words (``:137``), the step retrieves only when the follow-up ends with ``Let``
+(``:94``), and a subquery followed by no marker is answered without retrieval
+(``:105-107``); an unreadable step ends the decomposition without the fail-closed retrieval
+(their loop never retrieves but at ``Let``). Fail closed stays the default: with it a model
+that stops writing markers retrieves rather than answering from memory in silence.
+
 Retrieval that finds nothing: the step says ``Context: (nothing found)`` and the model answers
 anyway. Every decision, retrieval and model call is in the returned trace.
 
@@ -46,7 +55,7 @@ from __future__ import annotations
 from collections.abc import AsyncIterator, Iterator
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from rag_gates._text import check_text
 from rag_gates.deeprag.engine import (
@@ -101,6 +110,20 @@ class DeepRAGConfig(BaseModel):
     max_answer_tokens: int = Field(48, ge=1, le=1024, description="Tokens per answer.")
     nudge: bool = Field(True, description="A step that starts with no marker is asked again "
                         "once with 'Follow up:' written for the model.")
+    marker_rule: Literal["fail_closed", "authors"] = Field(
+        "fail_closed", description="generate mode: how a step's text is cut and read. "
+        "'fail_closed': the step stops at a blank line or where the next step begins, and a "
+        "subquery followed by no decision marker retrieves. 'authors': the authors' stops "
+        "and reading (src/algorithms/sragsftv2.py:94,105,137): only a follow-up ending in "
+        "'Let' retrieves; no marker is answered directly.")
+
+    @model_validator(mode="after")
+    def _rule_needs_generate(self) -> DeepRAGConfig:
+        if self.marker_rule != "fail_closed" and self.mode != "generate":
+            raise ValueError(f"marker_rule={self.marker_rule!r} reads the decision marker the "
+                             f"model writes, which only generate mode has (mode is "
+                             f"{self.mode!r}); drop marker_rule or use mode='generate'")
+        return self
     prompt: DeepRAGPrompt = Field(default_factory=DeepRAGPrompt)
 
 
@@ -166,7 +189,8 @@ class DeepRAG:
         elif mode == "likelihood":
             self.gate = MarkerLikelihoodGate(lm, self.config.threshold, sample_prompt=sample)
         elif mode == "generate":
-            self.gate = MarkerGate()
+            self.gate = MarkerGate(missing_marker="answer" if self.config.marker_rule == "authors"
+                                   else "retrieve")
         else:
             self.gate = ConstantGate(mode == "always", name=f"deeprag-{mode}")
 
@@ -176,6 +200,7 @@ class DeepRAG:
         c = self.config
         fmt = c.prompt
         generate = c.mode == "generate"
+        authors = c.marker_rule == "authors"
         steps: list[Step] = []
         malformed: list[MalformedStep] = []
         stop_reason: Literal["answered", "step_cap", "malformed"] = "step_cap"
@@ -184,10 +209,15 @@ class DeepRAG:
             so_far = render_steps(steps)
             st, raw, nudged = yield from next_step(fmt, question, so_far, generate=generate,
                                                    max_new_tokens=c.max_step_tokens,
-                                                   nudge=c.nudge)
+                                                   nudge=c.nudge, authors=authors)
             if nudged:
                 malformed.append(MalformedStep(kind="no_marker", step=len(steps), text=raw,
                                                action="nudged"))
+            if authors and st.kind == "final" and not st.final:
+                # "So the final" without an answer after it: the authors ask for the final
+                # answer in a call of its own (sragsftv2.py:86-87).
+                stop_reason = "answered"
+                break
             problem = step_problem(st, steps)
             if st.kind == "final" and problem is None:
                 stop_reason, final = "answered", st.final
@@ -196,9 +226,10 @@ class DeepRAG:
                 stop_reason = "malformed"
                 # Fail closed: the step cannot be read and nothing was retrieved yet, so no
                 # decision was made; retrieve with the question before the final answer. Not
-                # in never mode: "never retrieve" is the user's decision, made in advance.
-                fail_closed = c.mode != "never" and not any(s.passages is not None
-                                                            for s in steps)
+                # in never mode: "never retrieve" is the user's decision, made in advance;
+                # nor under the authors' rule, whose loop retrieves only at "Let".
+                fail_closed = c.mode != "never" and not authors and not any(
+                    s.passages is not None for s in steps)
                 malformed.append(MalformedStep(kind=problem, step=len(steps), text=raw,
                                                action="retrieved" if fail_closed
                                                else "forced_final"))
@@ -214,7 +245,8 @@ class DeepRAG:
             if generate:
                 if st.decision is None:
                     malformed.append(MalformedStep(kind="no_decision", step=len(steps),
-                                                   text=raw, action="retrieved"))
+                                                   text=raw, action="answered" if authors
+                                                   else "retrieved"))
                 signals: dict[str, Any] = {"written": st.decision}
             else:
                 signals = {"prompt": fmt.build(question, so_far + subquery_line(st.subquery)),

@@ -34,6 +34,7 @@ from rag_gates.deeprag.trajectory import (
     StepText,
     one_line,
     read_step,
+    read_step_authors,
     retrieval_block,
 )
 from rag_gates.gate import Gate
@@ -44,6 +45,7 @@ from rag_gates.types import GateDecision, Generation, Passage, TraceRecorder
 
 __all__ = [
     "ANSWER_STOPS",
+    "AUTHORS_GENERATE_STOPS",
     "GENERATE_STOPS",
     "SUBQUERY_STOPS",
     "Ask",
@@ -65,6 +67,14 @@ T = TypeVar("T")
 # Generate mode: one call writes the subquery, the decision marker and a direct answer; it
 # stops where the loop must act (retrieve) or where the next step would begin.
 GENERATE_STOPS = (CONTEXT, f"\n{FOLLOW_UP}", f"\n{FINAL}", f"\n{QUESTION}", "\n\n")
+# Generate mode under the authors' rule (marker_rule="authors"): their follow-up call runs on
+# through blank lines and stops at "Intermediate answer:", "So the final" or "Let"
+# (gxy-gxy/DeepRAG src/algorithms/sragsftv2.py:137). A stop string is cut from our text, so
+# which one matched would be lost: the call stops only where every continuation is read
+# alike -- "Intermediate answer:" and a second "Follow up:" (their cleaning drops what
+# follows it, :219) both mean a direct answer -- and read_step_authors finds "Let" and
+# "So the final" in the text. Greedy decoding writes the same text up to their stop either way.
+AUTHORS_GENERATE_STOPS = (INTERMEDIATE, f"\n{FOLLOW_UP}")
 # Other modes: the subquery line only; the decision is not the model's text.
 SUBQUERY_STOPS = ("\n", "Let's search", INTERMEDIATE, CONTEXT)
 # An intermediate or final answer: one line.
@@ -208,19 +218,26 @@ class Executor:
 
 # ---------------------------------------------------------------- the step moves
 def next_step(fmt: DeepRAGPrompt, question: str, so_far: str, *, generate: bool,
-              max_new_tokens: int, nudge: bool) -> Program[tuple[StepText, str, bool]]:
+              max_new_tokens: int, nudge: bool, authors: bool = False
+              ) -> Program[tuple[StepText, str, bool]]:
     """The model's next step after ``so_far``: read, the raw text, and whether it was
     nudged. ``generate``: the model also writes the decision marker (and a direct answer) in
-    the same call. ``nudge``: a text with no marker is asked again once with ``Follow up:``
-    written for the model, which then writes a subquery."""
-    stops = GENERATE_STOPS if generate else SUBQUERY_STOPS
+    the same call. ``authors`` (generate mode): the authors' stops and reading
+    (:data:`AUTHORS_GENERATE_STOPS`, :func:`~rag_gates.deeprag.trajectory.read_step_authors`).
+    ``nudge``: a text with no marker is asked again once with ``Follow up:`` written for
+    the model, which then writes a subquery."""
+    if authors and not generate:
+        raise ValueError("the authors' step reading is generate mode's (the model writes the "
+                         "decision marker); use generate=True")
+    stops = AUTHORS_GENERATE_STOPS if authors else GENERATE_STOPS if generate else SUBQUERY_STOPS
+    read = read_step_authors if authors else read_step
     g: Generation = yield Call(fmt.build(question, so_far), stops, max_new_tokens, "step")
-    st = read_step(g.text)
+    st = read(g.text)
     if st.kind != "none" or not nudge:
         return st, g.text, False
     again: Generation = yield Call(fmt.build(question, f"{so_far}{FOLLOW_UP}"), stops,
                                    max_new_tokens, "step-nudged")
-    return read_step(f"{FOLLOW_UP}{again.text}"), g.text, True
+    return read(f"{FOLLOW_UP}{again.text}"), g.text, True
 
 
 def subquery_line(subquery: str) -> str:

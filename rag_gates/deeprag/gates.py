@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 from pydantic import JsonValue
 
@@ -33,16 +33,32 @@ __all__ = ["ConstantGate", "MarkerGate", "MarkerLikelihoodGate", "UnreadableStep
 
 class MarkerGate(BaseGate):
     """Decides from the text the model wrote: score 1 for the retrieve marker, 0 for the
-    direct-answer marker (threshold 0.5). Neither marker: the score is NaN, so the decision
-    retrieves and says the model wrote no marker.
+    direct-answer marker (threshold 0.5).
+
+    Neither marker (``missing_marker``):
+
+    - ``"retrieve"`` (the default, fail closed): the score is NaN, so the decision retrieves
+      and says the model wrote no marker;
+    - ``"answer"`` (the authors' rule: their loop retrieves only when the follow-up ends with
+      the retrieval marker, gxy-gxy/DeepRAG ``src/algorithms/sragsftv2.py:94``, and answers
+      anything else directly, ``:105-107``): score 0, answer without retrieval.
 
     ``decide(subquery, written="retrieve" | "direct" | None)``.
+
+    Example:
+        >>> MarkerGate(missing_marker="answer").decide("Who directed Jaws?").retrieve
+        False
     """
 
     name = "deeprag-generate"
 
-    def __init__(self, name: str | None = None) -> None:
+    def __init__(self, name: str | None = None, *,
+                 missing_marker: Literal["retrieve", "answer"] = "retrieve") -> None:
         super().__init__(threshold=0.5)
+        if missing_marker not in ("retrieve", "answer"):
+            raise ValueError(f"missing_marker must be 'retrieve' (fail closed) or 'answer' "
+                             f"(the authors' rule), got {missing_marker!r}")
+        self.missing_marker = missing_marker
         if name:
             self.name = name
 
@@ -52,10 +68,15 @@ class MarkerGate(BaseGate):
             return 1.0, {"written": RETRIEVE}
         if written == "direct":
             return 0.0, {"written": INTERMEDIATE}
+        if self.missing_marker == "answer":
+            return 0.0, {"written": None, "missing_marker": "answer"}
         return float("nan"), {"written": None}
 
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
         verb = "retrieve" if retrieve else "answer without retrieval"
+        if evidence["written"] is None:
+            return (f"the model wrote no retrieval marker after the subquery: {verb} (the "
+                    "authors' rule)")
         return f"the model wrote {evidence['written']!r}: {verb}"
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:

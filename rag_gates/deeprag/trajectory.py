@@ -41,9 +41,11 @@ from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from rag_gates.answers import normalize_answer
 from rag_gates.lm.base import Prompt
+from rag_gates.lm.stops import find_stop
 from rag_gates.types import ChatMessage, GateDecision, Passage
 
 __all__ = [
+    "AUTHORS_STOP_WORDS",
     "CONTEXT",
     "DEMONSTRATION",
     "FINAL",
@@ -60,6 +62,7 @@ __all__ = [
     "Trajectory",
     "one_line",
     "read_step",
+    "read_step_authors",
     "render_steps",
     "retrieval_block",
     "same_subquery",
@@ -76,6 +79,10 @@ NOTHING_FOUND = "(nothing found)"
 # What a model writes to retrieve: the paper's own text says "on Wikipedia" in places, and
 # the authors' inference loop reads a follow-up that stops at "Let" as a retrieval.
 _RETRIEVE_CUE = "Let's search"
+#: Where the authors' follow-up call stops, besides the chat end tokens (gxy-gxy/DeepRAG,
+#: src/algorithms/sragsftv2.py:137); their vLLM call keeps the stop word in the text
+#: (src/algorithms/basic.py:123), and the first one written decides the step (:86, :94).
+AUTHORS_STOP_WORDS = (INTERMEDIATE, "So the final", "Let")
 
 INSTRUCTION = (
     "You are a helpful Retrieve-Augmented Generation (RAG) model. Your task is to answer "
@@ -127,7 +134,8 @@ class MalformedStep(BaseModel):
     ``empty_final`` (the final-answer marker with no answer after it) --
     each ends the decomposition with a forced final answer -- or ``no_decision`` (generate
     mode: a subquery followed by neither decision marker), which retrieves (the fail-closed
-    rule).
+    rule, ``action="retrieved"``) or, under the authors' rule (``marker_rule="authors"``), is
+    answered without retrieval (``action="answered"``).
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
@@ -136,7 +144,7 @@ class MalformedStep(BaseModel):
                   "no_decision"]
     step: int = Field(..., ge=0, description="Index of the step it happened at.")
     text: str = Field(..., description="What the model wrote.")
-    action: Literal["forced_final", "retrieved", "nudged"]
+    action: Literal["forced_final", "retrieved", "nudged", "answered"]
 
 
 class Step(BaseModel):
@@ -337,6 +345,55 @@ def read_step(text: str) -> StepText:
         return StepText(kind="subquery", subquery=subquery, decision="direct",
                         answer=_first_line(after[len(INTERMEDIATE):]))
     return StepText(kind="subquery", subquery=subquery)
+
+
+def read_step_authors(text: str) -> StepText:
+    """Read the model's text at the start of a step as the authors' inference loop does
+    (gxy-gxy/DeepRAG, ``src/algorithms/sragsftv2.py``), the reading of
+    ``DeepRAGConfig(marker_rule="authors")``.
+
+    Their follow-up call stops at the first of :data:`AUTHORS_STOP_WORDS` to be written
+    (``:137``; ``find_stop``'s complete-first rule, as a stop-string decoder) and keeps it in
+    the text; their cleaning keeps what precedes a second ``Follow up:`` (``:219``). The step
+    then retrieves only when that follow-up ends with ``Let`` (``:94``; any word that starts
+    with "Let" counts, as there), ends the decomposition at ``So the final`` (``:86``), and
+    anything else -- ``Intermediate answer:``, no marker at all, the end of the text -- is
+    answered without retrieval by a separate call (``:105-107``; ``answer`` is None). The
+    subquery may span lines there; here its whitespace runs become one space.
+
+    As in :func:`read_step`, the text must start with ``Follow up:`` or the final-answer
+    marker (the authors prefill ``Follow up:`` at the first step, ``:126``; the loop's nudge
+    stands in for it, docs/fidelity.md row D5). ``final`` is None when the final-answer
+    marker is not written out whole: the loop then asks for the final answer, as the
+    authors' ``_gen_final_answer`` does.
+
+    Example:
+        >>> read_step_authors("Follow up: Who directed Jaws?\\nLet's search ...").decision
+        'retrieve'
+        >>> st = read_step_authors("Follow up: Who directed Jaws?\\n\\nSteven Spielberg")
+        >>> st.subquery, st.decision
+        ('Who directed Jaws? Steven Spielberg', None)
+    """
+    body = text.lstrip()
+    if body.startswith(FINAL):
+        return StepText(kind="final", final=_first_line(body[len(FINAL):]))
+    if not body.startswith(FOLLOW_UP):
+        return StepText(kind="none")
+    rest = body[len(FOLLOW_UP):]
+    found = find_stop(rest, AUTHORS_STOP_WORDS)
+    head = rest if found is None else rest[:found[0]]
+    word = None if found is None else rest[found[0]:found[1]]
+    if FOLLOW_UP in head:  # their cleaning drops the second follow-up and the stop word
+        return StepText(kind="subquery", subquery=one_line(head.split(FOLLOW_UP)[0]))
+    if word == "Let":
+        return StepText(kind="subquery", subquery=one_line(head), decision="retrieve")
+    if word == INTERMEDIATE:
+        return StepText(kind="subquery", subquery=one_line(head), decision="direct")
+    if found is not None:  # "So the final"
+        after = rest[found[0]:]
+        final = _first_line(after[len(FINAL):]) if after.startswith(FINAL) else ""
+        return StepText(kind="final", final=final or None)
+    return StepText(kind="subquery", subquery=one_line(head))
 
 
 Problem = Literal["no_marker", "empty_subquery", "repeated_subquery", "empty_final"]

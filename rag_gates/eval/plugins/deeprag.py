@@ -3,7 +3,12 @@
 Methods (the agent loop of :class:`~rag_gates.deeprag.DeepRAG`, retrieving top-k with each
 subquery; the final answer is the method's answer):
 
-- ``deeprag``: the model's own text decides per subquery (``generate`` mode);
+- ``deeprag``: the model's own text decides per subquery (``generate`` mode); a subquery
+  followed by no decision marker retrieves (fail closed, the library default);
+- ``deeprag@authors``: the same, read as the authors' inference loop reads it
+  (``marker_rule="authors"``: only a follow-up ending in "Let" retrieves, anything else is
+  answered directly; gxy-gxy/DeepRAG ``src/algorithms/sragsftv2.py:94``): the reproduction
+  setting of the paper-comparison tables (``deeprag@fail-closed`` is ``deeprag``);
 - ``deeprag-likelihood`` / ``deeprag-likelihood@T``: retrieve when ``log p(retrieve marker) -
   log p(direct marker) >= T`` (default 0);
 - ``deeprag-always`` / ``deeprag-never``;
@@ -27,11 +32,17 @@ from typing import Any
 from rag_gates.deeprag import DEMONSTRATION, DeepRAG, DeepRAGConfig, DeepRAGPrompt
 from rag_gates.deeprag.train import PROMPT_FILE
 from rag_gates.eval.methods import MethodContext, need_retriever
-from rag_gates.eval.plugins.options import METHOD_OPTIONS, parse_threshold, validate_gate
+from rag_gates.eval.plugins.options import (
+    METHOD_OPTIONS,
+    parse_deeprag_rule,
+    parse_threshold,
+    validate_gate,
+)
 from rag_gates.gate import Gate
 
 __all__ = ["PROMPT_FILE", "bench_prompt", "deeprag_always", "deeprag_gate", "deeprag_likelihood",
-           "deeprag_method", "deeprag_never", "parse_threshold", "validate_gate"]
+           "deeprag_method", "deeprag_never", "parse_deeprag_rule", "parse_threshold",
+           "validate_gate"]
 
 
 def bench_prompt(lm: Any) -> DeepRAGPrompt:
@@ -57,8 +68,9 @@ def _agent(ctx: MethodContext, name: str, *, gate: Gate | None = None, **setting
 
 
 def deeprag_method(ctx: MethodContext) -> DeepRAG:
-    """The model's own text decides per subquery."""
-    return _agent(ctx, "deeprag", mode="generate")
+    """The model's own text decides per subquery (``@authors``: the authors' marker rule)."""
+    name = "deeprag" if ctx.option is None else f"deeprag@{ctx.option}"
+    return _agent(ctx, name, mode="generate", marker_rule=parse_deeprag_rule(ctx.option))
 
 
 def deeprag_always(ctx: MethodContext) -> DeepRAG:
@@ -87,6 +99,8 @@ def deeprag_gate(ctx: MethodContext) -> DeepRAG:
                   mode="gate")
 
 
+deeprag_method.accepts_option = True  # type: ignore[attr-defined]
+deeprag_method.validate_option = METHOD_OPTIONS["deeprag"]  # type: ignore[attr-defined]
 deeprag_likelihood.accepts_option = True  # type: ignore[attr-defined]
 deeprag_likelihood.validate_option = METHOD_OPTIONS["deeprag-likelihood"]  # type: ignore[attr-defined]
 deeprag_gate.accepts_option = True  # type: ignore[attr-defined]

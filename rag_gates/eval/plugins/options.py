@@ -22,12 +22,13 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from functools import partial
+from typing import Literal
 
 from rag_gates.eval.plugins import number_option, unit_interval_option
 
 __all__ = ["BENCH_TAU_ENTITY", "KNN_ONLY_TAU", "METHOD_OPTIONS", "SHIPPED_GATE_RANGES",
-           "parse_alpha", "parse_beta", "parse_knn_only_tau", "parse_tau", "parse_tau_entity",
-           "parse_threshold", "parse_tokrag_option", "validate_gate"]
+           "parse_alpha", "parse_beta", "parse_deeprag_rule", "parse_knn_only_tau", "parse_tau",
+           "parse_tau_entity", "parse_threshold", "parse_tokrag_option", "validate_gate"]
 
 #: QuCo's tau_entity for the dataset-paragraph index (calibrated on PopQA; see
 #: rag_gates.eval.plugins.quco).
@@ -104,6 +105,19 @@ def parse_threshold(option: str | None) -> float:
                          "a log-probability margin (e.g. 0 or -1.5)", 0.0)
 
 
+def parse_deeprag_rule(option: str | None) -> Literal["fail_closed", "authors"]:
+    """The marker rule of ``deeprag@RULE``: ``authors`` (the authors' reading: only a
+    follow-up ending in "Let" retrieves) or ``fail-closed`` (the default: a subquery with no
+    decision marker retrieves)."""
+    if option is None or option == "fail-closed":
+        return "fail_closed"
+    if option == "authors":
+        return "authors"
+    raise ValueError(f"deeprag@{option}: the option is the marker rule, 'authors' (the "
+                     "authors' reading, the reproduction setting) or 'fail-closed' (the "
+                     "default)")
+
+
 def validate_gate(option: str | None) -> None:
     """``deeprag-gate@GATE`` needs a gate; its expression is checked without a model."""
     from rag_gates.eval.methods import SelectiveRetrievalMethod
@@ -127,6 +141,7 @@ METHOD_OPTIONS: dict[str, Callable[[str | None], object]] = {
     "srrag-knn-only": parse_knn_only_tau,
     "tokrag": parse_tokrag_option,
     "cad": parse_alpha,
+    "deeprag": parse_deeprag_rule,
     "deeprag-likelihood": parse_threshold,
     "deeprag-gate": validate_gate,
 }
