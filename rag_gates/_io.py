@@ -74,28 +74,33 @@ def drop_torn_tail(path: Path) -> bool:
 
 def parse_lines_but_a_torn_tail(lines: list[str], parse: Callable[[str], T], *, file: Path,
                                 first_line: int = 1, what: str = "a record",
-                                fix: str = "delete that line or the file") -> list[T]:
-    """``parse`` of each non-blank line (``lines`` start at line ``first_line`` of ``file``).
-    A last line that does not parse is an interrupted write: dropped with a warning. Any
-    other line that does not parse raises :class:`~rag_gates.errors.ArtifactError` naming
-    ``FILE:LINE``: dropping it would leave every figure read from the file silently short."""
-    from rag_gates.errors import ArtifactError
+                                fix: str = "delete that line or the file",
+                                finite: bool = False) -> list[T]:
+    """``parse`` of each non-blank line (``lines`` start at line ``first_line`` of ``file``),
+    once the line is known to be bounded JSON (:func:`rag_gates._files.parse_json`: nesting
+    bounded, no lone surrogates; with ``finite``, no NaN or Infinity). A last line that does
+    not parse is an interrupted write: dropped with a warning. Any other line that does not
+    parse raises :class:`~rag_gates.errors.ArtifactFileError` naming ``FILE:LINE``: dropping
+    it would leave every figure read from the file silently short."""
+    from rag_gates._files import parse_json
+    from rag_gates.errors import ArtifactFileError
 
     last = max((i for i, line in enumerate(lines) if line.strip()), default=-1)
     out = []
     for i, line in enumerate(lines):
         if not line.strip():
             continue
+        number = first_line + i
         try:
+            parse_json(line, file, line=number, finite=finite, expect=None)
             out.append(parse(line))
         except ValueError as exc:
-            number = first_line + i
             if i == last:
                 logger.warning("%s:%d: ignoring an incomplete last line (interrupted write)",
                                file, number)
                 continue
-            raise ArtifactError(f"{file}:{number} is not {what} ({str(exc)[:200]}); {fix}"
-                                ) from None
+            raise ArtifactFileError(f"{file}:{number} is not {what} ({str(exc)[:200]}); "
+                                    f"{fix}", path=file, line=number) from None
     return out
 
 
@@ -176,25 +181,24 @@ class JsonlLog:
         return records
 
     def _read(self) -> list[dict[str, Any]]:
-        from rag_gates.errors import ArtifactError
+        from rag_gates._files import parse_json, read_text
+        from rag_gates.errors import ArtifactFileError, InputFileError
 
         records: list[dict[str, Any]] = []
         drop_torn_tail(self.path)
-        lines = self.path.read_text(encoding="utf-8").splitlines()
+        fix = "delete that line or the file"
+        lines = read_text(self.path, fix=fix, error=ArtifactFileError).splitlines()
         try:
-            header = json.loads(lines[0]) if lines else None
-        except json.JSONDecodeError:
+            header = parse_json(lines[0], self.path, line=1) if lines else None
+        except InputFileError:
             header = None
         if lines and header != json.loads(json.dumps(self.header)):
-            raise ArtifactError(
+            raise ArtifactFileError(
                 f"{self.path} was written with other settings (its first line: "
-                f"{lines[0][:200]}); delete it or write to another file")
+                f"{lines[0][:200]}); delete it or write to another file", path=self.path)
         for number, line in enumerate(lines[1:], start=2):
-            try:
-                records.append(json.loads(line))
-            except json.JSONDecodeError as exc:
-                raise ArtifactError(f"{self.path}:{number} is not valid JSON ({exc}); "
-                                    "delete that line or the file") from exc
+            records.append(parse_json(line, self.path, line=number, finite=False,
+                                      expect=dict, fix=fix, error=ArtifactFileError))
         return records
 
     def _write(self, obj: dict[str, Any]) -> None:

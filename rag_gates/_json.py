@@ -65,11 +65,12 @@ def json_depth(text: str | bytes, stop_above: int | None = None) -> int:
 
 
 def loads_bounded(text: str | bytes, *, max_depth: int = DEFAULT_MAX_DEPTH,
-                  what: str = "the JSON") -> Any:
-    """``json.loads(text)`` once its nesting is known to be at most ``max_depth`` levels;
-    deeper text raises :class:`JSONDepthError` naming ``what`` and the limit, without being
-    parsed. Malformed JSON raises ``json.JSONDecodeError`` as usual."""
+                  what: str = "the JSON", **hooks: Any) -> Any:
+    """``json.loads(text, **hooks)`` once its nesting is known to be at most ``max_depth``
+    levels; deeper text raises :class:`JSONDepthError` naming ``what`` and the limit, without
+    being parsed. Malformed JSON raises ``json.JSONDecodeError`` as usual. ``hooks``:
+    ``json.loads``'s (e.g. ``parse_constant`` to refuse ``NaN``)."""
     if json_depth(text, stop_above=max_depth) > max_depth:
         raise JSONDepthError(f"{what} is nested deeper than {max_depth} levels (the limit); "
                              "refused before parsing")
-    return json.loads(text)
+    return json.loads(text, **hooks)

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import os
+
 __all__ = [
     "ArtifactError",
+    "ArtifactFileError",
     "CalibrationError",
     "ContextLengthError",
     "ExtractionError",
     "FileInUseError",
+    "InputFileError",
     "LogprobsMissingError",
     "ModelNotFoundError",
     "ProbeMismatchError",
@@ -18,6 +22,7 @@ __all__ = [
     "ServerRequestError",
     "ServerTimeoutError",
     "ServerUnavailableError",
+    "SpecFileError",
     "SpecModelMismatchError",
     "StoreLockedError",
     "VectorStoreError",
@@ -118,6 +123,32 @@ class ServerTimeoutError(ServerError, TimeoutError):
     """No answer within the call's total timeout (retries included)."""
 
 
-class WeightsFileError(ArtifactError):
+class InputFileError(RagGatesError, ValueError):
+    """A file rag-gates reads (a spec, records, a work directory's config, ``--data``, a
+    corpus, weights, a probe, a policy) is not what it should be: too large, nested too
+    deep, not UTF-8, a binary file, not JSON, a non-finite number where a number must be
+    finite, or not the shape expected. The message names the file (``FILE:LINE`` for a line
+    of a JSON Lines file) and what to do; ``path`` and ``line`` (None for a whole file) say
+    the same for code. Every file is read through :mod:`rag_gates._files`, which raises it.
+    """
+
+    def __init__(self, message: str, *, path: str | os.PathLike[str] | None = None,
+                 line: int | None = None) -> None:
+        super().__init__(message)
+        self.path = None if path is None else os.fspath(path)
+        self.line = line
+
+
+class ArtifactFileError(InputFileError, ArtifactError):
+    """An :class:`InputFileError` in a saved artifact (a probe, an index, a policy, a
+    cache): also an :class:`ArtifactError`, so handlers of damaged artifacts see it."""
+
+
+class SpecFileError(InputFileError, CalibrationError):
+    """An :class:`InputFileError` in a gate spec file: also a :class:`CalibrationError`,
+    as every other refusal of a spec file."""
+
+
+class WeightsFileError(ArtifactFileError):
     """A ``weighted(FILE)`` weights file is not the JSON ``rag-gates fit-weighted`` writes (or
     names itself through its gates); the message names the file and the shape expected."""

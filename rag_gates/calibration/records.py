@@ -15,13 +15,16 @@ Example:
 
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = ["CalibrationRecord", "read_records", "write_records"]
+
+MAX_RECORD_DEPTH = 8
+"""A record nests 2 levels (its scores)."""
 
 
 class CalibrationRecord(BaseModel):
@@ -62,14 +65,27 @@ def write_records(records: Iterable[CalibrationRecord], path: str | Path) -> Non
 
 
 def read_records(path: str | Path) -> list[CalibrationRecord]:
-    """Read records written by :func:`write_records`, naming the file and line on a bad line."""
+    """Read records written by :func:`write_records`; a line that is not one (not UTF-8,
+    not JSON, nested too deep, a non-finite score, not a record) raises
+    :class:`~rag_gates.errors.InputFileError` naming ``FILE:LINE``."""
+    from pydantic import ValidationError
+
+    from rag_gates._files import iter_jsonl
+    from rag_gates.errors import InputFileError
+
+    fix = ("delete that line (it is answered again) or the work directory's records.jsonl")
     records: list[CalibrationRecord] = []
-    with Path(path).open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                records.append(CalibrationRecord.model_validate(json.loads(line)))
-            except ValueError as error:
-                raise ValueError(f"{path}:{number}: not a calibration record: {error}") from None
+    for number, row in iter_jsonl(path, max_depth=MAX_RECORD_DEPTH, fix=fix):
+        try:
+            records.append(CalibrationRecord.model_validate(row))
+        except ValidationError as error:
+            raise InputFileError(f"{path}:{number}: not a calibration record "
+                                 f"({_first_error(error)}); {fix}", path=path,
+                                 line=number) from None
     return records
+
+
+def _first_error(error: Any) -> str:
+    first = error.errors()[0]
+    where = ".".join(str(x) for x in first.get("loc", ())) or "the line"
+    return f"{where}: {first.get('msg', error)}"

@@ -24,13 +24,18 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, model_validator
 
+from rag_gates._files import read_json
 from rag_gates._io import write_text_atomic
-from rag_gates.errors import CalibrationError
+from rag_gates.errors import CalibrationError, SpecFileError
 
 __all__ = ["ASSUMPTION", "SPEC_FORMAT", "CascadeFit", "GateSpec", "ModelIdentity",
            "RateInterval", "WeightedFit", "package_versions"]
 
 SPEC_FORMAT = "rag-gates/gate-spec/1"
+MAX_SPEC_BYTES = 4 * 1024 * 1024
+"""A spec file is a few kilobytes; anything past this is not one."""
+MAX_SPEC_DEPTH = 16
+"""A spec nests 4 levels (a cascade's fits); options may add a few."""
 
 ASSUMPTION = (
     "The guarantee assumes that the calibration questions and the questions the gate will "
@@ -110,7 +115,7 @@ class RateInterval(BaseModel):
     """A proportion measured on the certification rows, with its Clopper-Pearson interval
     (two-sided, confidence ``1 - delta``) for the population."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     observed: float = Field(..., ge=0.0, le=1.0)
     lower: float = Field(..., ge=0.0, le=1.0)
@@ -120,7 +125,7 @@ class RateInterval(BaseModel):
 class WeightedFit(BaseModel):
     """A fitted :class:`~rag_gates.gate.Weighted` composite (its sub-gates by name)."""
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     gates: list[str] = Field(..., min_length=1)
     weights: list[float]
@@ -141,7 +146,7 @@ class CascadeFit(BaseModel):
     ``inner_threshold`` (the Cascade's margin); the certified threshold is on that score.
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     cheap: WeightedFit
     expensive: WeightedFit
@@ -192,7 +197,9 @@ class GateSpec(BaseModel):
         True
     """
 
-    model_config = ConfigDict(frozen=True, extra="forbid")
+    # Every float finite at construction (a NaN threshold compares false both ways: a gate
+    # that never skips, or never retrieves), not only when the spec is saved.
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
 
     format: Literal["rag-gates/gate-spec/1"] = "rag-gates/gate-spec/1"
     gate: str = Field(..., min_length=1, description="Gate name or expression (a composite's "
@@ -228,6 +235,14 @@ class GateSpec(BaseModel):
     checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
                           "field; written by save().")
 
+    @model_validator(mode="after")
+    def _finite_options(self) -> GateSpec:
+        where = _non_finite(self.options, "options")
+        if where is not None:
+            raise ValueError(f"{where} is not a finite number: a spec holds finite numbers "
+                             "only")
+        return self
+
     def payload_checksum(self) -> str:
         """The checksum this spec's content should carry."""
         # A spec without a cascade hashes as it did before the field existed.
@@ -261,13 +276,10 @@ class GateSpec(BaseModel):
         if not file.is_file():
             raise CalibrationError(f"{file}: no such gate spec; write one with "
                                    f"rag-gates calibrate --out {file}")
-        text = file.read_text(encoding="utf-8")
-        try:
-            data = json.loads(text)
-        except ValueError as error:
-            raise CalibrationError(
-                f"{file} is not valid JSON ({error}): the file is truncated or damaged; "
-                "recalibrate with rag-gates calibrate") from None
+        data = read_json(file, max_bytes=MAX_SPEC_BYTES, max_depth=MAX_SPEC_DEPTH,
+                         error=SpecFileError,
+                         fix="the file is truncated or damaged; recalibrate with rag-gates "
+                             "calibrate")
         return cls.from_json_dict(data, source=str(file))
 
     @classmethod
@@ -298,6 +310,19 @@ class GateSpec(BaseModel):
         return {"name": name or self.gate, "epsilon": self.epsilon, "delta": self.delta,
                 "bound": self.bound, "n": self.n, "threshold": self.threshold,
                 "certified": self.certified}
+
+
+def _non_finite(value: Any, where: str) -> str | None:
+    """The place (``options['a'][0]``) of the first non-finite float in ``value``."""
+    if isinstance(value, float):
+        return None if math.isfinite(value) else where
+    items: Any = (value.items() if isinstance(value, dict)
+                  else enumerate(value) if isinstance(value, list | tuple) else ())
+    for key, item in items:
+        found = _non_finite(item, f"{where}[{key!r}]")
+        if found is not None:
+            return found
+    return None
 
 
 def utc_now() -> str:

@@ -69,6 +69,8 @@ QDRANT_COLLECTION = "passages"
 """The collection of ``qdrant:PATH`` without ``#COLLECTION``: QdrantDenseRetriever.build's."""
 QDRANT_SYNTAX = "--corpus qdrant:PATH_OR_URL[#COLLECTION]"
 QDRANT_API_KEY_ENV = "QDRANT_API_KEY"
+MAX_INPUT_DEPTH = 16
+"""Nesting of a ``--data`` or corpus line (a question nests 2 levels: its answers)."""
 
 
 @dataclass(frozen=True)
@@ -82,27 +84,30 @@ class CalibrationQuestion:
 
 def _jsonl(path: Path, keys: Sequence[str], what: str, shape: str
            ) -> Iterator[tuple[int, dict[str, Any]]]:
-    """(line number, row) of a JSONL file whose rows are objects with ``keys``; a bad line
-    is named, with the shape it should have."""
-    with path.open(encoding="utf-8") as handle:
-        for number, line in enumerate(handle, 1):
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-                missing = [k for k in keys if k not in row]
-            except (json.JSONDecodeError, TypeError) as exc:
-                raise ValueError(f"{path}:{number}: not {what} ({exc}); each line is "
-                                 f"{shape}") from None
-            if not isinstance(row, dict) or missing:
-                raise ValueError(f"{path}:{number}: not {what} (missing {missing}); each line "
-                                 f"is {shape}")
-            yield number, row
+    """(line number, row) of a JSONL file whose rows are objects with ``keys``, read through
+    the bounded reader (:func:`rag_gates._files.iter_jsonl`: UTF-8, nesting, finite numbers,
+    no lone surrogates); a bad line raises :class:`~rag_gates.errors.InputFileError` naming
+    ``FILE:LINE``, with the shape it should have."""
+    from rag_gates._files import iter_jsonl
+    from rag_gates.errors import InputFileError
+
+    fix = f"each line is {shape}"
+    for number, row in iter_jsonl(path, max_depth=MAX_INPUT_DEPTH, fix=fix):
+        missing = [k for k in keys if k not in row]
+        if missing:
+            raise InputFileError(f"{path}:{number}: not {what} (missing {missing}); {fix}",
+                                 path=path, line=number)
+        yield number, row
 
 
 def read_questions(path: Path) -> list[CalibrationQuestion]:
-    """Read ``--data``: JSONL with ``question`` and ``answers`` (optional ``id``), naming the
-    line of any bad row."""
+    """Read ``--data``: JSONL with ``question`` and ``answers`` (optional ``id``). A bad row
+    (not UTF-8, not JSON, a lone surrogate, an answer empty once normalised, a repeated id)
+    raises :class:`~rag_gates.errors.InputFileError` naming ``FILE:LINE``; no model is
+    needed to read it, so the CLI reads it before one loads."""
+    from rag_gates.answers import normalize_answer
+    from rag_gates.errors import InputFileError
+
     if not path.is_file():
         raise ValueError(f"--data {path} does not exist; give a JSONL file of "
                          '{"question": ..., "answers": [...]} lines')
@@ -115,11 +120,21 @@ def read_questions(path: Path) -> list[CalibrationQuestion]:
             answers = [answers]
         if not isinstance(question, str) or not question.strip() or not isinstance(
                 answers, list) or not answers or not all(isinstance(a, str) for a in answers):
-            raise ValueError(f"{path}:{number}: 'question' must be a non-empty string and "
-                             "'answers' a non-empty list of strings")
+            raise InputFileError(f"{path}:{number}: 'question' must be a non-empty string and "
+                                 "'answers' a non-empty list of strings", path=path,
+                                 line=number)
+        # An answer the matcher reduces to nothing ("", "  ", "the", "?") is never found in
+        # a reply: its question would enter certification as wrong both ways and hide harm.
+        empty = [a for a in answers if not normalize_answer(a)]
+        if empty:
+            raise InputFileError(
+                f"{path}:{number}: answer {empty[0]!r} is empty once normalised (case, "
+                "punctuation and articles removed), so no reply can ever match it; give "
+                "the gold answer's words or remove it", path=path, line=number)
         qid = str(row.get("id") or number)
         if qid in seen:
-            raise ValueError(f"{path}:{number}: id {qid!r} appears twice")
+            raise InputFileError(f"{path}:{number}: id {qid!r} appears twice", path=path,
+                                 line=number)
         seen.add(qid)
         out.append(CalibrationQuestion(id=qid, question=question, answers=tuple(answers)))
     if not out:
@@ -138,13 +153,20 @@ def question_set_sha(questions: Sequence[CalibrationQuestion]) -> str:
 
 def read_corpus(path: Path) -> list[Any]:
     """Read ``--corpus``: JSONL with ``text`` (optional ``title``, ``id``) or a folder of
-    ``.txt`` files, as passages."""
+    ``.txt`` files, as passages. A file or line that is not text (not UTF-8, binary, a
+    directory named ``*.txt``, a bad line) raises :class:`~rag_gates.errors.InputFileError`
+    naming it (``FILE:LINE`` for a line)."""
+    from pydantic import ValidationError
+
+    from rag_gates._files import read_text
+    from rag_gates.errors import InputFileError
     from rag_gates.types import Passage
 
     passages: list[Passage] = []
     if path.is_dir():
         for file in sorted(path.rglob("*.txt")):
-            text = file.read_text(encoding="utf-8").strip()
+            text = read_text(file, fix="a corpus folder holds UTF-8 .txt files, one passage "
+                             "each; convert or remove it").strip()
             if text:
                 passages.append(Passage(id=str(file.relative_to(path)), title=file.stem,
                                         text=text))
@@ -158,9 +180,15 @@ def read_corpus(path: Path) -> list[Any]:
                               '{"text": "...", "title": "..." (optional)}'):
         text = row["text"]
         if not isinstance(text, str) or not text.strip():
-            raise ValueError(f"{path}:{number}: 'text' must be a non-empty string")
-        passages.append(Passage(id=str(row.get("id") or number), title=row.get("title"),
-                                text=text))
+            raise InputFileError(f"{path}:{number}: 'text' must be a non-empty string",
+                                 path=path, line=number)
+        try:
+            passages.append(Passage(id=str(row.get("id") or number), title=row.get("title"),
+                                    text=text))
+        except ValidationError as exc:
+            raise InputFileError(f"{path}:{number}: not a passage ({exc.errors()[0]['msg']}); "
+                                 'each line is {"text": "...", "title": "..." (optional)}',
+                                 path=path, line=number) from None
     if not passages:
         raise ValueError(f"--corpus {path} has no passages")
     return passages
@@ -264,11 +292,18 @@ class QdrantCollection:
 
 
 def _local_collections(folder: Path) -> list[str]:
-    """The collection names of a local Qdrant folder (its meta.json), for an error message."""
-    try:
-        return sorted(json.loads((folder / "meta.json").read_text())["collections"])
-    except (OSError, ValueError, KeyError, TypeError):
-        return []
+    """The collection names of a local Qdrant folder (its meta.json), for an error message.
+    A damaged meta.json (not UTF-8, not JSON, nested too deep, not an object) raises
+    :class:`~rag_gates.errors.ArtifactFileError` naming it."""
+    from rag_gates._files import read_json
+    from rag_gates.errors import ArtifactFileError
+
+    meta = read_json(folder / "meta.json", expect=dict, error=ArtifactFileError,
+                     fix="the Qdrant folder is damaged; rebuild it with "
+                         "QdrantDenseRetriever.build(passages, path=..., collection=...)")
+    collections = meta.get("collections")
+    return sorted(str(name) for name in collections) if isinstance(
+        collections, dict | list) else []
 
 
 def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:

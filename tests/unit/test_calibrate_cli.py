@@ -66,7 +66,7 @@ def test_bad_data_line_is_named(tmp_path: Path) -> None:
 
 def test_too_few_questions(tmp_path: Path) -> None:
     data = tmp_path / "q.jsonl"
-    data.write_text("".join(json.dumps({"question": f"Q{i}?", "answers": ["a"]}) + "\n"
+    data.write_text("".join(json.dumps({"question": f"Q{i}?", "answers": ["x"]}) + "\n"
                             for i in range(10)))
     result = _invoke("--data", str(data), "--corpus", str(CORPUS),
                      "--out", str(tmp_path / "gate.json"))
