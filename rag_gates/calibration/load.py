@@ -150,16 +150,25 @@ class CertifiedGate:
     answer of ``answer-logprob``) stays, with the ``spec`` entry added.
     """
 
-    def __init__(self, inner: Gate | None, spec: GateSpec, *, source: str | None = None
-                 ) -> None:
+    def __init__(self, inner: Gate | None, spec: GateSpec, *, source: str | None = None,
+                 override: str | None = None) -> None:
         self.inner = inner
         self.spec = spec
         self.source = source or spec.gate
-        self._summary = spec.summary(self.source)
+        self.override = override
+        """Why the spec is served without its guarantee (``load_gate(...,
+        allow_other_model=True)`` skipped or failed the model check), or None."""
+        summary = spec.summary(self.source)
+        if override is not None:
+            # An overridden check certifies nothing: every decision says so.
+            summary = {**summary, "certified": False, "override": override}
+        self._summary = summary
         self.threshold = spec.threshold if spec.threshold is not None else -sys.float_info.max
         self._name = spec.gate if spec.certified else f"always-retrieve({spec.gate})"
-        self._guarantee = (f"certified: accuracy drop <= {spec.epsilon:g} with probability "
-                           f">= {1 - spec.delta:g} ({spec.bound}, n={spec.n})")
+        self._guarantee = (
+            f"certified: accuracy drop <= {spec.epsilon:g} with probability "
+            f">= {1 - spec.delta:g} ({spec.bound}, n={spec.n})" if override is None else
+            f"NOT certified here: {override}")
 
     @property
     def name(self) -> str:
@@ -232,21 +241,9 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
     else:
         spec = GateSpec.load(path_or_spec)
         source = str(path_or_spec)
-    if not allow_other_model:
-        if lm is None:
-            raise CalibrationError(
-                f"{source} was calibrated for model {spec.model.name!r}: pass lm= (the model "
-                "that will answer) so load_gate can check it, or allow_other_model=True to "
-                "serve it without the check (the guarantee then does not apply)")
-        here = ModelIdentity.of(lm)
-        if not spec.model.matches(here):
-            raise SpecModelMismatchError(
-                f"{source} was calibrated for model {spec.model.name!r} (fingerprint "
-                f"{spec.model.fingerprint[:12]}), but lm is {here.name!r} (fingerprint "
-                f"{here.fingerprint[:12]}): its guarantee does not transfer. Recalibrate "
-                "with rag-gates calibrate for this model, or pass allow_other_model=True")
+    override = _model_check(spec, lm, source, allow_other_model)
     if not spec.certified:
-        return CertifiedGate(None, spec, source=source)
+        return CertifiedGate(None, spec, source=source, override=override)
     ctx = GateContext(lm=lm, corpus=corpus, probe=probe, options=dict(spec.options))
     inner: Gate
     if spec.cascade is not None:
@@ -257,9 +254,13 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
                  for f in (spec.cascade.cheap, spec.cascade.expensive)]
         inner = Cascade(tiers[0], tiers[1], (spec.cascade.band[0], spec.cascade.band[1]),
                         name=spec.gate)
+        # The Cascade's score is the deciding probability minus the inner threshold.
+        zero = spec.cascade.inner_threshold
+        _check_spec_threshold(spec, inner, source, scale=(-zero, 1.0 - zero))
     elif spec.composite is not None:
         fit = spec.composite
         subs = [_build(g, ctx, None) for g in fit.gates]
+        _check_spec_threshold(spec, None, source, scale=Weighted.threshold_range)
         inner = Weighted(subs, fit.weights, fit.bias, center=fit.center, scale=fit.scale,
                          threshold=float(spec.threshold or 0.0), name=spec.gate)
     else:
@@ -272,14 +273,44 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
             else _build(spec.gate, ctx, spec.threshold)
         if whole is None:
             _check_spec_threshold(spec, inner, source)
-    return CertifiedGate(inner, spec, source=source)
+    return CertifiedGate(inner, spec, source=source, override=override)
 
 
-def _check_spec_threshold(spec: GateSpec, gate: Gate, source: str) -> None:
+def _model_check(spec: GateSpec, lm: Any, source: str, allow_other_model: bool) -> str | None:
+    """Refuse a spec calibrated for another model (or served with no model to check);
+    with ``allow_other_model`` return why the guarantee does not apply instead (None when
+    the check passed, so nothing was overridden)."""
+    if lm is None:
+        why = (f"calibrated for model {spec.model.name!r}, served with no lm to check "
+               "against (allow_other_model=True)")
+        if not allow_other_model:
+            raise CalibrationError(
+                f"{source} was calibrated for model {spec.model.name!r}: pass lm= (the model "
+                "that will answer) so load_gate can check it, or allow_other_model=True to "
+                "serve it without the check (the guarantee then does not apply)")
+        return why
+    here = ModelIdentity.of(lm)
+    if spec.model.matches(here):
+        return None
+    if not allow_other_model:
+        raise SpecModelMismatchError(
+            f"{source} was calibrated for model {spec.model.name!r} (fingerprint "
+            f"{spec.model.fingerprint[:12]}), but lm is {here.name!r} (fingerprint "
+            f"{here.fingerprint[:12]}): its guarantee does not transfer. Recalibrate "
+            "with rag-gates calibrate for this model, or pass allow_other_model=True")
+    return (f"calibrated for model {spec.model.name!r} (fingerprint "
+            f"{spec.model.fingerprint[:12]}), served on {here.name!r} (fingerprint "
+            f"{here.fingerprint[:12]}) with allow_other_model=True")
+
+
+def _check_spec_threshold(spec: GateSpec, gate: Gate | None, source: str, *,
+                          scale: tuple[float, float] | None = None) -> None:
     # A factory may clamp the threshold into its gate's own parameter (CBDR's beta, QuCo's
-    # tau): the wrapper still compares against the spec's, and one off the gate's score
+    # tau), and a composite's score has a scale of its own (a probability; a cascade's
+    # margin): the wrapper compares against the spec's threshold, and one off the score's
     # scale would never (or always) retrieve. Refuse it, as the gate's constructor would.
-    scale = getattr(gate, "threshold_range", None)
+    if scale is None:
+        scale = getattr(gate, "threshold_range", None)
     if spec.threshold is None or scale is None:
         return
     try:

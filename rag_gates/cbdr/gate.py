@@ -66,7 +66,8 @@ class CBDRGate(BaseGate):
             with the probe (:attr:`ConfidenceProbe.beta`, 0.5 for a probe without one).
             Calibrate it per probe with ``rag-gates eval-gate --gate cbdr`` (the paper's 0.98
             was for its own probe).
-        batch_size: questions per forward pass in :meth:`decide_batch`.
+        batch_size: kept for compatibility; :meth:`decide_batch` scores one question per
+            pass (see there).
     """
 
     name = "cbdr"
@@ -106,18 +107,36 @@ class CBDRGate(BaseGate):
                 "the probe or the model's hidden state is damaged (retrain or reload the "
                 "probe; ConfidenceProbe.load refuses non-finite weights)")
 
+    def decision(self, score: float, evidence: dict[str, JsonValue], *,
+                 latency_ms: float = 0.0) -> GateDecision:
+        """The base decision, with ``retrieve`` read from ``Conf`` and ``beta`` themselves
+        (section 3.4: skip iff ``Conf > beta``; a tie retrieves). ``1 - Conf >= 1 - beta``
+        alone is not that rule in floating point: a confidence one step above beta can round
+        onto the threshold and retrieve."""
+        made = super().decision(score, evidence, latency_ms=latency_ms)
+        conf = evidence.get("confidence")
+        if "undecided" in made.evidence or not isinstance(conf, float):
+            return made  # fail closed: the base decision already retrieves
+        retrieve = not conf > self.beta
+        if retrieve == made.retrieve:
+            return made
+        return made.model_copy(update={
+            "retrieve": retrieve, "reason": self.reason(made.score, retrieve, made.evidence)})
+
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
         conf = self.probe.confidence(self.lm, [query])[0]
         return 1.0 - conf, self._evidence(conf)
 
     def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
-        """Decisions in the order of ``queries``, with the probe run in batches."""
+        """Decisions in the order of ``queries``, each from its own unpadded forward pass.
+
+        Not batched on purpose: padding a batch moves the probe's confidence by up to 2e-6
+        (measured on SmolLM2), and a certified threshold is compared with the score
+        :meth:`decide` gave during calibration, so a padded pass could flip a decision at
+        the threshold. Every path scores as :meth:`decide` does, bit for bit."""
         for i, q in enumerate(queries):
             check_text(q, f"query {i}")
-        start = time.perf_counter()
-        confs = self.probe.confidence(self.lm, list(queries), batch_size=self.batch_size)
-        each = (time.perf_counter() - start) * 1000.0 / max(len(queries), 1)
-        return [self._decision(c, each) for c in confs]
+        return [self.decide(q) for q in queries]
 
     def _decision(self, confidence: float, latency_ms: float) -> GateDecision:
         return self.decision(1.0 - confidence, self._evidence(confidence),

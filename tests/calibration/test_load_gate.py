@@ -93,7 +93,46 @@ def test_a_spec_for_another_model_is_refused(first_token_spec: Path) -> None:
     with pytest.raises(SpecModelMismatchError, match="calibrated for model 'tiny-llama-seed0'"):
         load_gate(first_token_spec, lm=other)
     gate = load_gate(first_token_spec, lm=other, allow_other_model=True)
-    assert gate.decide(QUESTIONS[0]).evidence["spec"]["certified"] is True
+    # Served on another model, the spec certifies nothing: every path's decision says so.
+    decisions = [gate.decide(QUESTIONS[0]), asyncio.run(gate.adecide(QUESTIONS[1])),
+                 *gate.decide_batch(QUESTIONS[2:4])]
+    for d in decisions:
+        assert d.evidence["spec"]["certified"] is False
+        assert "allow_other_model=True" in d.evidence["spec"]["override"]
+        assert "tiny-llama-seed1" in d.evidence["spec"]["override"]
+        if "undecided" not in d.evidence:
+            assert "NOT certified here" in d.reason and "accuracy drop <=" not in d.reason
+    # The override is recorded only when it overrode something: the right model is certified.
+    same = load_gate(first_token_spec, lm=tiny_lm(seed=0), allow_other_model=True)
+    d = same.decide(QUESTIONS[0])
+    assert d.evidence["spec"]["certified"] is True and "override" not in d.evidence["spec"]
+    assert same.override is None
+
+
+def test_a_spec_served_without_a_model_check_says_it_is_not_certified() -> None:
+    model = ModelIdentity(name="m", fingerprint="1" * 64)
+    spec = calibrate(_word_records(), max_loss=0.1, model=model, retriever="-",
+                     composite=False).spec_for("long-words")
+    assert spec.certified
+    gate = load_gate(spec, allow_other_model=True)
+    for d in [gate.decide(WORDY[0]), *gate.decide_batch(WORDY[1:4])]:
+        assert d.evidence["spec"]["certified"] is False
+        assert "no lm to check" in d.evidence["spec"]["override"]
+        assert "NOT certified here" in d.reason
+
+
+def test_an_off_scale_composite_threshold_is_refused(tmp_path: Path) -> None:
+    """A resealed cascade (or weighted) spec whose threshold lies off its score's scale
+    would never retrieve: refused like a single gate's."""
+    model = ModelIdentity(name="m", fingerprint="1" * 64)
+    report = calibrate(_word_records(), max_loss=0.1, model=model, retriever="-")
+    for name in ("cascade(long-words,vowels)", "weighted(long-words,vowels)"):
+        spec = report.spec_for(name)
+        assert spec.certified, spec.note
+        resealed = spec.model_copy(update={"threshold": 5.0}).sealed()
+        with pytest.raises(CalibrationError, match="score scale"):
+            load_gate(resealed.save(tmp_path / "x.json"), allow_other_model=True)
+        load_gate(spec, allow_other_model=True)  # the certified threshold loads
 
 
 def test_the_model_must_be_given_to_be_checked(first_token_spec: Path) -> None:
@@ -200,7 +239,7 @@ def test_an_undecided_score_retrieves_and_names_the_spec(tmp_path: Path) -> None
     assert spec.certified
     gate = load_gate(spec, allow_other_model=True)
     d = gate.decide("NaN question")
-    assert d.retrieve and "undecided" in d.evidence and d.evidence["spec"]["certified"]
+    assert d.retrieve and "undecided" in d.evidence and "override" in d.evidence["spec"]
 
 
 def test_decisions_do_not_share_or_mutate_evidence() -> None:
