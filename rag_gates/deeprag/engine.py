@@ -68,13 +68,13 @@ T = TypeVar("T")
 # stops where the loop must act (retrieve) or where the next step would begin.
 GENERATE_STOPS = (CONTEXT, f"\n{FOLLOW_UP}", f"\n{FINAL}", f"\n{QUESTION}", "\n\n")
 # Generate mode under the authors' rule (marker_rule="authors"): their follow-up call runs on
-# through blank lines and stops at "Intermediate answer:", "So the final" or "Let"
-# (gxy-gxy/DeepRAG src/algorithms/sragsftv2.py:137). A stop string is cut from our text, so
-# which one matched would be lost: the call stops only where every continuation is read
-# alike -- "Intermediate answer:" and a second "Follow up:" (their cleaning drops what
-# follows it, :219) both mean a direct answer -- and read_step_authors finds "Let" and
-# "So the final" in the text. Greedy decoding writes the same text up to their stop either way.
-AUTHORS_GENERATE_STOPS = (INTERMEDIATE, f"\n{FOLLOW_UP}")
+# through blank lines and stops at "Intermediate answer:", "So the final" or "Let", keeping
+# the stop word (gxy-gxy/DeepRAG src/algorithms/sragsftv2.py:137, basic.py:123). A stop
+# string is cut from our text, so with several of them which one matched would be lost: the
+# call stops at "Intermediate answer:" only (put back in the text for the reading), and
+# read_step_authors finds "Let" and "So the final" in the text. Greedy decoding writes the
+# same text up to their stop either way; ours may run on past it, never to another reading.
+AUTHORS_GENERATE_STOPS = (INTERMEDIATE,)
 # Other modes: the subquery line only; the decision is not the model's text.
 SUBQUERY_STOPS = ("\n", "Let's search", INTERMEDIATE, CONTEXT)
 # An intermediate or final answer: one line.
@@ -231,13 +231,18 @@ def next_step(fmt: DeepRAGPrompt, question: str, so_far: str, *, generate: bool,
                          "decision marker); use generate=True")
     stops = AUTHORS_GENERATE_STOPS if authors else GENERATE_STOPS if generate else SUBQUERY_STOPS
     read = read_step_authors if authors else read_step
+
+    def written(g: Generation) -> str:
+        # The authors' call keeps its stop word; ours has only the one (see above).
+        return g.text + INTERMEDIATE if authors and g.finish_reason == "stop" else g.text
+
     g: Generation = yield Call(fmt.build(question, so_far), stops, max_new_tokens, "step")
-    st = read(g.text)
+    st = read(written(g))
     if st.kind != "none" or not nudge:
         return st, g.text, False
     again: Generation = yield Call(fmt.build(question, f"{so_far}{FOLLOW_UP}"), stops,
                                    max_new_tokens, "step-nudged")
-    return read(f"{FOLLOW_UP}{again.text}"), g.text, True
+    return read(f"{FOLLOW_UP}{written(again)}"), g.text, True
 
 
 def subquery_line(subquery: str) -> str:

@@ -206,6 +206,82 @@ def test_missing_decision_marker_retrieves(bm25: Any) -> None:
     assert t.steps[1].passages is not None and result.trace.retrievals == 1
 
 
+def test_authors_rule_answers_a_subquery_without_marker_directly(bm25: Any) -> None:
+    """marker_rule="authors": no retrieval marker after the subquery means a direct answer
+    (their loop retrieves only at "Let"); the step is still counted, as answered."""
+    text = "Follow up: Who was the father of Steven Spielberg?\nHe was"
+    lm = ScriptedLM(wrap(text))
+    result = DeepRAG(lm, bm25, max_steps=2, marker_rule="authors").run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.action) for m in t.malformed] == [("no_decision", "answered")]
+    d = t.steps[1].decision
+    assert not d.retrieve and d.score == 0.0 and "authors' rule" in d.reason
+    assert t.steps[1].passages is None and result.trace.retrievals == 0
+    # The direct answer is a call of its own, as in the authors' loop (sragsftv2.py:107).
+    assert kinds(result) == ["step", "decision", "answer-direct", "step", "decision",
+                             "answer-direct", "final-forced"]
+    # Fail closed (the default) retrieves on the same text.
+    assert DeepRAG(ScriptedLM(wrap(text)), bm25, max_steps=2).run(QUESTION).trace.retrievals == 1
+
+
+def test_authors_rule_reads_past_a_blank_line(bm25: Any) -> None:
+    """The authors' follow-up call runs on through blank lines to their stop words; the
+    default step stops at the blank line and so never sees the marker after it."""
+    text = f"Follow up: Who was the father of Steven Spielberg?\n\n{RETRIEVE}\nContext:\n"
+    authors_lm = ScriptedLM(wrap(text))
+    authors = DeepRAG(authors_lm, bm25, max_steps=2, marker_rule="authors").run(QUESTION)
+    d = authors.trajectory.steps[1].decision
+    assert d.retrieve and d.score == 1.0 and not authors.trajectory.malformed
+    assert authors.trajectory.steps[1].subquery == "Who was the father of Steven Spielberg?"
+    default = DeepRAG(ScriptedLM(wrap(text)), bm25, max_steps=2).run(QUESTION)
+    undecided = default.trajectory.steps[1].decision
+    assert undecided.retrieve and undecided.score == UNDECIDED_SCORE
+    assert [m.kind for m in default.trajectory.malformed] == ["no_decision"]
+
+
+def test_authors_rule_retrieves_at_any_word_that_starts_with_let(bm25: Any) -> None:
+    """Their stop word is the bare "Let" (sragsftv2.py:137): a subquery naming "Lethal
+    Weapon" is cut there and retrieved with what precedes it, as in their loop."""
+    lm = ScriptedLM(wrap("Follow up: Who directed Lethal Weapon?\nIntermediate answer: x"))
+    result = DeepRAG(lm, bm25, max_steps=2, marker_rule="authors").run(QUESTION)
+    step = result.trajectory.steps[1]
+    assert step.decision.retrieve and step.subquery == "Who directed"
+    retrieval = [e for e in result.trace.events if e.kind == "retrieval"]
+    assert [e.data["query"] for e in retrieval] == ["Who directed"]
+
+
+@pytest.mark.parametrize(("text", "kind"), [
+    (f"Follow up:\n{INTERMEDIATE} x", "empty_subquery"),
+    (f"Follow up: who directed JAWS\n{INTERMEDIATE} x", "repeated_subquery"),
+])
+def test_authors_rule_does_not_retrieve_for_an_unreadable_step(bm25: Any, text: str,
+                                                               kind: str) -> None:
+    result = DeepRAG(ScriptedLM(wrap(text)), bm25, nudge=False,
+                     marker_rule="authors").run(QUESTION)
+    t = result.trajectory
+    assert [(m.kind, m.step, m.action) for m in t.malformed] == [(kind, 1, "forced_final")]
+    assert result.trace.retrievals == 0 and kinds(result)[-1] == "final-forced"
+
+
+def test_authors_rule_asks_for_the_final_answer_after_so_the_final(bm25: Any) -> None:
+    """"So the final" without the whole marker ends the decomposition; the final answer is
+    then asked for in a call of its own (their _gen_final_answer, sragsftv2.py:86-87)."""
+    result = DeepRAG(ScriptedLM(wrap("Follow up: So the final one")), bm25,
+                     marker_rule="authors").run(QUESTION)
+    t = result.trajectory
+    assert len(t.steps) == 1 and t.stop_reason == "answered" and not t.forced
+    assert kinds(result)[-1] == "final" and result.answer == "Steven Spielberg"
+
+
+def test_authors_rule_is_generate_modes() -> None:
+    from rag_gates.deeprag import DeepRAGConfig
+
+    with pytest.raises(ValueError, match="only generate mode has"):
+        DeepRAGConfig(mode="likelihood", marker_rule="authors")
+    with pytest.raises(ValueError, match="marker_rule"):
+        DeepRAGConfig(marker_rule="retrieve")  # type: ignore[arg-type]
+
+
 def test_an_empty_final_answer_at_once_retrieves_before_answering(bm25: Any) -> None:
     """The final-answer marker with nothing after it decides nothing: before, the run
     answered closed book with no decision and no retrieval; now it is an unreadable step."""

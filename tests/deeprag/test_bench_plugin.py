@@ -52,7 +52,7 @@ def test_methods_are_registered_and_options_checked() -> None:
     for bad, message in (("deeprag-likelihood@abc", "log-probability margin"),
                          ("deeprag-likelihood@nan", "finite"),
                          ("deeprag-gate", "needs a gate"),
-                         ("deeprag@0.5", "takes no @option"),
+                         ("deeprag@0.5", "the option is the marker rule"),
                          ("deeprag-gate@cascade(quco", "examples: quco&cbdr")):
         with pytest.raises(ValueError, match=message):
             check_method_name(bad, methods)
@@ -80,6 +80,32 @@ def test_each_mode_answers(bm25: Any, tiny_long: Any) -> None:
         make_method("deeprag", ctx.model_copy(update={"retriever": None}))
     assert make_method("deeprag-never", ctx.model_copy(update={"retriever": None})
                        ).answer(QUESTION).answer == "Leah Adler"
+
+
+def test_authors_marker_rule_is_a_method_option(bm25: Any) -> None:
+    """``deeprag@authors``: the authors' reading of a step (a subquery with no marker is
+    answered directly); ``deeprag@fail-closed`` is ``deeprag``; anything else is refused
+    before a model loads."""
+    from rag_gates.eval.names import check_methods
+
+    check_methods(["deeprag@authors", "deeprag@fail-closed"])
+    with pytest.raises(ValueError, match="the option is the marker rule"):
+        check_methods(["deeprag@author"])
+    no_marker = "Follow up: Who was the father of Steven Spielberg?\nHe was"
+
+    def reply(question: str, so_far: str) -> str:
+        return no_marker if so_far.count("Follow up:") == 1 and not so_far.endswith(
+            ("Intermediate answer:", "So the final answer is:")) else jaws_world(question, so_far)
+
+    ctx = MethodContext(lm=ScriptedLM(reply), retriever=bm25, dataset="hotpotqa", k=2,
+                        max_new_tokens=16)
+    authors = make_method("deeprag@authors", ctx)
+    assert isinstance(authors, DeepRAG) and authors.name == "deeprag@authors"
+    assert authors.config.marker_rule == "authors"
+    assert [d.retrieve for d in authors.answer(QUESTION).decisions][:2] == [False, False]
+    fail_closed = make_method("deeprag@fail-closed", ctx)
+    assert isinstance(fail_closed, DeepRAG) and fail_closed.config.marker_rule == "fail_closed"
+    assert [d.retrieve for d in fail_closed.answer(QUESTION).decisions][:2] == [False, True]
 
 
 def test_prompt_of_a_trained_model_directory(tmp_path: Path) -> None:
