@@ -171,8 +171,9 @@ def from_datasets(
         help="'default' (the embedded model's), a tokenizer.json, or a local model folder.")
     ] = "default",
     case: Annotated[str, typer.Option(
-        help="'insensitive' (a lower-cased index) or 'sensitive' (a cased one).")
-    ] = "insensitive",
+        help="'sensitive' (a cased index, QuCo-RAG's authors' layout and the benchmark's) "
+             "or 'insensitive' (a lower-cased one).")
+    ] = "sensitive",
     quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
     as_json: Annotated[bool, typer.Option("--json", help="Print path and stats as JSON.")
                        ] = False,

@@ -8,8 +8,9 @@ the hash covers the data file's bytes, so a changed file gets a new index.
 The corpus-statistics index (:func:`load_corpus_stats`) covers the union of several datasets'
 paragraphs (by default HotpotQA and 2WikiMultihopQA: both draw on the same Wikipedia), one
 document per distinct (title, paragraph) with the title as its first line, so an entity named
-only in a title is counted too; lower-cased by default, so lookups ignore case exactly (see
-:func:`load_corpus_stats` for why). It is cached under
+only in a title is counted too; cased by default, as QuCo-RAG's authors' infini-gram index is,
+with entities counted in the casing names are written in (see :func:`load_corpus_stats`). It
+is cached under
 ``$RAG_GATES_HOME/indexes/corpus-stats-<hash>/``; the hash covers the data files' bytes, the
 tokenizer, the build options and the document format, so changed data gets a new index. With
 only the slices shipped in ``examples/data`` (no ``../shared``) it builds in seconds.
@@ -217,7 +218,7 @@ def _stats_options(**overrides: Any) -> Any:
     # One suffix-array part: these corpora are small (about 4 MB of u16 tokens for the full
     # shared files), the machines share their cores, and small parts are where the indexer's
     # multi-part pitfall lives (docs/architecture.md).
-    return BuildOptions(**{"cpus": 1, "lowercase": True, **overrides})
+    return BuildOptions(**{"cpus": 1, "lowercase": False, **overrides})
 
 
 def _stats_key(files: list[tuple[str, Path]], tokenizer_sha: str, options: Any) -> str:
@@ -234,7 +235,7 @@ def _stats_key(files: list[tuple[str, Path]], tokenizer_sha: str, options: Any) 
 
 def corpus_stats_dir(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                      path: str | Path | None = None, *, tokenizer: Any = None,
-                     lowercase: bool = True) -> Path:
+                     lowercase: bool = False) -> Path:
     """Where :func:`build_corpus_stats` keeps (or will build) the index for these inputs."""
     from rag_gates.corpus.tokenizer import CorpusTokenizer
 
@@ -246,10 +247,11 @@ def corpus_stats_dir(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
 
 def build_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                        path: str | Path | None = None, *, tokenizer: Any = None,
-                       lowercase: bool = True, progress: bool = False) -> Path:
+                       lowercase: bool = False, progress: bool = False) -> Path:
     """Build the corpus-statistics index of ``datasets`` unless it is cached; its directory.
 
-    ``lowercase``: index lower-cased text (a case-insensitive index; the default).
+    ``lowercase``: index lower-cased text (a case-insensitive index); default: cased, as
+    :func:`load_corpus_stats` explains.
 
     The build writes the documents and the index into a temporary directory beside the cache
     and renames it into place, so an interrupted build leaves nothing half-made; when another
@@ -316,7 +318,7 @@ def _publish_stats_index(docs: list[dict[str, str]], target: Path, tok: Any, opt
 
 
 def build_testbed_corpus_stats(testbed: str | Path, *, tokenizer: Any = None,
-                               lowercase: bool = True, progress: bool = False) -> Path:
+                               lowercase: bool = False, progress: bool = False) -> Path:
     """Build (once) the corpus-statistics index of a testbed's training corpus: every
     document of its ``corpus.jsonl`` (the fact statements, the Wikipedia paragraphs and the
     practice examples it was trained on) in the words it was trained on
@@ -359,7 +361,7 @@ def build_testbed_corpus_stats(testbed: str | Path, *, tokenizer: Any = None,
 
 def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
                       path: str | Path | None = None, *, tokenizer: Any = None,
-                      case: Literal["sensitive", "insensitive"] = "insensitive",
+                      case: Literal["sensitive", "insensitive"] = "sensitive",
                       cache: bool | str | Path = True, progress: bool = False,
                       testbed: str | Path | None = None) -> CorpusStats:
     """Phrase counts and co-occurrence over the datasets' union paragraphs (a CorpusStats).
@@ -375,16 +377,18 @@ def load_corpus_stats(datasets: str | Sequence[str] = CORPUS_STATS_DATASETS,
             ``$RAG_GATES_DATA``, ``../shared/data``, then the slices in ``examples/data``), or a
             file when one dataset is named.
         tokenizer: the tokenizer to index with (default: the embedded model's).
-        case: ``"insensitive"`` (default): the index is built from lower-cased text and every
-            lookup is lower-cased, so case is ignored exactly. ``"sensitive"``: a cased index,
-            entities counted as written. Checked on the full shared data: 2Wiki questions
-            Title-Case the names they mention ("Prince Boris Of Leiningen", "Bad Times At The El
-            Royale", "Happy Mother'S Day, Love George"), so 10 of 23 hand-picked 2Wiki question
-            entities count 0 case-sensitively (also with the cased index's approximate
-            insensitive mode, which tries only whole-phrase casings) and none does on the
-            lower-cased index. The cost: one-word names pick up common words ("Opera" 99 -> 343,
-            "Back" 88 -> 497); multi-word names barely move (8 of 119 HotpotQA supporting-fact
-            titles change, "Ed Wood" 10 -> 11). Both layouts are cached side by side.
+        case: ``"sensitive"`` (default): a cased index, entities counted as written, as
+            QuCo-RAG's authors count them (their hosted infini-gram index stores a
+            case-sensitive tokenizer's ids and ``get_infini_gram_count`` sends the extracted
+            entity as written: ``src/generate_quco.py``). Index and query agree by
+            construction: the extractor writes a Title-Cased question's names in their own
+            casing ("Prince Boris Of Leiningen" -> "Prince Boris of Leiningen", as the
+            authors' extraction prompt does; :mod:`rag_gates.extract.heuristic`), and a
+            lower-cased index lower-cases every lookup (the index records its casing).
+            ``"insensitive"``: the index is built from lower-cased text and every lookup is
+            lower-cased, so case is ignored exactly; one-word names then pick up common words
+            ("Opera" 99 -> 343, "Back" 88 -> 497). Both layouts are cached side by side;
+            docs/fidelity.md (QuCo-RAG, row Q20) has the measured effect of the choice.
         cache: True wraps the index in a CachedCorpusStats at its default SQLite file
             (``$RAG_GATES_HOME/corpus-cache.sqlite``), a path uses that file, False returns
             the bare LocalInfiniGram.

@@ -7,12 +7,20 @@ millisecond per question. What it recognises:
   connector words (``of``, ``the``, ``de``, ``von``, ``&``, ...) when a capitalised word
   follows (``Battle of Cold Harbor``, ``Beowulf & Grendel``, ``Mystery Of The 13th Guest``),
   with numbers inside a capitalised run (``22nd AVN Awards``, ``8 Spruce Street``), and
-  quoted titles (``"Switched at Birth"``). ``X and Y`` stays one entity when both sides are
-  single capitalised words and nothing says it is a list (``Tom and Jerry``, ``Car and
-  Driver``; but ``both Ugni and Stenomesson`` gives two). Entities may contain the words
+  quoted titles (``"Switched at Birth"``). A name is returned in the casing names are
+  written in, as QuCo-RAG's authors' extraction prompt returns it (its examples 1, 3, 4):
+  a Title-Cased question's small words inside a name are lower-cased (``Mystery Of The 13Th
+  Guest`` -> ``Mystery of the 13th Guest``), so the name counts in a cased index. ``X and
+  Y`` stays one entity when both sides are single capitalised words and nothing says it is
+  a list (``Tom and Jerry``, ``Car and Driver``; but ``both Ugni and Stenomesson`` gives
+  two). Entities may contain the words
   "and"/"or": they are plain strings, never query operators. Question words, sentence openers,
   months, weekdays and nationality words (``American``, ``Italian-American``) are not
-  entities; a sentence-initial ``The`` is dropped;
+  entities; a sentence-initial ``The`` is dropped. In a question (``entities``), as the
+  authors' prompt chooses: a disambiguator stays in the name as written (``Polish-Russian
+  War (Film)``), a possessive followed by a capitalised word stays inside it (``Canfield's
+  Diet Chocolate Fudge``), only the listed names count after "the following ...:", and a
+  parenthesised aside counts only when nothing outside it is named;
 * **claims**: the head is the first entity of the sentence; every later entity, date, number
   or nationality word is a tail; the relation is the words between the previous mention and
   the tail, without auxiliaries and articles, at most four words (``was directed by`` ->
@@ -29,8 +37,8 @@ question before gating it); a non-string raises TypeError.
 
 Example:
     >>> ex = HeuristicExtractor()
-    >>> ex.entities("Which film came out first, Kumbasaram or Mystery Of The 13th Guest?")
-    ['Kumbasaram', 'Mystery Of The 13th Guest']
+    >>> ex.entities("Which film came out first, Kumbasaram or Mystery Of The 13Th Guest?")
+    ['Kumbasaram', 'Mystery of the 13th Guest']
     >>> ex.claims("Beowulf & Grendel was directed by Sturla Gunnarsson.")[0].relation
     'directed by'
 """
@@ -120,6 +128,20 @@ Marquess Marquis Marchioness Lord Lady King Queen Emperor Empress Margrave Landg
 _NUMBER = re.compile(r"^\d[\d,.]*(?:st|nd|rd|th|s)?$", re.IGNORECASE)
 _YEAR = re.compile(r"^(1[0-9]{3}|20[0-9]{2})s?$")
 _POSSESSIVE = re.compile(r"^(.+?)(?:'s|’s|')$")
+# Small words a Title-Cased question capitalises inside a name ("Mystery Of The 13Th Guest",
+# "Prince Boris Of Leiningen") and the name itself writes in lower case. QuCo's authors'
+# extraction prompt restores them ("Mystery of the 13th Guest", "John V, Prince of
+# Anhalt-Zerbst", "The Mask of Fu Manchu": examples 1, 3, 4 of
+# ``entity_extraction_prompt_for_question``) and counts the result as written in a cased
+# index, so a Title-Cased entity would count 0. English articles, conjunctions and short
+# prepositions only: "De", "Van", "La" stay as written ("Robert De Niro", "Lana Del Rey").
+_SMALL_WORDS = _wordset("of the a an and or nor at by for from in into on onto to with upon")
+# "13Th" -> "13th"; "Mother'S" / "Don'T" -> "Mother's" / "Don't" (2Wiki's Title Case).
+_TITLE_ORDINAL = re.compile(r"^(\d+)(St|Nd|Rd|Th)$")
+_TITLE_CONTRACTION = re.compile(r"(?<=\w)(['’])(S|T|Re|Ll|Ve|D|M)$")
+# "Amadeus Vii" -> "Amadeus VII": a regnal number Title-Cased (I, V and X only, two letters
+# or more, never a name's first word; not "Xi", a common Chinese name).
+_TITLE_ROMAN = re.compile(r"^(?!Xi$)(?=[IVX][ivx]+$)(?i:x{0,3}(?:ix|iv|v?i{0,3}))$")
 
 Kind = Literal["entity", "date", "number", "nationality"]
 
@@ -174,6 +196,44 @@ def _is_num(tok: _Tok) -> bool:
     return tok.kind == "word" and bool(_NUMBER.match(tok.text))
 
 
+def _name_case(text: str, toks: list[_Tok], first: int, last: int) -> str:
+    """The name spanning tokens ``first..last`` of ``text`` in the casing names are written
+    in: a Title-Cased question's small words lower-cased inside the name ("Mystery Of The
+    13Th Guest" -> "Mystery of the 13th Guest", "Bad Times At The El Royale" -> "Bad Times at
+    the El Royale", "Mother'S Day" -> "Mother's Day", "Amadeus Vii" -> "Amadeus VII"), as
+    QuCo's authors' extractor writes
+    them (examples 1, 3 and 4 of their question prompt). A small word keeps its capital as
+    the name's first or last word, after a colon or an opening parenthesis ("Kirby 64: The
+    Crystal Shards") and as an initial ("John A. Smith"). A name already cased is unchanged.
+    """
+    edits: list[tuple[int, int, str]] = []
+    words = [t for t in range(first, last + 1) if toks[t].kind == "word"]
+    for t in words:
+        tok = toks[t]
+        word = tok.text
+        if (t != words[0] and t != words[-1] and word.lower() in _SMALL_WORDS
+                and word[0].isupper() and word[1:] == word[1:].lower()
+                and toks[t - 1].text not in {":", "(", "—", "–", '"', "“"}
+                and not (toks[t + 1].text == "." and toks[t + 1].start == tok.end)):
+            edits.append((tok.start, tok.end, word.lower()))
+            continue
+        if t != words[0] and _TITLE_ROMAN.match(word):
+            edits.append((tok.start, tok.end, word.upper()))
+            continue
+        ordinal = _TITLE_ORDINAL.match(word)
+        if ordinal:
+            edits.append((tok.start, tok.end, ordinal.group(1) + ordinal.group(2).lower()))
+            continue
+        contraction = _TITLE_CONTRACTION.search(word)
+        if contraction:
+            edits.append((tok.start + contraction.start(), tok.end, contraction.group().lower()))
+    start, end = toks[first].start, toks[last].end
+    out = text[start:end]
+    for a, b, new in reversed(edits):
+        out = out[:a - start] + new + out[b - start:]
+    return out
+
+
 class HeuristicExtractor(BaseExtractor):
     """Capitalised-span entities and positional claims, no dependencies (see module doc).
 
@@ -193,7 +253,10 @@ class HeuristicExtractor(BaseExtractor):
         self.max_relation_words = max_relation_words
 
     # ------------------------------------------------------------------ mentions
-    def _mentions(self, text: str) -> tuple[list[_Tok], list[_Mention]]:
+    def _mentions(self, text: str, question: bool = False
+                  ) -> tuple[list[_Tok], list[_Mention]]:
+        """Tokens and mentions of ``text``; ``question``: also join a possessive name and a
+        parenthesised disambiguator into the name (:meth:`_span_end`)."""
         toks = _tokens(text)
         mentions: list[_Mention] = []
         i, n = 0, len(toks)
@@ -220,7 +283,7 @@ class HeuristicExtractor(BaseExtractor):
                 i = j + 1
                 continue
             if _is_cap(tok) or (_is_num(tok) and self._num_in_name(toks, i)):
-                j = self._span_end(toks, i)
+                j = self._span_end(toks, i, question)
                 first = i
                 # Drop leading stop words ("The" only at sentence start or before a stop word).
                 while first <= j and toks[first].text.lower() in _STOP and not (
@@ -238,8 +301,8 @@ class HeuristicExtractor(BaseExtractor):
                     elif all(w in _STOP or w in _DATE_WORDS or _NUMBER.match(w) for w in words):
                         pass
                     else:
-                        mentions.append(
-                            _Mention(surface, first, j, "entity", toks[j].possessive))
+                        mentions.append(_Mention(_name_case(text, toks, first, j), first, j,
+                                                 "entity", toks[j].possessive))
                 i = j + 1
                 continue
             i += 1
@@ -274,11 +337,14 @@ class HeuristicExtractor(BaseExtractor):
             pass
         return j
 
-    def _span_end(self, toks: list[_Tok], i: int) -> int:
-        """Last token index of the capitalised run starting at ``i``."""
+    def _span_end(self, toks: list[_Tok], i: int, question: bool = False) -> int:
+        """Last token index of the capitalised run starting at ``i``. In a question
+        (``question``) a possessive followed by a capitalised word stays inside the name, as
+        in QuCo's authors' prompt ("Canfield's Diet Chocolate Fudge", example 8 of
+        ``entity_extraction_prompt_for_question``); "Anhalt-Zerbst's father" still ends it."""
         j = i
         n = len(toks)
-        while not toks[j].possessive:
+        while not toks[j].possessive or (question and self._possessive_name(toks, j)):
             k = j + 1
             if k < n and toks[k].kind == "word" and (
                 (_is_cap(toks[k]) and toks[k].text.lower() not in _DATE_WORDS)
@@ -306,21 +372,25 @@ class HeuristicExtractor(BaseExtractor):
             ):
                 j = m
                 continue
-            appended = self._appended(toks, j)
+            appended = self._appended(toks, j, question)
             if appended is None:
                 break
             j = appended
         return j
 
-    def _appended(self, toks: list[_Tok], j: int) -> int | None:
+    def _appended(self, toks: list[_Tok], j: int, question: bool = False) -> int | None:
         """The end of a subtitle or a title apposition that belongs to the name ending at
         ``j`` ("Tron: Legacy", "John V, Prince of Anhalt-Zerbst", "Thomas Fane, 8th Earl of
         Westmorland", "Harvey Peltier, Sr."), or None. QuCo's authors extract such subjects
         whole (their extractor prompt's example 4), and a split subject is counted as two
         unrelated, commoner words. A colon followed by a list is not a subtitle ("formed in
-        California: Dig and Thinking Fellers ...")."""
+        California: Dig and Thinking Fellers ..."). In a question, a parenthesised
+        disambiguator after the name belongs to it as written ("Polish-Russian War (Film)",
+        the authors' example 2; "Marius (1931 Film)")."""
         n = len(toks)
         k = j + 1
+        if question and k < n and toks[k].text == "(" and toks[k].start == toks[j].end + 1:
+            return self._disambiguator(toks, k)
         if k + 1 >= n or toks[k].start != toks[j].end:
             return None
         nxt = toks[k + 1]
@@ -330,7 +400,7 @@ class HeuristicExtractor(BaseExtractor):
             first = k + 2 if nxt.text in _TITLE_ARTICLES and k + 2 < n else k + 1
             if not (_is_cap(toks[first]) and toks[first].text.lower() not in _STOP):
                 return None
-            end = self._span_end(toks, k + 1)
+            end = self._span_end(toks, k + 1, question)
             after = toks[end + 1].text.lower() if end + 1 < n else ""
             return None if after in {"and", "or", ","} else end
         if toks[k].text != ",":
@@ -344,7 +414,38 @@ class HeuristicExtractor(BaseExtractor):
         if title == k + 1 and not (k + 3 < n and toks[k + 2].text.lower() == "of"
                                    and _is_cap(toks[k + 3])):
             return None  # a bare "Prince" after a comma may open a list
-        return self._span_end(toks, k + 1)
+        return self._span_end(toks, k + 1, question)
+
+    @staticmethod
+    def _possessive_name(toks: list[_Tok], j: int) -> bool:
+        """``toks[j]`` is an "X's" followed by a capitalised word that is not a question or
+        date word: "Canfield's Diet Chocolate Fudge". A bare apostrophe ("the Beatles'
+        Abbey Road") ends the name."""
+        k = j + 1
+        return (toks[j].possessive and not toks[j].text.endswith("s") and k < len(toks)
+                and _is_cap(toks[k]) and toks[k].text.lower() not in _STOP
+                and toks[k].text.lower() not in _DATE_WORDS)
+
+    @staticmethod
+    def _disambiguator(toks: list[_Tok], k: int, longest: int = 8) -> int | None:
+        """The ")" closing a disambiguator opened at ``k``: capitalised words, numbers, year
+        ranges, small words and commas ("(Film)", "(1931 Film)", "(1259–1321)", "(Wife Of
+        Caesar)", "(Louisville, Kentucky)"), led by a capital or a digit; None for a clause
+        ("(Barak is also known as ...)")."""
+        n = len(toks)
+        for m in range(k + 1, min(n, k + 2 + longest)):
+            tok = toks[m]
+            if tok.text == ")":
+                return m if m > k + 1 else None
+            if m == k + 1 and not (_is_cap(tok) or tok.text[:1].isdigit()):
+                return None
+            if tok.text == ",":
+                continue
+            if tok.kind != "word" or not (
+                    _is_cap(tok) or re.fullmatch(r"[\d–\-]+(?:s|st|nd|rd|th)?", tok.text)
+                    or tok.text.lower() in _SMALL_WORDS or tok.text.lower() in _CONNECTORS):
+                return None
+        return None
 
     @staticmethod
     def _echoes(toks: list[_Tok], k: int, longest: int = 12) -> bool:
@@ -374,10 +475,10 @@ class HeuristicExtractor(BaseExtractor):
         """Key entities of ``question``: de-duplicated, in order of appearance."""
         if not isinstance(question, str):
             raise TypeError(f"question must be a str, got {type(question).__name__}")
-        _, mentions = self._mentions(question)
+        toks, mentions = self._mentions(question, question=True)
         seen: dict[str, str] = {}
-        for m in mentions:
-            if m.kind == "entity" and m.text.lower() not in seen:
+        for m in _key_mentions(toks, [m for m in mentions if m.kind == "entity"]):
+            if m.text.lower() not in seen:
                 seen[m.text.lower()] = m.text
         return list(seen.values())
 
@@ -453,6 +554,31 @@ class HeuristicExtractor(BaseExtractor):
         before = toks[m.first - 1].text if m.first > 0 else ""
         after = toks[m.last + 1].text if m.last + 1 < len(toks) else ""
         return before == "," and after == ","
+
+
+def _key_mentions(toks: list[_Tok], mentions: list[_Mention]) -> list[_Mention]:
+    """The question's key entities among ``mentions``, as QuCo's authors' question prompt
+    chooses them: "Were both of the following rock groups formed in California: Dig and
+    Thinking Fellers Union Local 282?" names the groups, not California (example 6); "Are Billy
+    and Barak both breeds of scenthound? (Barak is also known as a Bosnian Coarse-haired
+    Hound)" names Billy and Barak, not the aside (example 7). So: after "the following ...:"
+    only the listed entities count, and entities inside a parenthesised aside count only
+    when nothing outside it is named."""
+    colon = next((k for k, t in enumerate(toks) if t.text == ":"), None)
+    if colon is not None and any(t.text.lower() == "following" for t in toks[:colon]):
+        listed = [m for m in mentions if m.first > colon]
+        if listed:
+            mentions = listed
+    depth, inside = 0, set()
+    for k, tok in enumerate(toks):
+        if tok.text == "(":
+            depth += 1
+        elif tok.text == ")":
+            depth = max(0, depth - 1)
+        elif depth:
+            inside.add(k)
+    outside = [m for m in mentions if m.first not in inside]
+    return outside or mentions
 
 
 def _dedupe(claims: list[Claim]) -> list[Claim]:
