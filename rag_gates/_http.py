@@ -38,10 +38,24 @@ from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequenc
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
 
-__all__ = ["DEFAULT_MAX_RESPONSE_BYTES", "ERROR_BODY_BYTES", "MIN_SECRET_CHARS", "RETRY_STATUS",
-           "LoopThread",
-           "backoff_delay", "check_server_url", "read_body", "read_lines", "redact_url",
-           "register_secret", "retry_after_seconds", "scrub"]
+__all__ = [
+    "DEFAULT_MAX_RESPONSE_BYTES",
+    "ERROR_BODY_BYTES",
+    "MIN_SECRET_CHARS",
+    "RETRY_STATUS",
+    "LoopThread",
+    "backoff_delay",
+    "check_server_url",
+    "is_http_url",
+    "looks_like_server",
+    "read_body",
+    "read_lines",
+    "redact_url",
+    "register_secret",
+    "retry_after_seconds",
+    "scrub",
+    "scrub_text",
+]
 
 T = TypeVar("T")
 
@@ -54,6 +68,8 @@ _REDACTED = "***"
 # Everything between the scheme (if any) and the last '@' of the authority; the query.
 _USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
 _QUERY = re.compile(r"\?[^#]*")
+# An authority with credentials, or a host:port, before any '/': a server without a scheme.
+_SCHEMELESS = re.compile(r"^(?:[^/?#]*@|[A-Za-z0-9.-]+:\d+(?:[/?#]|$))")
 # The loggers of the HTTP stack this package uses (httpcore's debug lines print headers).
 _HTTP_LOGGERS = ("httpx", "httpcore.connection", "httpcore.http11", "httpcore.http2",
                  "httpcore.proxy", "httpcore.socks")
@@ -159,6 +175,31 @@ def redact_url(url: str) -> str:
     return _QUERY.sub(f"?{_REDACTED}", shown, count=1)
 
 
+def is_http_url(text: str) -> bool:
+    """Does ``text`` start with an ``http://`` or ``https://`` scheme, in any case (a URL's
+    scheme is case-insensitive: ``HTTP://host`` is a server, not a local path)?
+
+    Example:
+        >>> is_http_url("HTTP://host:6333"), is_http_url("indexes/qdrant")
+        (True, False)
+    """
+    return text[:8].lower().startswith(("http://", "https://"))
+
+
+def looks_like_server(text: str) -> bool:
+    """Does ``text`` look like a server address given without its scheme
+    (``user:key@host:6333``, ``host:6333/path``), which must not be taken as a local path
+    (an error naming that path would show the credentials)?
+
+    Example:
+        >>> looks_like_server("admin:KEY@host:6333"), looks_like_server("localhost:6333")
+        (True, True)
+        >>> looks_like_server("/data/qdrant"), looks_like_server("indexes/qdrant")
+        (False, False)
+    """
+    return is_http_url(text) or "://" in text or _SCHEMELESS.match(text) is not None
+
+
 def check_server_url(url: str, what: str, key_hint: str) -> str:
     """Return ``url`` if it is an ``http(s)://HOST...`` URL without credentials or a query
     string; else raise ValueError showing it only through :func:`redact_url`. The one check
@@ -170,7 +211,7 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
         'http://127.0.0.1:8000/v1'
     """
     shown = redact_url(url)
-    if not url.startswith(("http://", "https://")):
+    if not is_http_url(url):
         raise ValueError(f"{what} must start with http:// or https://, got {shown!r}")
     try:
         parts = urlsplit(url)
@@ -200,6 +241,24 @@ def scrub(data: bytes, secrets: Sequence[bytes]) -> bytes:
         if len(secret) >= MIN_SECRET_CHARS:
             data = data.replace(secret, _REDACTED.encode())
     return data
+
+
+def scrub_text(text: str, secrets: Sequence[str | None]) -> str:
+    """``text`` (an error message, a server's reply) with each secret sent and any URL
+    credentials or query string replaced by ``***``: the one scrub of every message built
+    from a remote server's words (placeholders shorter than :data:`MIN_SECRET_CHARS` stay).
+
+    Example:
+        >>> scrub_text("403: bad key sk-123456 for http://u:sk-123456@h/x?k=1", ["sk-123456"])
+        '403: bad key *** for http://***@h/x?***'
+    """
+    for secret in secrets:
+        if secret and len(secret) >= MIN_SECRET_CHARS:
+            text = text.replace(secret, _REDACTED)
+    return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
+
+
+_URL_IN_TEXT = re.compile(r"[A-Za-z][A-Za-z0-9+.-]*://[^\s'\"<>]+")
 
 
 def _too_large(where: str, limit: int, setting: str) -> str:

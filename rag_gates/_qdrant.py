@@ -29,7 +29,8 @@ from typing import IO, Any
 from rag_gates._optional import require
 from rag_gates.errors import StoreLockedError
 
-__all__ = ["DEFAULT_LOCK_WAIT_S", "READERS_LOCK", "open_local", "read_only_copy"]
+__all__ = ["DEFAULT_LOCK_WAIT_S", "READERS_LOCK", "connect_server", "open_local",
+           "read_only_copy", "server_error"]
 
 logger = logging.getLogger(__name__)
 
@@ -40,6 +41,48 @@ READERS_LOCK = ".rag-gates-readers.lock"
 _SERVER = ("serve it from a Qdrant server (e.g. docker run -p 6333:6333 qdrant/qdrant) and "
            "pass url=http://HOST:6333")
 _POLL_S = 0.05
+
+
+def server_error(exc: BaseException, client: Any = None, *, url: str | None = None,
+                 api_key: str | None = None) -> str:
+    """``TYPE: message`` of an exception raised by a Qdrant client, scrubbed of the API key
+    sent (``api_key``, or the one ``client`` holds) and of URL credentials: a server may
+    echo the key in its refusal (a 403 body), and qdrant-client puts the raw body in the
+    exception. The one scrub of every Qdrant error this package shows."""
+    from rag_gates._http import scrub_text
+
+    options = getattr(client, "init_options", None) or {}
+    secrets = [api_key, options.get("api_key") if isinstance(options.get("api_key"), str)
+               else None]
+    return scrub_text(f"{type(exc).__name__}: {exc}", secrets)
+
+
+def connect_server(url: str, *, api_key: str | None, timeout: int = 10, what: str,
+                   error: type[Exception], hint: str) -> Any:
+    """A client of the Qdrant server at ``url``, asked for its collections once so an
+    unreachable or refusing server fails here. The one way every Qdrant server URL is
+    opened: the URL passes :func:`~rag_gates._http.check_server_url` (no credentials or
+    query string, whatever the scheme's case; the key goes in ``api_key``), and every error
+    shows the URL redacted and the server's words scrubbed of the key.
+
+    Raises:
+        ValueError: the URL is malformed or carries a secret (shown redacted).
+        error: the server cannot be reached or refused; the message ends with ``hint``.
+    """
+    from rag_gates._http import check_server_url, redact_url
+
+    check_server_url(url, what, "Pass the API key as api_key= (or QDRANT_API_KEY for the "
+                     "CLI), never in the URL.")
+    qdrant_client = require("qdrant_client", "qdrant")
+    client = qdrant_client.QdrantClient(url=url, api_key=api_key, timeout=timeout,
+                                        check_compatibility=False)
+    try:
+        client.get_collections()
+    except Exception as exc:  # the client raises transport-specific types
+        client.close()
+        raise error(f"cannot reach the Qdrant server at {redact_url(url)} "
+                    f"({server_error(exc, api_key=api_key)}); {hint}") from None
+    return client
 
 
 def _held(exc: BaseException) -> bool:

@@ -219,7 +219,9 @@ class QdrantCorpus:
 
     @property
     def remote(self) -> bool:
-        return self.location.startswith(("http://", "https://"))
+        from rag_gates._http import is_http_url
+
+        return is_http_url(self.location)
 
     def __str__(self) -> str:
         return f"{QDRANT_PREFIX}{self.location}#{self.collection}"
@@ -235,16 +237,30 @@ def parse_corpus(text: str) -> Path | QdrantCorpus:
     """
     if not text.startswith(QDRANT_PREFIX):
         return Path(text)
+    from rag_gates._http import (
+        check_server_url,
+        is_http_url,
+        looks_like_server,
+        redact_url,
+        scrub_text,
+    )
+
     location, hashed, collection = text.removeprefix(QDRANT_PREFIX).partition("#")
     if not location or (hashed and not collection):
-        raise ValueError(f"--corpus {text!r}: give {QDRANT_SYNTAX}, e.g. "
+        shown = scrub_text(redact_url(text), [])
+        raise ValueError(f"--corpus {shown!r}: give {QDRANT_SYNTAX}, e.g. "
                          "qdrant:indexes/qdrant#docs (a local Qdrant folder) or "
                          "qdrant:http://localhost:6333#docs (a server)")
-    if location.startswith(("http://", "https://")):
-        from rag_gates._http import check_server_url
-
+    if is_http_url(location):
         check_server_url(location, f"the URL of {QDRANT_SYNTAX}",
                          f"Put the API key in the environment variable {QDRANT_API_KEY_ENV}")
+    elif looks_like_server(location):
+        # Never taken as a local path: a "no Qdrant folder at ..." error would show it.
+        raise ValueError(
+            f"--corpus qdrant:{redact_url(location)}: a server needs its scheme "
+            f"(qdrant:http://HOST:6333#COLLECTION) and no credentials in the URL; put the "
+            f"API key in the environment variable {QDRANT_API_KEY_ENV}. A local folder: "
+            "give its path (./NAME for a folder whose name holds ':' or '@')")
     else:
         location = str(Path(location).expanduser().resolve())
     return QdrantCorpus(location, collection or QDRANT_COLLECTION)
@@ -306,6 +322,14 @@ def _local_collections(folder: Path) -> list[str]:
         collections, dict | list) else []
 
 
+def _collection_names(client: Any) -> list[str]:
+    """A server's collection names (for an error message); none when it will not say."""
+    try:
+        return sorted(c.name for c in client.get_collections().collections)
+    except Exception:  # already asked once by connect_server; a later failure names none
+        return []
+
+
 def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:
     """Open ``--corpus qdrant:...`` and check it holds passages to search: the collection
     exists, has points, one unnamed vector, and a passage payload ({"text": ...}).
@@ -321,20 +345,16 @@ def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:
     from rag_gates._optional import require
     from rag_gates.types import Passage
 
-    qdrant_client = require("qdrant_client", "qdrant")
+    require("qdrant_client", "qdrant")
     if source.remote:
-        client = qdrant_client.QdrantClient(url=source.location, timeout=10,
-                                            api_key=os.environ.get(QDRANT_API_KEY_ENV),
-                                            check_compatibility=False)
-        try:
-            names = sorted(c.name for c in client.get_collections().collections)
-        except Exception as exc:  # the client raises transport-specific types
-            client.close()
-            raise VectorStoreError(
-                f"--corpus {source}: cannot reach the Qdrant server at {source.location} "
-                f"({type(exc).__name__}: {exc}); start it (e.g. docker run -p 6333:6333 "
-                f"qdrant/qdrant), check the URL and {QDRANT_API_KEY_ENV}, or give a local "
-                "folder: qdrant:PATH#COLLECTION") from exc
+        from rag_gates._qdrant import connect_server
+
+        client = connect_server(
+            source.location, api_key=os.environ.get(QDRANT_API_KEY_ENV), timeout=10,
+            what=f"the URL of {QDRANT_SYNTAX}", error=VectorStoreError,
+            hint=f"start it (e.g. docker run -p 6333:6333 qdrant/qdrant), check the URL and "
+                 f"{QDRANT_API_KEY_ENV}, or give a local folder: qdrant:PATH#COLLECTION")
+        names = _collection_names(client)
     else:
         from rag_gates.retrieval.dense import QdrantDenseRetriever
 
@@ -375,6 +395,15 @@ def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:
                 f"{where}: its points hold no passage (payload {sorted(sample[0].payload or {})}"
                 "); each point's payload must be a passage, {\"text\": ..., \"title\": ...}, "
                 "as QdrantDenseRetriever.build writes") from None
+    except ArtifactError:
+        client.close()
+        raise
+    except Exception as exc:  # the server refused or failed: its words, scrubbed of the key
+        from rag_gates._qdrant import server_error
+
+        client.close()
+        raise VectorStoreError(f"{where}: the Qdrant server failed "
+                               f"({server_error(exc, client)})") from None
     except BaseException:
         client.close()
         raise

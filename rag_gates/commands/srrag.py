@@ -13,6 +13,7 @@ another model) print one red line saying what to do and exit with status 1.
 
 from __future__ import annotations
 
+import os
 import statistics
 import time
 from pathlib import Path
@@ -150,7 +151,8 @@ def build_policy_command(
     path: Annotated[Path | None, typer.Option(
         help="Local Qdrant directory (default $RAG_GATES_HOME/srrag/policy, or "
              ".../skr-policy for --keys minilm).")] = None,
-    url: Annotated[str | None, typer.Option(help="A Qdrant server instead of --path.")] = None,
+    url: Annotated[str | None, typer.Option(
+        help="A Qdrant server instead of --path (API key from QDRANT_API_KEY).")] = None,
     collection: Annotated[str, typer.Option(help="Collection name.")] = "srrag-policy",
     keys: Annotated[str, typer.Option(
         help="'hidden' (the model's hidden state of the last question token: SR-RAG) or "
@@ -180,6 +182,11 @@ def build_policy_command(
     with clean_errors():
         if keys not in ("hidden", "minilm"):
             raise ValueError(f"--keys must be 'hidden' or 'minilm', got {keys!r}")
+        if url is not None:  # before the model loads; never shown with its secrets
+            from rag_gates._http import check_server_url
+
+            check_server_url(url, "--url", "Put the API key in the environment variable "
+                             "QDRANT_API_KEY.")
         headers, rows = _read_label_files(labels, rule)
         if not rows:
             raise ValueError(f"no labelled questions in {', '.join(map(str, labels))}")
@@ -196,7 +203,8 @@ def build_policy_command(
             key_function = EmbeddingKeys()
         where = url or str(path or default_policy_path("hidden" if keys == "hidden"
                                                        else "embedding"))
-        client = SourcePolicy.connect(None if url else where, url)
+        client = SourcePolicy.connect(None if url else where, url,
+                                      api_key=os.environ.get("QDRANT_API_KEY"))
         try:
             if replace and client.collection_exists(collection):
                 client.delete_collection(collection)

@@ -39,17 +39,24 @@ class QdrantDenseRetriever(BaseRetriever):
 
     @staticmethod
     def connect(path: str | None = None, url: str | None = None, *, read_only: bool = False,
-                collection: str = "passages") -> Any:
+                collection: str = "passages", api_key: str | None = None) -> Any:
         """A Qdrant client: local ``path`` (or ``":memory:"``), else a server ``url``.
 
         ``read_only``: a private in-memory copy of ``collection`` from the local ``path``,
         the folder released at once, so several processes search one index; without it the
         client is the folder's one writer (a folder held elsewhere raises
-        :class:`~rag_gates.errors.StoreLockedError`).
+        :class:`~rag_gates.errors.StoreLockedError`). A server ``url`` is checked (no
+        credentials or query string: pass ``api_key``) and asked for its collections once,
+        so an unreachable one fails here with :class:`~rag_gates.errors.VectorStoreError`.
         """
         qdrant_client = require("qdrant_client", "qdrant")
         if url is not None:
-            return qdrant_client.QdrantClient(url=url)
+            from rag_gates._qdrant import connect_server
+            from rag_gates.errors import VectorStoreError
+
+            return connect_server(url, api_key=api_key, what="url", error=VectorStoreError,
+                                  hint="start it, check the URL and API key, or pass path= "
+                                       "for a local index")
         if path in (None, ":memory:"):
             return qdrant_client.QdrantClient(location=":memory:")
         from pathlib import Path
@@ -64,12 +71,13 @@ class QdrantDenseRetriever(BaseRetriever):
     @classmethod
     def build(cls, passages: Sequence[Passage], *, path: str | None = None,
               url: str | None = None, collection: str = "passages", embedder: Any | None = None,
-              batch_size: int = 64, show_progress: bool = False) -> QdrantDenseRetriever:
+              batch_size: int = 64, show_progress: bool = False,
+              api_key: str | None = None) -> QdrantDenseRetriever:
         """Embed ``passages`` and (re)create ``collection`` holding them."""
         if not passages:
             raise ValueError("cannot index an empty list of passages")
         models = require("qdrant_client.models", "qdrant")
-        retriever = cls(cls.connect(path, url), collection, embedder)
+        retriever = cls(cls.connect(path, url, api_key=api_key), collection, embedder)
         texts = [f"{p.title}\n{p.text}" if p.title else p.text for p in passages]
         vectors = retriever.embedder.encode(texts, batch_size=batch_size,
                                             normalize_embeddings=True,

@@ -45,8 +45,15 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
+from rag_gates._http import redact_url
 from rag_gates._optional import require
-from rag_gates._qdrant import DEFAULT_LOCK_WAIT_S, open_local, read_only_copy
+from rag_gates._qdrant import (
+    DEFAULT_LOCK_WAIT_S,
+    connect_server,
+    open_local,
+    read_only_copy,
+    server_error,
+)
 from rag_gates.errors import RagGatesError
 from rag_gates.gate import out_of_range
 from rag_gates.srrag.labels import RETRIEVAL, Source, SourceLabel
@@ -297,17 +304,10 @@ class SourcePolicy:
         """:meth:`connect`, and the points of a read-only copy (None otherwise)."""
         qdrant_client = require("qdrant_client", "qdrant")
         if url is not None:
-            client = qdrant_client.QdrantClient(url=url, api_key=api_key, timeout=timeout,
-                                                check_compatibility=False)
-            try:
-                client.get_collections()
-            except Exception as exc:  # the client raises transport-specific types
-                client.close()
-                raise PolicyStoreError(
-                    f"cannot reach the Qdrant server at {url} ({type(exc).__name__}: {exc}); "
-                    "start it, check the URL and API key, or pass path= for a local datastore"
-                ) from exc
-            return client, None
+            return connect_server(url, api_key=api_key, timeout=timeout, what="url",
+                                  error=PolicyStoreError,
+                                  hint="start it, check the URL and API key, or pass path= "
+                                       "for a local datastore"), None
         if path is None or str(path) == ":memory:":
             return qdrant_client.QdrantClient(location=":memory:"), None
         directory = Path(path).expanduser()
@@ -333,7 +333,7 @@ class SourcePolicy:
         ``read_only``: serve a private copy of a local datastore (see :meth:`connect`;
         nothing is created, writes raise :class:`PolicyReadOnlyError`).
         """
-        location = url or str(path or ":memory:")
+        location = redact_url(url) if url else str(path or ":memory:")
         if client is not None:
             return cls._open(client, keys, collection, location, k, distance,
                              create and not read_only, read_only=read_only)
@@ -367,7 +367,7 @@ class SourcePolicy:
             >>> policy = SourcePolicy.open_existing(lm, path="~/.cache/rag-gates/srrag/policy")
             >>> gate = SelfRoutingGate(lm, policy)       # in each of several worker processes
         """
-        location = url or str(path or ":memory:")
+        location = redact_url(url) if url else str(path or ":memory:")
         own = client is None
         points = None
         if client is None:
@@ -375,7 +375,8 @@ class SourcePolicy:
                                           collection=collection, lock_wait_s=lock_wait_s)
         try:
             layer = None
-            if cls._call_at(location, collection, lambda: client.collection_exists(collection)):
+            if cls._call_at(location, collection, lambda: client.collection_exists(collection),
+                            client):
                 stored = cls._call_at(location, collection, lambda: client.get_collection(
                     collection).config.metadata) or {}
                 layer = stored.get("layer") if isinstance(stored.get("layer"), int) else None
@@ -389,12 +390,12 @@ class SourcePolicy:
         return policy
 
     @staticmethod
-    def _call_at(location: str, collection: str, call: Any) -> Any:
+    def _call_at(location: str, collection: str, call: Any, client: Any = None) -> Any:
         try:
             return call()
         except Exception as exc:  # the client raises transport-specific types
             raise PolicyStoreError(f"Qdrant at {location} failed on collection {collection!r} "
-                                   f"({type(exc).__name__}: {exc})") from exc
+                                   f"({server_error(exc, client)})") from None
 
     @classmethod
     def _open(cls, client: Any, keys: KeyFunction, collection: str, location: str, k: int,
@@ -403,7 +404,7 @@ class SourcePolicy:
         identity = {"kind": "srrag-policy", **keys.identity, "distance": distance}
 
         def call(fn: Any) -> Any:
-            return cls._call_at(location, collection, fn)
+            return cls._call_at(location, collection, fn, client)
 
         if call(lambda: client.collection_exists(collection)):
             stored = call(lambda: client.get_collection(collection).config.metadata) or {}
@@ -594,4 +595,4 @@ class SourcePolicy:
         except Exception as exc:  # the client raises transport-specific types
             raise PolicyStoreError(
                 f"could not {what} the SR-RAG datastore {self.collection!r} at "
-                f"{self.location} ({type(exc).__name__}: {exc})") from exc
+                f"{self.location} ({server_error(exc, self.client)})") from None
