@@ -7,8 +7,11 @@ Input: the records of :mod:`rag_gates.deeprag.export` (``export_sft``: pre-token
 Face model directory (weights and tokenizer) that ``HFWhiteBoxLM.from_pretrained`` and
 ``rag-gates bench --model DIR`` load, plus ``deeprag.json`` (the prompt the model is to be
 run with: the bench reads it) and ``training.json`` (settings, seconds, the loss at every
-step). The authors' settings are the defaults: SFT lr 1e-5, 1 epoch, cosine, warmup 0.1; DPO
-beta 0.4, lr 5e-7.
+step). The defaults take the authors' learning rates and schedule (their
+``scripts/training/stage1.sh`` / ``stage2.sh``): SFT lr 1e-5, 1 epoch, cosine, warmup 0.1; DPO
+beta 0.4, lr 5e-7. Not theirs (docs/fidelity.md rows D11, D12): their DPO runs 8 epochs (1
+here: ``epochs=8`` for theirs) and both stages accumulate gradients (4 and 2; 1 here:
+``grad_accum``).
 
 The model is trained in place (``lm.model``): load a fresh one for each run.
 
@@ -31,10 +34,11 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._files import iter_jsonl
 from rag_gates._io import write_text_atomic
 from rag_gates._optional import require
 from rag_gates.deeprag.trajectory import DeepRAGPrompt
-from rag_gates.errors import ArtifactError
+from rag_gates.errors import ArtifactError, ArtifactFileError
 
 __all__ = ["PROMPT_FILE", "TRAINING_FILE", "Training", "prompt_view", "read_training_records",
            "train_dpo", "train_sft"]
@@ -88,24 +92,11 @@ def read_training_records(path: str | Path, stage: Literal["sft", "dpo"]
     hint = (f"--data takes the {how} file of rag-gates deeprag export, --rows the rows of "
             "rag-gates deeprag synthesize")
     rows = []
-    with file.open("rb") as handle:
-        for number, raw in enumerate(handle, start=1):
-            try:
-                line = raw.decode("utf-8")
-            except UnicodeDecodeError as exc:
-                raise ArtifactError(f"{file}:{number} is not UTF-8 text ({exc}); {hint}") from None
-            if not line.strip():
-                continue
-            try:
-                row = json.loads(line)
-            except ValueError as exc:
-                raise ArtifactError(f"{file}:{number} is not JSON ({exc}); {hint}") from None
-            if not isinstance(row, dict):
-                raise ArtifactError(f"{file}:{number} is not a JSON object; {hint}")
-            if not keys <= set(row):
-                raise ArtifactError(f"{file}:{number} lacks {sorted(keys - set(row))}; "
-                                    f"{hint}")
-            rows.append(row)
+    for number, row in iter_jsonl(file, fix=hint, error=ArtifactFileError):
+        if not keys <= set(row):
+            raise ArtifactFileError(f"{file}:{number} lacks {sorted(keys - set(row))}; {hint}",
+                                    path=file, line=number)
+        rows.append(row)
     if not rows:
         raise ArtifactError(f"{file} has no records: the synthesis found no trajectories to "
                             "train on; synthesize more questions")
