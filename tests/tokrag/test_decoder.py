@@ -119,23 +119,50 @@ def test_fixed_layer_and_both_pr_forms(tiny: Any) -> None:
 
 
 def test_threshold_a_and_layers_searched(tiny: Any) -> None:
+    """layer_rule="paper-jsd" (the reading before issue 55): |g| from layer 1, deepest if
+    none passes."""
     top = tiny.num_layers - 1
     # a = 0: g(l) exceeds it at the first searched layer, so the lens stops there.
-    eager = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=0.0))
+    eager = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=0.0, layer_rule="paper-jsd"))
     _, curves = eager.fusion_layer(eager.open(Q, PASSAGES, max_new_tokens=8))
-    assert len(curves["g"]) == 1 and curves["g"][0] > 0.0
+    assert len(curves["g"]) == 1 and curves["g"][0] > 0.0 and curves["fired"] == 1
     # An a no JSD difference can exceed: every searched layer is read, l* leans to the top.
-    never = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=10.0))
+    never = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=10.0, layer_rule="paper-jsd"))
     layer, curves = never.fusion_layer(never.open(Q, PASSAGES, max_new_tokens=8))
-    assert len(curves["g"]) == top and max(curves["g"]) <= 10.0
+    assert len(curves["g"]) == top and max(curves["g"]) <= 10.0 and curves["fired"] is None
     by_attention = never.searched[max(range(top), key=curves["f"].__getitem__)]
     assert layer == (by_attention + top) // 2
     # Two layers searched: the ends of the range; l* snaps to one of them.
-    thin = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", search_layers=2))
+    thin = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", search_layers=2,
+                                            layer_rule="paper-jsd"))
     assert thin.searched == [1, top]
     assert set(thin.capture()[1]) == {1, top} and set(thin.capture()[0]) == {0, 1, top - 1, top}
     g = thin.generate(Q, passages=PASSAGES, max_new_tokens=8)
     assert g.disagreements and {c.layer for c in g.disagreements} <= {1, top}
+
+
+def test_authors_layer_rule_plumbing(tiny: Any) -> None:
+    """layer_rule="authors" (the default) on the tiny model's 4 layers: pairs of hidden
+    states (i, i + 1) with i > 10/32 * 4 = 1.25, i.e. (2, 3) and (3, 4 = the output);
+    a signed test; d = i - 1; none -> round(20/32 * 4) = 2. (Values on SmolLM2 against the
+    authors' formula: tests/fidelity/test_tokrag_fidelity.py.)"""
+    from rag_gates.tokrag.decoder import authors_search_bounds
+
+    assert tiny.num_layers == 4 and TokRAGConfig().layer_rule == "authors"
+    assert authors_search_bounds(32) == (10.0, 20) and authors_search_bounds(4) == (1.25, 2)
+    never = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=10.0))
+    assert never.candidates == [0, 1, 2, 3, 4] and never.searched == [1, 2, 3]
+    layer, curves = never.fusion_layer(never.open(Q, PASSAGES, max_new_tokens=8))
+    assert len(curves["g"]) == 2 and curves["fired"] is None
+    by_attention = never.searched[max(range(3), key=curves["f"].__getitem__)]
+    assert layer == (by_attention + 2) // 2
+    # a = 0: the first pair whose signed difference is positive (not |.|) fires.
+    eager = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", a=0.0))
+    layer, curves = eager.fusion_layer(eager.open(Q, PASSAGES, max_new_tokens=8))
+    assert all(x <= 0.0 for x in curves["g"][:-1])
+    if curves["fired"] is not None:
+        assert curves["g"][-1] > 0.0 and curves["fired"] == 1 + len(curves["g"])
+        assert layer == (by_attention + curves["fired"] - 1) // 2
 
 
 def test_passage_positions_are_the_passage_tokens(tiny: Any) -> None:

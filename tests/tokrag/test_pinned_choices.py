@@ -73,12 +73,16 @@ def _decoder(lm: Any, name: str) -> Any:
         return CADDecoder(lm, 0.5)
     if name == "adacad":
         return AdaCADDecoder(lm)
-    # The fixture pins the paper's judge (written before the authors' judge existed).
+    # The fixture pins the paper's judge (written before the authors' judge existed) and
+    # its layer rule as it was then (issue 55 made layer_rule="authors" the default).
     paper = "paper"
-    config = {"tokrag": TokRAGConfig(judge=paper),
-              "tokrag-layer2": TokRAGConfig(judge=paper, fusion_layer=2),
-              "tokrag-renormalised": TokRAGConfig(judge=paper, pr_form="renormalised"),
-              "tokrag-search3": TokRAGConfig(judge=paper, search_layers=3)}[name]
+    rule = "paper-jsd"
+    config = {"tokrag": TokRAGConfig(judge=paper, layer_rule=rule),
+              "tokrag-layer2": TokRAGConfig(judge=paper, fusion_layer=2, layer_rule=rule),
+              "tokrag-renormalised": TokRAGConfig(judge=paper, pr_form="renormalised",
+                                                  layer_rule=rule),
+              "tokrag-search3": TokRAGConfig(judge=paper, search_layers=3,
+                                             layer_rule=rule)}[name]
     return TokRAGDecoder(lm, config)
 
 
