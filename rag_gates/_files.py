@@ -57,7 +57,9 @@ def _where(path: PathLike, line: int | None) -> str:
 
 def _fail(error: type[InputFileError], path: PathLike, line: int | None, problem: str,
           fix: str) -> InputFileError:
-    message = f"{_where(path, line)}: {problem}"
+    # "FILE:3 is not JSON (...)", "FILE holds a NUL byte", "FILE:3: NaN is not ...".
+    sep = " " if problem.startswith(("is ", "holds ")) else ": "
+    message = f"{_where(path, line)}{sep}{problem}"
     return error(f"{message}; {fix}" if fix else message, path=path, line=line)
 
 
@@ -90,15 +92,17 @@ def decode_text(data: bytes, path: PathLike, *, line: int | None = None, fix: st
     try:
         text = data.decode("utf-8")
     except UnicodeDecodeError as exc:
-        at = line if line is not None else data.count(b"\n", 0, exc.start) + 1
-        column = exc.start - (data.rfind(b"\n", 0, exc.start) + 1)
-        raise _fail(error, path, at, f"is not UTF-8 text ({exc.reason} at byte {column} of "
-                    f"the line, byte {exc.start} of {'it' if line is not None else 'the file'}"
-                    "); save it as UTF-8", fix) from None
+        if line is not None:
+            at, offset = line, f"byte {exc.start} of the line"
+        else:
+            at = data.count(b"\n", 0, exc.start) + 1
+            offset = f"byte {exc.start} of the file"
+        raise _fail(error, path, at, f"is not UTF-8 text ({exc.reason} at {offset}); save "
+                    "it as UTF-8", fix) from None
     if not binary_ok and "\x00" in text:
-        offset = data.index(b"\x00")
-        at = line if line is not None else data.count(b"\n", 0, offset) + 1
-        raise _fail(error, path, at, f"holds a NUL byte (byte {offset}): a binary file, not "
+        nul = data.index(b"\x00")
+        at = line if line is not None else data.count(b"\n", 0, nul) + 1
+        raise _fail(error, path, at, f"holds a NUL byte (byte {nul}): a binary file, not "
                     "text", fix)
     return text
 
@@ -168,9 +172,9 @@ def parse_json(text: str | bytes, path: PathLike, *, line: int | None = None,
     except JSONDepthError as exc:
         raise _fail(error, path, line, str(exc), fix) from None
     except json.JSONDecodeError as exc:
-        raise _fail(error, path, line, f"is not valid JSON ({exc})", fix) from None
+        raise _fail(error, path, line, f"is not JSON ({exc})", fix) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of over 4,300 digits
-        raise _fail(error, path, line, f"is not valid JSON ({str(exc)[:200]})", fix) from None
+        raise _fail(error, path, line, f"is not JSON ({str(exc)[:200]})", fix) from None
     problem = _first_unencodable(value)
     if problem is not None:
         raise _fail(error, path, line, problem, fix)

@@ -35,7 +35,7 @@ from typing import Any, Protocol, runtime_checkable
 
 from pydantic import JsonValue
 
-from rag_gates._json import loads_bounded
+from rag_gates._files import read_json
 from rag_gates._text import check_text
 from rag_gates.errors import WeightsFileError
 from rag_gates.types import GateDecision
@@ -914,17 +914,10 @@ def _read_weights(path: str) -> Any:
     if not file.is_file():
         raise FileNotFoundError(f"weighted({path}): no such file; fit one with "
                                 "rag-gates fit-weighted")
-    with file.open("rb") as handle:
-        raw = handle.read(MAX_WEIGHTS_FILE_BYTES + 1)
-    if len(raw) > MAX_WEIGHTS_FILE_BYTES:
-        raise WeightsFileError(f"weighted({path}): the file is larger than "
-                               f"{MAX_WEIGHTS_FILE_BYTES:,} bytes (the limit); a weights file "
-                               "written by rag-gates fit-weighted is a few hundred bytes")
-    try:
-        return loads_bounded(raw, max_depth=8, what=f"weighted({path})")
-    except ValueError as exc:  # also JSONDepthError and UnicodeDecodeError
-        raise WeightsFileError(f"weighted({path}): the file is not JSON ({exc}); expected "
-                               "the JSON written by rag-gates fit-weighted") from None
+    # The bounded reader: size, nesting, UTF-8 and finite numbers, each failure naming it.
+    return read_json(file, max_bytes=MAX_WEIGHTS_FILE_BYTES, max_depth=8,
+                     fix=f"weighted({path}) expects the JSON written by rag-gates "
+                         "fit-weighted (a few hundred bytes)", error=WeightsFileError)
 
 
 _WEIGHTS_SHAPE = ('an object {"gates": [names], "weights": [numbers, one per gate], "bias": '

@@ -20,10 +20,12 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict
 
+from rag_gates._files import parse_json, read_text
 from rag_gates._io import append_locked, drop_torn_tail, parse_lines_but_a_torn_tail
 from rag_gates._optional import require
 from rag_gates.answers import score_answer
 from rag_gates.cbdr.prompts import ProbePrompts
+from rag_gates.errors import ArtifactFileError
 from rag_gates.lm.base import require_white_box
 from rag_gates.lm.defaults import rag_gates_home
 from rag_gates.types import QAExample
@@ -68,14 +70,13 @@ def default_cache_path(lm: Any, prompts: ProbePrompts, layer: int, *, position: 
 def _read_cache(path: Path, identity: dict[str, Any]) -> dict[tuple[str, str], ProbeExample]:
     if not path.is_file():
         return {}
-    header, *lines = path.read_text(encoding="utf-8").splitlines() or [""]
-    try:
-        if json.loads(header) != {"identity": identity}:
-            raise ValueError(
-                f"{path} holds probe data collected with other settings; delete it or use "
-                "another cache path")
-    except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: bad header line ({exc}); delete the file") from exc
+    header, *lines = read_text(path, fix="delete the file (it is collected again)",
+                               error=ArtifactFileError).splitlines() or [""]
+    if parse_json(header, path, line=1, fix="a bad header line; delete the file",
+                  error=ArtifactFileError) != {"identity": identity}:
+        raise ArtifactFileError(
+            f"{path} holds probe data collected with other settings; delete it or use "
+            "another cache path", path=path, line=1)
     examples = parse_lines_but_a_torn_tail(lines, ProbeExample.model_validate_json, file=path,
                                            first_line=2, what="a probe example",
                                            fix="delete that line (it is collected again)")

@@ -24,19 +24,20 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue, ValidationError
 
+from rag_gates._files import parse_json, read_bytes, read_json
 from rag_gates._io import write_bytes_atomic, write_text_atomic
 from rag_gates._optional import require
 from rag_gates.cbdr.prompts import ProbePrompts
-from rag_gates.errors import ArtifactError, ProbeMismatchError
+from rag_gates.errors import ArtifactError, ArtifactFileError, ProbeMismatchError
 from rag_gates.lm.base import require_white_box
 
 require("torch", "hf")
 require("sklearn", "hf")
 require("safetensors", "hf")
 import torch  # noqa: E402
-from safetensors import safe_open  # noqa: E402
+from safetensors.torch import load as safetensors_load  # noqa: E402
 from safetensors.torch import save  # noqa: E402
 from sklearn.metrics import roc_auc_score  # noqa: E402
 
@@ -49,6 +50,10 @@ DEFAULT_BETA = 0.5
 FORMAT_VERSION = 1
 CONFIG_FILE = "probe.json"
 WEIGHTS_FILE = "probe.safetensors"
+MAX_CONFIG_BYTES = 1024 * 1024
+"""probe.json is under a kilobyte; a larger file is not one."""
+MAX_WEIGHTS_BYTES = 1024 * 1024 * 1024
+"""probe.safetensors: an MLP over one layer's hidden state, megabytes even for a 70B model."""
 #: The weights file's metadata key holding a copy of the probe's config (the pair's check).
 CONFIG_METADATA = "probe_config"
 
@@ -217,25 +222,32 @@ class ConfidenceProbe:
                 f"{path} is not a probe directory (needs {CONFIG_FILE} and {WEIGHTS_FILE}); "
                 "train one with: rag-gates cbdr train-probe --out DIR")
         retrain = "retrain it with: rag-gates cbdr train-probe --out DIR"
+        raw = read_json(config_path, max_bytes=MAX_CONFIG_BYTES, max_depth=16, expect=dict,
+                        fix=f"it is not a valid probe config; restore it or {retrain}",
+                        error=ArtifactFileError)
         try:
-            config = ProbeConfig.model_validate_json(config_path.read_text(encoding="utf-8"))
+            config = ProbeConfig.model_validate(raw)
         except ValueError as exc:
-            raise ArtifactError(f"{config_path} is not a valid probe config: {exc}; restore it "
-                                f"or {retrain}") from exc
+            raise ArtifactFileError(f"{config_path} is not a valid probe config: {exc}; "
+                                    f"restore it or {retrain}", path=config_path) from exc
         if config.format_version != FORMAT_VERSION:
             raise ArtifactError(f"{config_path}: probe format {config.format_version}, this "
                                 f"version of rag-gates reads {FORMAT_VERSION}; {retrain}")
-        try:
-            with safe_open(str(weights_path), "pt") as handle:  # one read: tensors, metadata
-                metadata = handle.metadata() or {}
-                names = handle.keys()  # a safe_open handle is not iterable
-                tensors = {name: handle.get_tensor(name) for name in names}
-        except Exception as exc:  # safetensors raises its own error type, with no path
-            raise ArtifactError(f"{weights_path} cannot be read ({exc}): the file is truncated "
-                                f"or not a safetensors file; restore it or {retrain}") from exc
+        fix = ("it cannot be read: the file is truncated or not a safetensors file; restore "
+               f"it or {retrain}")
+        metadata, tensors = _read_safetensors(weights_path, fix)
         # Probes saved before the weights carried their config have no copy to compare.
         paired = metadata.get(CONFIG_METADATA)
-        if paired is not None and ProbeConfig.model_validate_json(paired) != config:
+        if paired is not None:
+            try:
+                paired_config = ProbeConfig.model_validate(parse_json(
+                    paired, weights_path, max_depth=16, expect=dict, fix=fix,
+                    error=ArtifactFileError))
+            except ValidationError as exc:
+                raise ArtifactFileError(f"{weights_path}: the probe config it carries is not "
+                                        f"one ({exc.errors()[0]['msg']}); {fix}",
+                                        path=weights_path) from None
+        if paired is not None and paired_config != config:
             raise ArtifactError(
                 f"{weights_path} was saved with another {CONFIG_FILE} than the one beside it "
                 "(two saves into this directory at once, or a file copied from another probe); "
@@ -252,6 +264,35 @@ class ConfidenceProbe:
         if lm is not None:
             probe.check_compatible(lm)
         return probe
+
+
+def _read_safetensors(path: Path, fix: str) -> tuple[dict[str, str], dict[str, Any]]:
+    """The metadata and tensors of a safetensors file, read once through the bounded reader;
+    a file that is too large, truncated, or not safetensors raises
+    :class:`~rag_gates.errors.ArtifactFileError` naming it."""
+    data = read_bytes(path, max_bytes=MAX_WEIGHTS_BYTES, fix=fix, error=ArtifactFileError)
+
+    def bad(problem: str) -> ArtifactFileError:
+        return ArtifactFileError(f"{path}: {problem}; {fix}", path=path)
+
+    # The format: an 8-byte little-endian header length, the JSON header, then the data.
+    if len(data) < 8:
+        raise bad(f"{len(data)} bytes, shorter than a safetensors header")
+    size = int.from_bytes(data[:8], "little")
+    if size > len(data) - 8:
+        raise bad(f"its header claims {size:,} bytes, the file holds {len(data) - 8:,} after "
+                  "the length")
+    header = parse_json(data[8:8 + size], path, max_depth=8, expect=dict, fix=fix,
+                        error=ArtifactFileError)
+    metadata = header.get("__metadata__") or {}
+    if not isinstance(metadata, dict) or not all(
+            isinstance(v, str) for v in metadata.values()):
+        raise bad("its __metadata__ is not an object of strings")
+    try:
+        tensors = safetensors_load(data)
+    except Exception as exc:  # safetensors raises its own error type, with no path
+        raise bad(str(exc)) from exc
+    return metadata, tensors
 
 
 def _check_tensors(tensors: dict[str, torch.Tensor], hidden_size: int, where: str,

@@ -2,12 +2,13 @@
 
 from __future__ import annotations
 
-from rag_gates.errors import RagGatesError
+from rag_gates.errors import InputFileError, RagGatesError
 
 __all__ = [
     "CorpusCacheError",
     "CorpusError",
     "CorruptIndexError",
+    "CorruptIndexFileError",
     "EmptyPhraseError",
     "HostedError",
     "HostedProtocolError",
@@ -61,6 +62,11 @@ class IndexNotFoundError(CorpusError, FileNotFoundError):
 
 class CorruptIndexError(CorpusError):
     """The index directory exists but its files are missing, truncated or inconsistent."""
+
+
+class CorruptIndexFileError(InputFileError, CorruptIndexError):
+    """A file of an index (its manifest) cannot be read: not UTF-8, not JSON, nested too
+    deep, too large; an :class:`~rag_gates.errors.InputFileError` naming it."""
 
 
 class IndexExistsError(CorpusError, FileExistsError):

@@ -47,8 +47,10 @@ from typing import Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rag_gates._files import read_json
 from rag_gates._io import write_text_atomic
-from rag_gates.corpus.errors import CorruptIndexError, IndexNotFoundError
+from rag_gates.corpus.errors import CorruptIndexError, CorruptIndexFileError, IndexNotFoundError
+from rag_gates.errors import InputFileError
 
 __all__ = [
     "DIGEST_ALGORITHM",
@@ -75,6 +77,7 @@ FORMAT_NAME: Literal["rag-gates-infini-gram"] = "rag-gates-infini-gram"
 FORMAT_VERSION = 1
 DIGEST_ALGORITHM = "sha256"  # with SHA-NI about twice as fast as blake2b on these machines
 MANIFEST_NAME = "rag_gates_index.json"
+MAX_MANIFEST_BYTES = 64 * 1024 * 1024  # a manifest lists shards and digests: kilobytes
 TOKENIZER_NAME = "tokenizer.json"
 VOCAB_MAP_NAME = "vocab_map.u32"  # dense index id -> tokenizer id, for tokenizers >= 65535 ids
 # The engine's file classification, in its order of precedence.
@@ -145,12 +148,14 @@ def read_manifest(directory: Path) -> Manifest | None:
     path = directory / MANIFEST_NAME
     if not path.exists():
         return None
+    fix = "rebuild the index with `rag-gates index build ... --force`"
+    data = read_json(path, max_bytes=MAX_MANIFEST_BYTES, expect=dict,
+                     fix=f"it is not a rag-gates manifest; {fix}", error=CorruptIndexFileError)
     try:
-        return Manifest.model_validate(json.loads(path.read_text(encoding="utf-8")))
-    except (OSError, UnicodeDecodeError, json.JSONDecodeError, ValidationError) as exc:
-        raise CorruptIndexError(
-            f"{path} is unreadable or not a rag-gates manifest ({exc}); rebuild the index "
-            "with `rag-gates index build ... --force`") from exc
+        return Manifest.model_validate(data)
+    except ValidationError as exc:
+        raise CorruptIndexFileError(
+            f"{path} is not a rag-gates manifest ({exc}); {fix}", path=path) from exc
 
 
 def _classify(path_text: str) -> str | None:
@@ -318,8 +323,8 @@ def _state_path(directory: Path) -> Path:
 
 def _read_state(path: Path, directory: Path) -> dict[str, list[object]]:
     try:
-        data = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, ValueError):
+        data = read_json(path, max_bytes=MAX_MANIFEST_BYTES)
+    except InputFileError:
         return {}  # no state yet, or a damaged one: verify again
     if not isinstance(data, dict) or data.get("path") != str(directory) or \
             not isinstance(data.get("files"), dict):

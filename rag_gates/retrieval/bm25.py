@@ -9,7 +9,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 import shutil
 import tempfile
@@ -103,6 +102,25 @@ class BM25Retriever(BaseRetriever):
         if not (path / _PASSAGES).is_file():
             raise FileNotFoundError(f"{path} is not a saved BM25Retriever (no {_PASSAGES})")
         index = bm25s.BM25.load(str(path), show_progress=False)
-        with (path / _PASSAGES).open(encoding="utf-8") as handle:
-            passages = [Passage.model_validate(json.loads(line)) for line in handle]
-        return cls(index, passages)
+        return cls(index, _read_passages(path / _PASSAGES))
+
+
+def _read_passages(file: Path) -> list[Passage]:
+    """The passages of a saved index, through the bounded reader: a damaged line raises
+    :class:`~rag_gates.errors.ArtifactFileError` naming ``FILE:LINE``."""
+    from pydantic import ValidationError
+
+    from rag_gates._files import iter_jsonl
+    from rag_gates.errors import ArtifactFileError
+
+    fix = "the saved index is damaged; delete it and build it again"
+    passages = []
+    for number, row in iter_jsonl(file, finite=False, fix=fix,
+                                  error=ArtifactFileError):
+        try:
+            passages.append(Passage.model_validate(row))
+        except ValidationError as exc:
+            raise ArtifactFileError(f"{file}:{number}: not a passage "
+                                    f"({exc.errors()[0]['msg']}); {fix}", path=file,
+                                    line=number) from None
+    return passages

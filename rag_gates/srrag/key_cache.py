@@ -159,19 +159,23 @@ def _compute(keys: Any, questions: Sequence[str]) -> Any:
 def _read(path: Path, identity: dict[str, JsonValue], shape: tuple[int, int]) -> Any | None:
     """The vectors of a whole, matching cache file; None when there is none, and (with a
     warning) when it is damaged or another's."""
+    from rag_gates._files import parse_json, read_bytes
+    from rag_gates.errors import InputFileError
+
     np = _numpy()
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    if not path.exists():
         return None
-    except OSError as exc:
-        logger.warning("SR-RAG key cache: cannot read %s (%s: %s); recomputing the keys",
-                       path, type(exc).__name__, exc)
+    # A cache file holds the vectors it promises, 4 bytes each, and a short header.
+    limit = shape[0] * shape[1] * 4 + 64 * 1024
+    try:
+        data = read_bytes(path, max_bytes=limit)
+    except InputFileError as exc:
+        logger.warning("SR-RAG key cache: %s; recomputing the keys", exc)
         return None
     head, newline, body = data.partition(b"\n")
     try:
-        header = json.loads(head) if newline else None
-    except ValueError:
+        header = parse_json(head, path, line=1) if newline else None
+    except InputFileError:  # not UTF-8, not JSON, nested too deep: damaged
         header = None
     problem = None
     if not isinstance(header, dict) or header.get("format") != _FORMAT:

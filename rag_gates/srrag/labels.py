@@ -226,22 +226,23 @@ def read_labels(path: str | Path, rule: LabelRule | None = None
                 ) -> tuple[dict[str, Any], list[SourceLabel]]:
     """The settings line and the labels of a file written by :func:`collect_labels`
     (``rule``: recompute each question's preferred source under that rule)."""
-    import json
-
-    from rag_gates.errors import ArtifactError
+    from rag_gates._files import parse_json, read_text
+    from rag_gates.errors import ArtifactFileError, InputFileError
 
     file = Path(path)
     if not file.is_file():
         raise FileNotFoundError(f"label file {file} not found; write one with: rag-gates srrag "
                                 "label --dataset popqa --out FILE")
-    lines = file.read_text(encoding="utf-8").splitlines()
+    lines = read_text(file, fix="delete the file and relabel",
+                      error=ArtifactFileError).splitlines()
     try:
-        header = json.loads(lines[0])["header"] if lines else None
-    except (json.JSONDecodeError, KeyError, TypeError):
-        header = None
+        first = parse_json(lines[0], file, line=1, expect=dict) if lines else None
+    except InputFileError:
+        first = None
+    header = first.get("header") if isinstance(first, dict) else None
     if not isinstance(header, dict) or header.get("kind") != "srrag-labels":
-        raise ArtifactError(f"{file} is not an SR-RAG label file (no settings line); write one "
-                            "with rag-gates srrag label")
+        raise ArtifactFileError(f"{file} is not an SR-RAG label file (no settings line); "
+                                "write one with rag-gates srrag label", path=file, line=1)
     labels = parse_lines_but_a_torn_tail(lines[1:], SourceLabel.model_validate_json,
                                          file=file, first_line=2, what="a label record",
                                          fix="delete that line or relabel")

@@ -24,7 +24,6 @@ Example:
 
 from __future__ import annotations
 
-import json
 import os
 from collections.abc import Iterable, Sequence
 from pathlib import Path
@@ -32,8 +31,9 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from rag_gates._files import parse_json, read_text
 from rag_gates._io import write_text_atomic
-from rag_gates.errors import ArtifactError
+from rag_gates.errors import ArtifactError, ArtifactFileError
 from rag_gates.srrag.policy import DEFAULT_K, PolicyEntry, PolicyMismatchError, SourcePolicy
 
 __all__ = ["DEFAULT_POLICY_LABELS", "POLICY_ENV", "ShippedLabelsHeader", "load_default_policy",
@@ -90,34 +90,38 @@ def read_policy_labels(path: str | Path = DEFAULT_POLICY_LABELS,
             of questions than its header says (a cut or edited file would move the votes).
     """
     where = Path(path)
+    fix = "restore or rewrite the file"
+    numbered = [(number, line) for number, line in enumerate(
+        read_text(where, fix=fix, error=ArtifactFileError).splitlines(), start=1)
+        if line.strip()]
     try:
-        lines = [line for line in where.read_text(encoding="utf-8").splitlines()
-                 if line.strip()]
-    except UnicodeDecodeError as exc:
-        raise ArtifactError(f"{where} is not UTF-8 text ({exc.reason} at byte {exc.start}); "
-                            "restore or rewrite the file") from exc
-    try:
-        header = ShippedLabelsHeader.model_validate_json(lines[0]) if lines else None
+        header = ShippedLabelsHeader.model_validate(parse_json(
+            numbered[0][1], where, line=numbered[0][0], fix=fix, error=ArtifactFileError)
+            ) if numbered else None
     except ValidationError as exc:
-        raise ArtifactError(f"{where}: the first line is not a policy-labels header "
-                            f"({exc.errors()[0]['msg']})") from exc
+        raise ArtifactFileError(f"{where}: the first line is not a policy-labels header "
+                                f"({exc.errors()[0]['msg']})", path=where, line=1) from exc
     if header is None or header.kind != _KIND:
         raise ArtifactError(f"{where} is not an SR-RAG policy-labels file (its first line "
                             f"must be a {_KIND!r} header); write one with write_policy_labels")
-    entries = list(_entries(where, lines[1:]))
+    entries = list(_entries(where, numbered[1:]))
     if len(entries) != header.questions:
         raise ArtifactError(f"{where}: the header promises {header.questions} questions, the "
                             f"file holds {len(entries)}; restore or rewrite the file")
     return header, entries
 
 
-def _entries(where: Path, lines: Iterable[str]) -> Iterable[PolicyEntry]:
-    for number, line in enumerate(lines, start=2):
+def _entries(where: Path, lines: Iterable[tuple[int, str]]) -> Iterable[PolicyEntry]:
+    for number, line in lines:
+        row = parse_json(line, where, line=number, expect=dict,
+                         fix="not a labelled question; restore or rewrite the file",
+                         error=ArtifactFileError)
         try:
-            yield PolicyEntry.model_validate(json.loads(line))
-        except (ValueError, ValidationError) as exc:
-            raise ArtifactError(f"{where}, line {number}: not a labelled question "
-                                f"({type(exc).__name__}: {str(exc).splitlines()[0]})") from exc
+            yield PolicyEntry.model_validate(row)
+        except ValidationError as exc:
+            raise ArtifactFileError(f"{where}:{number}: not a labelled question "
+                                    f"({type(exc).__name__}: {str(exc).splitlines()[0]})",
+                                    path=where, line=number) from exc
 
 
 def load_default_policy(lm: Any, *, k: int | None = None,
