@@ -13,6 +13,16 @@ whose scores (p_R literal / renormalised at the searched l*, log-probability and
 differences) are read from the cache. AUC (scikit-learn) and F1 with the rule's own
 threshold (> 0 keeps RAG for the authors' judges, >= 0 for the others).
 
+``--summary-only --ours-from CACHE --out FILE`` (issue 55): the cached tokens summarised with
+the paper judge's scores taken from another replay of the same tokens (e.g.
+``tokrag_auc_authors_rule_tokens.jsonl``, the paper judge under ``layer_rule="authors"``),
+matched token by token; the authors' judges' scores are the cached ones (the layer rule does
+not touch them)::
+
+    .venv/bin/python benchmarks/tokrag_authors_auc.py --summary-only \
+        --ours-from benchmarks/results/tokrag_auc_authors_rule_tokens.jsonl \
+        --out benchmarks/results/tokrag_authors_auc_authors_rule.json
+
 ``--prefix``: the RAG prompt's passages rendered the authors' way (``[Reference]: ``
 prefixes, concatenated). The prompt differs, so the token set is its own: every score,
 ours included, is recomputed on it (written to ``tokrag_authors_auc_prefix.json``).
@@ -135,9 +145,16 @@ def main() -> None:
     parser.add_argument("--source", type=Path, default=RESULTS / "tokrag_auc_tokens.jsonl")
     parser.add_argument("--summary-only", action="store_true",
                         help="only summarise the cached tokens (no model)")
+    parser.add_argument("--ours-from", type=Path, default=None,
+                        help="with --summary-only: the paper judge's scores from this token "
+                             "cache (same tokens, matched one by one)")
+    parser.add_argument("--out", type=Path, default=None, help="summary file (default: "
+                        "tokrag_authors_auc[_prefix].json)")
     args = parser.parse_args()
     stem = "tokrag_authors_auc_prefix" if args.prefix else "tokrag_authors_auc"
     cache_path, out_path = RESULTS / f"{stem}_tokens.jsonl", RESULTS / f"{stem}.json"
+    if args.out is not None:
+        out_path = args.out
     torch.set_num_threads(1)
     lm = None if args.summary_only else load_default_lm()
     layers = list(range(SMOLLM2_LAYERS if lm is None else lm.num_layers))
@@ -171,9 +188,23 @@ def main() -> None:
                   f"{sum(len(t) for t in done.values())} tokens, "
                   f"{time.perf_counter() - start:.0f}s", flush=True)
     records = [t for tokens in done.values() for t in tokens]
+    if args.ours_from is not None:
+        other = {(t["id"], t["condition"], t["target"], t["position"]): t
+                 for line in args.ours_from.read_text().splitlines()
+                 for t in json.loads(line)["tokens"]}
+        for r in records:
+            match = other[(r["id"], r["condition"], r["target"], r["position"])]
+            if match["label"] != r["label"]:
+                raise RuntimeError(f"{args.ours_from.name}: another label at {r['id']}")
+            r.update({name: match[name] for name in OURS})
+        if len(other) != len(records):
+            raise RuntimeError(f"{args.ours_from.name} holds {len(other)} tokens, the cache "
+                               f"{len(records)}: not the same token set")
     payload = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_authors_auc.py"
-                   + (" --prefix" if args.prefix else ""),
+                   + (" --prefix" if args.prefix else "")
+                   + (f" --summary-only --ours-from {args.ours_from.name} --out "
+                      f"{out_path.name}" if args.ours_from is not None else ""),
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "model": DEFAULT_LM_ID, "rows": len(done),
         "token_set": ("its own (prompt with '[Reference]: ' passages)" if args.prefix

@@ -100,8 +100,10 @@ class TokRAGConfig(BaseModel):
                                 "judge: the attention layer it reads (0..num_layers-1; "
                                 "default round(2 * num_layers / 3)).")
     search_layers: int | None = Field(
-        None, ge=2, description="How many layers the l* search reads, evenly spaced over "
-                                "1..num_layers-1 (default: all). Fewer = cheaper steps.")
+        None, ge=2, description="How many layers the l* search reads, evenly spaced (default: "
+                                "all): over the hidden states 0..num_layers, paired "
+                                "consecutively, with layer_rule='authors'; over "
+                                "1..num_layers-1 with 'paper-jsd'. Fewer = cheaper steps.")
     # Default by measured AUC (benchmarks/results/tokrag_auc.json: literal 64.5, renormalised
     # 61.7 on 491 HotpotQA disagreement tokens with SmolLM2).
     pr_form: PRForm = Field("literal", description="p_R form: 'literal' (the paper's softmax "
@@ -215,18 +217,15 @@ class TokRAGDecoder(TwoStreamDecoder):
         if self.config.passage_prefix:
             self.passage_format = "reference"
         n = self.config.search_layers
-        if self.config.layer_rule == "authors":
-            # Their candidate_premature_layers: every hidden state 0..num_layers (l. 523),
-            # paired consecutively. f stays over 1..num_layers-1 as Eq. 14 reads it (their
-            # get_max_att would also read block 0, the shallow peak the paper passes over).
-            last = self.lm.num_layers
-            self.candidates = (list(range(last + 1)) if n is None or n > last else
-                               sorted({round(i * last / (n - 1)) for i in range(n)}))
-            self.searched = [x for x in self.candidates if 1 <= x <= top]
-        elif n is None or n >= top:
+        if n is None or n >= top:
             self.searched = list(range(1, top + 1))
         else:
             self.searched = sorted({round(1 + i * (top - 1) / (n - 1)) for i in range(n)})
+        # layer_rule="authors": their candidate_premature_layers are every hidden state
+        # 0..num_layers (ODQA l. 523), paired consecutively; thinned, the searched layers
+        # between the two ends. f stays over 1..num_layers-1 as Eq. 14 reads it (their
+        # get_max_att would also read block 0, the shallow peak the paper passes over).
+        self.candidates = sorted({0, *self.searched, self.lm.num_layers})
 
     def capture(self) -> tuple[list[int], list[int]]:
         if self.config.judge != "paper":

@@ -163,6 +163,11 @@ def test_authors_layer_rule_plumbing(tiny: Any) -> None:
     if curves["fired"] is not None:
         assert curves["g"][-1] > 0.0 and curves["fired"] == 1 + len(curves["g"])
         assert layer == (by_attention + curves["fired"] - 1) // 2
+    # Thinned: the pairs run over the searched layers between the two ends.
+    thin = TokRAGDecoder(tiny, TokRAGConfig(judge="paper", search_layers=2))
+    assert thin.searched == [1, 3] and thin.candidates == [0, 1, 3, 4]
+    g = thin.generate(Q, passages=PASSAGES, max_new_tokens=8)
+    assert g.disagreements and {c.layer for c in g.disagreements} <= {1, 3}
 
 
 def test_passage_positions_are_the_passage_tokens(tiny: Any) -> None:
