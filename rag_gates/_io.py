@@ -50,6 +50,8 @@ def output_path_problem(path: Path, *, directory: bool) -> str | None:
     loads a model, so the mistake is said at once rather than as a traceback at the end."""
     if directory and path.exists() and not path.is_dir():
         return f"{path} is a file; give a directory (it is created if it does not exist)"
+    if not directory and path.is_dir():
+        return f"{path} is a directory; give a file path (e.g. {path / 'gate.json'})"
     for parent in path.parents:  # the nearest that exists must be a directory
         if parent.exists():
             return None if parent.is_dir() else (
@@ -105,7 +107,8 @@ def parse_lines_but_a_torn_tail(lines: list[str], parse: Callable[[str], T], *, 
 
 
 def append_locked(path: Path, *, wait_s: float = 0.0,
-                  on_wait: Callable[[], None] | None = None) -> IO[str]:
+                  on_wait: Callable[[], None] | None = None,
+                  advice: str | None = None) -> IO[str]:
     """``path`` opened for appending, with an exclusive lock held until it is closed, so two
     processes resuming the same output (the same ``--out`` twice) cannot both write it: the
     second gets a :class:`~rag_gates.errors.FileInUseError` before it reads or writes a row.
@@ -113,6 +116,9 @@ def append_locked(path: Path, *, wait_s: float = 0.0,
     ``wait_s``: wait up to this many seconds (``math.inf``: as long as it takes) for the
     other writer to finish instead, calling ``on_wait()`` once when the wait starts; a
     shared cache (eval-gate's labels) is then read, and completed, after the other writer.
+
+    ``advice``: the refusal's message when the lock is held (default: the file is being
+    written; wait, or write to another ``--out``).
 
     Take it before reading the rows already there, so the rows read are the whole truth.
     Advisory (``flock``): every rag-gates writer takes it; where ``fcntl`` does not exist
@@ -136,6 +142,7 @@ def append_locked(path: Path, *, wait_s: float = 0.0,
                 handle.close()
                 waited = f" (waited {wait_s:.0f} s)" if wait_s else ""
                 raise FileInUseError(
+                    (advice + waited) if advice is not None else
                     f"{path} is being written by another process{waited} (a second writer "
                     "would duplicate its rows): wait for that run to finish, or write to "
                     "another --out") from None

@@ -558,24 +558,42 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     return [done[q.id] for q in questions]
 
 
-_IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)"}
+_IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)",
+                   "model_files": "model (its files differ)"}
 
 
-def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha: str) -> None:
+#: The work directory's lock file: held by one calibrate run for its whole length.
+WORK_LOCK = ".calibrate.lock"
+#: Identity entries known only once the model is loaded (checked after it loads).
+_AFTER_LOAD = ("model", "gates")
+
+
+def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha: str,
+                    before_load: bool = False) -> None:
     """The work directory's records belong to one model, question set, corpus and gate set.
+
+    Called twice: ``before_load`` (the model not loaded yet) compares every entry but
+    :data:`_AFTER_LOAD` (and ``model_files``, a cheap fingerprint of the model's files, when
+    the work directory has one), so a wrong work directory is refused in a second, not
+    after the model loads; then with the whole identity, which is written.
 
     A work directory made before question-set identities names ``--data`` by the SHA-256 of
     its bytes (``"data"``): with the same file byte for byte its config is upgraded (same
     bytes, same questions); with any other the questions cannot be told apart from another
     set (the old config does not hold them), so it is refused with what to do."""
+    from rag_gates._files import read_json
     from rag_gates._io import write_text_atomic
 
     work_dir.mkdir(parents=True, exist_ok=True)
     path = work_dir / "config.json"
     if not path.is_file():
-        write_text_atomic(path, json.dumps(identity, indent=2))
+        if path.exists() or path.is_symlink():
+            raise ValueError(f"{path} is not a file; delete it, or use another --work-dir")
+        if not before_load:
+            write_text_atomic(path, json.dumps(identity, indent=2))
         return
-    before = json.loads(path.read_text())
+    before = read_json(path, expect=dict, fix="delete the work directory (its records are "
+                       "re-made), or use another --work-dir")
     legacy = "questions" not in before and "data" in before
     if legacy:
         if before["data"] != data_bytes_sha:
@@ -586,15 +604,54 @@ def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha:
                 "order resumes after that), or use another --work-dir")
         before = {**{k: v for k, v in before.items() if k != "data"},
                   "questions": identity["questions"]}
-    if before != identity:
-        diff = sorted(_IDENTITY_NAMES.get(k, k) for k in set(before) | set(identity)
-                      if before.get(k) != identity.get(k))
+    # model_files came later: a work directory without it is checked by the weights alone.
+    keys = set(before) | set(identity)
+    if "model_files" not in before or "model_files" not in identity:
+        keys.discard("model_files")
+    if before_load:
+        keys -= set(_AFTER_LOAD)
+    diff = sorted(_IDENTITY_NAMES.get(k, k) for k in keys if before.get(k) != identity.get(k))
+    if diff:
         raise ValueError(f"{work_dir} holds records made with another {', '.join(diff)}; "
                          "use another --work-dir (or delete this one)")
-    if legacy:
+    if before_load:
+        return
+    if legacy or "model_files" not in before:
         write_text_atomic(path, json.dumps(identity, indent=2))
+    if legacy:
         console.print(f"upgraded {path}: --data is now identified by its question set (ids, "
                       "questions, answers), so reordering it resumes", highlight=False)
+
+
+def model_files_fingerprint(model: str) -> str | None:
+    """A fingerprint of ``--model`` computed without loading it (milliseconds): for a
+    served model its spec; for a local directory (``default``: the embedded model's) each
+    weights and config file's name, size and first and last MiB. None when the files are
+    not there yet (the embedded model is converted on its first load). The weights'
+    fingerprint, after loading, stays the identity that decides."""
+    if model.startswith(SERVED_PREFIX):
+        return hashlib.sha256(model.encode("utf-8")).hexdigest()
+    if model == "default":
+        from rag_gates.lm.defaults import default_lm_dir
+
+        folder = default_lm_dir()
+    else:
+        folder = Path(model)
+    files = sorted(f for f in folder.glob("*") if f.is_file() and (
+        f.suffix in (".safetensors", ".bin") or f.name == "config.json"))
+    if not any(f.suffix in (".safetensors", ".bin") for f in files):
+        return None
+    digest = hashlib.sha256()
+    chunk = 1 << 20
+    for file in files:
+        size = file.stat().st_size
+        digest.update(f"{file.name}\0{size}\0".encode())
+        with file.open("rb") as handle:
+            digest.update(handle.read(chunk))
+            if size > chunk:
+                handle.seek(max(chunk, size - chunk))
+                digest.update(handle.read(chunk))
+    return digest.hexdigest()
 
 
 @dataclass(frozen=True)
@@ -767,20 +824,53 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                requested: list[str] | None, max_loss: float, delta: float,
                bound: str, k: int, max_new_tokens: int,
                threads: int | None, work_dir: Path | None, seed: int) -> Any:
-    """:func:`run_calibration` once its input is checked: load, answer, certify, write."""
+    """:func:`run_calibration` once its input is checked: the work directory held (one
+    run at a time) and checked, then load, answer, certify, write."""
+    from rag_gates._io import append_locked
+
+    work = work_dir or out.with_name(out.stem + "-work")
+    created = not work.exists()
+    work.mkdir(parents=True, exist_ok=True)
+    try:
+        with append_locked(work / WORK_LOCK, advice=(
+                f"another rag-gates calibrate is using the work directory {work}: wait for it "
+                "to finish, or give this run another --work-dir")):
+            return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
+                                 max_loss, delta, bound, k, max_new_tokens, threads, seed)
+    except BaseException:
+        # A run refused before it wrote anything leaves no work directory behind.
+        if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
+            (work / WORK_LOCK).unlink()
+            work.rmdir()
+        raise
+
+
+def _calibrate_in(work: Path, every: list[CalibrationQuestion],
+                  questions: list[CalibrationQuestion], data: Path,
+                  corpus: Path | QdrantCollection, out: Path, model: str,
+                  requested: list[str] | None, max_loss: float, delta: float, bound: str,
+                  k: int, max_new_tokens: int, threads: int | None, seed: int) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
 
-    work = work_dir or out.with_name(out.stem + "-work")
     passages = None
+    corpus_identity: str | dict[str, Any]
     if isinstance(corpus, QdrantCollection):
         what = f"{corpus.source} ({corpus.points} points)"
+        corpus_identity = corpus.identity
     else:
         passages = read_corpus(corpus)
         what = f"indexing {len(passages)} passages (BM25)"
+        corpus_identity = _sha(corpus)
+    early: dict[str, Any] = {"questions": question_set_sha(every), "corpus": corpus_identity,
+                             "k": k, "max_new_tokens": max_new_tokens}
+    model_files = model_files_fingerprint(model)
+    if model_files is not None:
+        early["model_files"] = model_files
+    data_bytes_sha = _sha(data)
+    _check_work_dir(work, early, data_bytes_sha=data_bytes_sha, before_load=True)
     retriever: Any
-    corpus_identity: str | dict[str, Any]
     with console.status(f"loading {model}; {what}"):
         from rag_gates.cli import _quiet_transformers  # at run time: cli imports this module
 
@@ -792,25 +882,22 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
             embedder = load_default_embedder()
             corpus.check_embedder(embedder)  # before the model loads: a wrong index fails fast
             retriever = QdrantDenseRetriever(corpus.client, corpus.source.collection, embedder)
-            description, corpus_identity = corpus.describe(k), corpus.identity
+            description = corpus.describe(k)
         else:
             from rag_gates.retrieval.bm25 import BM25Retriever
 
-            assert passages is not None
+            assert passages is not None and isinstance(corpus_identity, str)
             retriever = BM25Retriever.from_passages(passages)
-            corpus_sha = _sha(corpus)
             description = (f"bm25 over {corpus.name} ({len(passages)} passages, sha256 "
-                           f"{corpus_sha[:12]}), k={k}")
-            corpus_identity = corpus_sha
+                           f"{corpus_identity[:12]}), k={k}")
         lm = load_model(model, threads)
         identity = ModelIdentity.of(lm)
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     built, skipped = applicable_gates(lm, requested, options)
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
-    _check_work_dir(work, {"model": identity.fingerprint, "questions": question_set_sha(every),
-                           "corpus": corpus_identity, "gates": sorted(built), "k": k,
-                           "max_new_tokens": max_new_tokens}, data_bytes_sha=_sha(data))
+    _check_work_dir(work, {**early, "model": identity.fingerprint, "gates": sorted(built)},
+                    data_bytes_sha=data_bytes_sha)
     kept: list[int] = []
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
