@@ -153,13 +153,13 @@ def _first_unencodable(value: Any) -> str | None:
 
 def parse_json(text: str | bytes, path: PathLike, *, line: int | None = None,
                max_depth: int = DEFAULT_MAX_DEPTH, finite: bool = True,
-               expect: type | None = None, fix: str = "",
+               expect: type | None = None, fix: str = "", surrogates_ok: bool = False,
                error: type[InputFileError] = InputFileError) -> Any:
     """``text`` (all of ``path``, or its line ``line``) parsed as JSON, nested at most
     ``max_depth`` levels; with ``finite`` (the default) ``NaN``, ``Infinity`` and numbers
-    that overflow (``1e400``) are refused, and so are strings with lone surrogates;
-    ``expect`` (``dict`` or ``list``): the value must be one. Every failure raises
-    ``error`` naming the file and line."""
+    that overflow (``1e400``) are refused; strings with lone surrogates are refused unless
+    ``surrogates_ok`` (a caller that sorts them itself); ``expect`` (``dict`` or ``list``):
+    the value must be one. Every failure raises ``error`` naming the file and line."""
     if isinstance(text, bytes):
         text = decode_text(text, path, line=line, fix=fix, error=error)
     hooks: dict[str, Any] = ({"parse_constant": _refuse_constant,
@@ -175,7 +175,7 @@ def parse_json(text: str | bytes, path: PathLike, *, line: int | None = None,
         raise _fail(error, path, line, f"is not JSON ({exc})", fix) from None
     except (ValueError, RecursionError) as exc:  # e.g. an integer of over 4,300 digits
         raise _fail(error, path, line, f"is not JSON ({str(exc)[:200]})", fix) from None
-    problem = _first_unencodable(value)
+    problem = None if surrogates_ok else _first_unencodable(value)
     if problem is not None:
         raise _fail(error, path, line, problem, fix)
     if expect is not None and not isinstance(value, expect):

@@ -134,25 +134,26 @@ def _read_lines(path: Path) -> tuple[list[tuple[int, dict[str, Any]]], int | Non
     """Parsed JSON lines of ``path`` (line number, object), and the byte offset to truncate
     to when the last line is incomplete (an interrupted write); a bad line before the last
     raises ValueError."""
-    data = path.read_bytes()
+    from rag_gates._files import parse_json, read_bytes
+    from rag_gates.errors import ArtifactFileError, InputFileError
+
+    data = read_bytes(path, error=ArtifactFileError)
     lines = data.split(b"\n")
     parsed: list[tuple[int, dict[str, Any]]] = []
     offset = 0
     for number, raw in enumerate(lines, start=1):
         end = offset + len(raw) + 1
         if raw.strip():
-            try:
-                obj = json.loads(raw.decode("utf-8"))
-                if not isinstance(obj, dict):
-                    raise ValueError("not a JSON object")
-            except (ValueError, UnicodeDecodeError) as exc:
+            try:  # bounded: UTF-8, nesting, no lone surrogates, an object
+                obj = parse_json(raw, path, line=number, finite=False, expect=dict,
+                                 fix="delete that line or the file, or write to another file",
+                                 error=ArtifactFileError)
+            except InputFileError:
                 if number == len(lines) or all(not r.strip() for r in lines[number:]):
                     logger.warning("%s:%d: dropping an incomplete last line (interrupted write)",
                                    path, number)
                     return parsed, offset
-                raise ValueError(
-                    f"{path}:{number} is not valid JSON ({exc}); delete that line or the file, "
-                    "or write to another file") from exc
+                raise
             parsed.append((number, obj))
         offset = end
     return parsed, None

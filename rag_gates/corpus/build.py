@@ -56,6 +56,7 @@ from typing import IO, Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from rag_gates._files import parse_json, read_json
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.corpus.errors import CorpusError, IndexBuildError, IndexExistsError
@@ -68,6 +69,7 @@ from rag_gates.corpus.index_format import (
     file_digest,
 )
 from rag_gates.corpus.tokenizer import CorpusTokenizer
+from rag_gates.errors import InputFileError
 
 __all__ = ["BuildOptions", "BuildReport", "build_index", "iter_documents"]
 
@@ -198,9 +200,9 @@ def _jsonl_docs(path: Path, rel: str, skips: _Skips,
             except UnicodeDecodeError:
                 skips.add("non_utf8", where)
                 continue
-            try:
-                row = json.loads(decoded)
-            except json.JSONDecodeError:
+            try:  # bounded: a deeply nested line is skipped, not a RecursionError
+                row = parse_json(decoded, path, line=number, finite=False, surrogates_ok=True)
+            except InputFileError:
                 skips.add("invalid_json", where)
                 continue
             if not isinstance(row, dict):
@@ -492,9 +494,9 @@ def _clean_stale_builds(target: Path) -> None:
             continue
         stale = False
         try:
-            record = json.loads((d / OWNER_NAME).read_text(encoding="utf-8"))
+            record = read_json(d / OWNER_NAME, max_bytes=64 * 1024)
             stale = isinstance(record, dict) and _owner_gone(record)
-        except (OSError, ValueError):
+        except (OSError, ValueError):  # InputFileError too: a damaged record
             with contextlib.suppress(OSError):
                 stale = time.time() - d.stat().st_mtime > UNOWNED_STALE_SECONDS
         if stale:

@@ -160,20 +160,24 @@ def read_rows(path: str | Path) -> list[SynthesisRow]:
     if not file.is_file():
         raise FileNotFoundError(f"synthesis file {file} not found; write one with: rag-gates "
                                 "deeprag synthesize --dataset hotpotqa --out FILE")
+    from rag_gates._files import parse_json, read_text
+    from rag_gates.errors import ArtifactFileError
+
     out = []
-    with file.open(encoding="utf-8") as handle:
-        header = handle.readline()
-        if '"deeprag-synthesis"' not in header:
-            raise ArtifactError(f"{file} is not a deeprag synthesis file (its first line is "
-                                f"{header[:120]!r})")
-        for number, line in enumerate(handle, start=2):
-            if line.strip():
-                try:
-                    out.append(SynthesisRow.model_validate_json(line))
-                except ValueError as exc:
-                    if not line.endswith("\n"):  # cut by an interruption: resumed later
-                        logger.warning("%s:%d: skipping a half-written last line", file, number)
-                        continue
-                    raise ArtifactError(f"{file}:{number} is not a synthesis row: {exc}"
-                                        ) from exc
+    # The bounded reader: a non-UTF-8 or binary file is named, not a codec error.
+    header, *lines = read_text(file, error=ArtifactFileError).splitlines(keepends=True) or [""]
+    if '"deeprag-synthesis"' not in header:
+        raise ArtifactFileError(f"{file} is not a deeprag synthesis file (its first line is "
+                                f"{header[:120]!r})", path=file, line=1)
+    for number, line in enumerate(lines, start=2):
+        if line.strip():
+            try:
+                parse_json(line, file, line=number, finite=False)  # nesting, surrogates
+                out.append(SynthesisRow.model_validate_json(line))
+            except ValueError as exc:
+                if not line.endswith("\n"):  # cut by an interruption: resumed later
+                    logger.warning("%s:%d: skipping a half-written last line", file, number)
+                    continue
+                raise ArtifactFileError(f"{file}:{number} is not a synthesis row: {exc}",
+                                        path=file, line=number) from exc
     return out

@@ -1112,18 +1112,18 @@ def load_chat_template(source: str) -> str:
         if not isinstance(template, str):
             raise ValueError("the embedded model's tokenizer carries no chat template")
         return template
+    from rag_gates._files import read_json, read_text
+
     path = Path(source).expanduser()
     if path.is_file():
-        return path.read_text(encoding="utf-8")
+        return read_text(path)
     if path.is_dir():
         if (path / "chat_template.jinja").is_file():
-            return (path / "chat_template.jinja").read_text(encoding="utf-8")
+            return read_text(path / "chat_template.jinja")
         config = path / "tokenizer_config.json"
         if config.is_file():
-            try:
-                template = json.loads(config.read_text(encoding="utf-8")).get("chat_template")
-            except (ValueError, AttributeError) as exc:
-                raise ValueError(f"{config} is not a tokenizer config ({exc})") from exc
+            template = read_json(config, finite=False, expect=dict,
+                                 fix="it is not a tokenizer config").get("chat_template")
             if isinstance(template, str):
                 return template
         raise ValueError(f"{path} holds no chat template (neither chat_template.jinja nor a "

@@ -414,3 +414,53 @@ def test_a_deep_deeprag_training_line_names_file_and_line(tmp_path: Path) -> Non
     with pytest.raises(ArtifactFileError, match="nested deeper") as info:
         read_training_records(file, "sft")
     _names(info.value, file, 2)
+
+
+# ------------------------------------------------------------------ this sweep's own finds
+def test_a_deep_preferences_line_names_file_and_line(tmp_path: Path) -> None:
+    """CBDR reranker preferences: a deep line before the last was a RecursionError."""
+    from rag_gates.cbdr.preferences import _read_lines
+
+    file = tmp_path / "prefs.jsonl"
+    file.write_text('{"a": 1}\n' + DEEP + '\n{"b": 2}\n')
+    with pytest.raises(ArtifactFileError, match="nested deeper") as info:
+        _read_lines(file)
+    _names(info.value, file, 2)
+
+
+def test_a_non_utf8_synthesis_file_is_named(tmp_path: Path) -> None:
+    """DeepRAG synthesis rows: a UnicodeDecodeError without the file."""
+    from rag_gates.deeprag.synthesis import read_rows
+
+    file = tmp_path / "rows.jsonl"
+    file.write_bytes(b'{"header": {"kind": "deeprag-synthesis"}}\n' + NOT_UTF8 + b"\n")
+    with pytest.raises(ArtifactFileError, match="not UTF-8") as info:
+        read_rows(file)
+    _names(info.value, file, 2)
+
+
+def test_a_deep_corpus_line_is_skipped_as_invalid_json_not_a_crash(tmp_path: Path) -> None:
+    """rag-gates index build skips bad JSONL rows and counts them; a deeply nested row
+    escaped as a RecursionError and ended the build."""
+    from rag_gates.corpus.build import _jsonl_docs, _Skips
+
+    file = _write_jsonl(tmp_path / "c.jsonl", [{"text": "one"}], DEEP.encode() + b"\n")
+    skips = _Skips()
+    docs = list(_jsonl_docs(file, "c.jsonl", skips, lambda _: None))
+    assert [d.text for d in docs] == ["one"]
+    assert skips.counts == {"invalid_json": 1} and skips.examples == [
+        "c.jsonl:2: invalid_json"]
+
+
+@pytest.mark.parametrize(("name", "content", "message"), [
+    ("tokenizer_config.json", DEEP.encode(), "nested deeper"),  # today: RecursionError
+    ("chat_template.jinja", NOT_UTF8, "not UTF-8"),               # today: no file named
+])
+def test_a_damaged_chat_template_source_is_named(tmp_path: Path, name: str, content: bytes,
+                                                 message: str) -> None:
+    from rag_gates.lm.openai_compat import load_chat_template
+
+    (tmp_path / name).write_bytes(content)
+    with pytest.raises(InputFileError, match=message) as info:
+        load_chat_template(str(tmp_path))
+    _names(info.value, tmp_path / name)
