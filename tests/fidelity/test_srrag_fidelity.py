@@ -4,31 +4,62 @@ Routing references are re-derived on real SmolLM2 tensors from one plain transfo
 forward pass of the routing prompt (``output_hidden_states``): the key = the hidden state of
 the question's last token (located through the tokenizer's character offsets) at layer
 ``L // 2``; ``p_M`` = the probability of the retrieval word's first tokens over both words'.
-Tolerances: 1e-4 absolute on the key (cosine > 0.9999) and on ``p_M``. The rest is
-arithmetic, exact.
+``p_D`` = votes / k over the k nearest keys by cosine, found by a full sort in float64 here
+(a real datastore of the shipped policy's first 60 labelled questions, searched by ours both
+in process and through Qdrant). Tolerances: 1e-4 absolute on the key (cosine > 0.9999), on
+``p_M`` and on ``p_M x p_D``; ``p_D`` and the rest are exact.
 """
 
 from __future__ import annotations
 
+import json
 import math
+from pathlib import Path
 from typing import Any
 
 import pytest
 import torch
 
 from rag_gates.srrag.labels import ContextScore, LabelConfig, preferred_source
-from rag_gates.srrag.policy import PolicyVote
-from rag_gates.srrag.verbalizer import GENREAD_PROMPT, VerbalizerConfig
+from rag_gates.srrag.verbalizer import VerbalizerConfig
 
 Q = "Who directed the film Ed Wood?"
+ROOT = Path(__file__).resolve().parents[2]
+#: The shipped policy, and the labels it was written from (benchmarks/srrag_ship_policy.py).
+SHIPPED_POLICY = ROOT / "rag_gates" / "srrag" / "policies" / "smollm2.jsonl"
+SHIPPED_FROM = ROOT / "benchmarks" / "results" / "srrag" / "labels-train.jsonl"
+#: Labelled questions in the test datastore (k = 30 of them vote).
+STORED = 60
+
+
+def _jsonl(path: Path) -> list[dict[str, Any]]:
+    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines()
+            if line.strip()]
 
 
 def test_genread_prompt_is_the_papers() -> None:
-    """Fig. 5, verbatim; 150-token cap; n = 5 contexts per source (section 3.3)."""
+    """Fig. 5, verbatim, 150-token cap (section 4, "Data Construction"), in the labels the
+    shipped policy was made from and in the verbalizer that serves; n = 5 retrieved contexts
+    per question, and the shipped policy's 2 verbalized ones (the paper's 5: row S3)."""
     paper = ("Generate a background document from Wikipedia to help answer the following "
              "question. Directly start with document content and do not generate URL.\n"
              "Question: {question}\nBackground document:")
-    assert paper == GENREAD_PROMPT
+    shipped = _jsonl(SHIPPED_POLICY)
+    labels = _jsonl(SHIPPED_FROM)
+    # The shipped policy is those labels, question for question.
+    assert [(r["question"], r["source"]) for r in shipped[1:]] == \
+        [(r["question"], r["source"]) for r in labels[1:]]
+    header = labels[0]["header"]
+    assert header["model_id"] == shipped[0]["model_id"]
+    assert header["verbalizer"] == {"prompt": paper, "max_new_tokens": 150}
+    assert (header["n_retrieved"], header["n_verbalized"]) == (5, 2)
+    assert "--n-retrieved 5 --n-verbalized 2" in shipped[0]["made_with"]
+    # What serves: SRRAGPipeline's default verbalizer sends Fig. 5 with the question in.
+    from rag_gates.srrag.verbalizer import Verbalizer
+    from rag_gates.testing import tiny_lm
+
+    assert Verbalizer(tiny_lm()).prompt(Q) == paper.replace("{question}", Q)
+    # The package defaults a new label file starts from.
     assert VerbalizerConfig().max_new_tokens == 150
     assert (LabelConfig().n_retrieved, LabelConfig().n_verbalized) == (5, 5)
 
@@ -51,12 +82,61 @@ def test_label_rule() -> None:
     assert preferred_source(contexts, "sum") == "retrieval"
 
 
-def test_p_datastore_is_votes_over_k() -> None:
-    """Section 3.4: p_D(<Wiki>) = votes / k, k = 30."""
-    from rag_gates.srrag.policy import DEFAULT_K
+def _by_hand(keys: torch.Tensor, sources: list[str], query: torch.Tensor, k: int,
+             *, cosine: bool = True) -> tuple[list[int], float]:
+    """Section 3.4 by hand: the k stored keys nearest ``query`` (cosine; the paper names no
+    metric, row S8) and ``p_D(<Wiki>) = votes / k``. Float64, full sort."""
+    stored, q = keys.double(), query.double()
+    if cosine:
+        stored = stored / stored.norm(dim=1, keepdim=True)
+        q = q / q.norm()
+    sims = stored @ q
+    order = torch.argsort(sims, descending=True, stable=True).tolist()
+    top = order[:k]
+    if len(order) > k:  # a tie at the k-th place would make "the k nearest" ambiguous
+        assert float(sims[order[k - 1]] - sims[order[k]]) > 1e-6
+    return top, sum(sources[i] == "retrieval" for i in top) / k
+
+
+@pytest.fixture(scope="module")
+def datastore(smol: Any) -> dict[str, Any]:
+    """A real datastore: the first STORED questions of the shipped policy labels, keyed by
+    SmolLM2's hidden states, k = 30; queries: later labelled questions it does not hold."""
+    from rag_gates.srrag.policy import DEFAULT_K, HiddenStateKeys, PolicyEntry, SourcePolicy
 
     assert DEFAULT_K == 30
-    assert PolicyVote(k=30, found=30, retrieval=12, parametric=18).p_retrieve == 12 / 30
+    rows = _jsonl(SHIPPED_POLICY)[1:]
+    stored, queries = rows[:STORED], [r["question"] for r in rows[STORED:STORED + 3]]
+    keys_fn = HiddenStateKeys(smol)
+    entries = [PolicyEntry(id=r["id"], dataset=r["dataset"], question=r["question"],
+                           source=r["source"]) for r in stored]
+    keys = torch.as_tensor(keys_fn.keys([e.question for e in entries])).float()
+    policy = SourcePolicy.open(keys_fn, path=":memory:", k=DEFAULT_K)
+    policy.add(entries, keys)
+    return {"policy": policy, "keys": keys, "entries": entries, "queries": [*queries, Q],
+            "query_keys": torch.as_tensor(keys_fn.keys([*queries, Q])).float(),
+            "sources": [e.source for e in entries]}
+
+
+@pytest.mark.integration
+def test_p_datastore_is_votes_over_k(datastore: dict[str, Any]) -> None:
+    """Section 3.4: the k = 30 nearest labelled questions, p_D = votes / k; through both
+    search paths (the in-process matrix and Qdrant's own search)."""
+    policy, entries = datastore["policy"], datastore["entries"]
+    dot_differs = False
+    for query in datastore["query_keys"]:
+        top, p = _by_hand(datastore["keys"], datastore["sources"], query, 30)
+        dot_top, _ = _by_hand(datastore["keys"], datastore["sources"], query, 30, cosine=False)
+        dot_differs |= set(dot_top) != set(top)
+        for cache in (True, False):
+            policy.cache = cache
+            vote = policy.vote(query.tolist())
+            assert (vote.k, vote.found) == (30, 30)
+            assert {n.id for n in vote.neighbours} == {entries[i].id for i in top}
+            assert vote.p_retrieve == p
+        policy.cache = True
+    # The reference can tell cosine from an unnormalised dot product on these keys.
+    assert dot_differs
 
 
 @pytest.fixture(scope="module")
@@ -102,14 +182,29 @@ def test_p_model_is_the_routing_share(routed: dict[str, Any]) -> None:
 
 
 @pytest.mark.integration
-def test_gate_rule(smol: Any, routed: dict[str, Any]) -> None:
-    """Retrieve iff the score reaches tau (ties retrieve); tau 0.1 by default (Llama-2)."""
+def test_gate_rule(smol: Any, routed: dict[str, Any], datastore: dict[str, Any]) -> None:
+    """Eq. 7 and section 4 ("Inference"): retrieve iff the score passes tau, the score being
+    p_M x p_D (``product``, SR-RAG), p_M alone (``model``) or p_D alone (``policy``). Each
+    mode's score against the hand reference (p_M from the plain forward pass, p_D from the
+    hand kNN on the reference key), then the rule at tau = the score exactly (a tie
+    retrieves: the paper gives no direction, row S10) and one float step either side.
+    tau defaults to the paper's 0.1 (Llama-2) when the policy carries none."""
     from rag_gates.srrag.gate import DEFAULT_TAU, SelfRoutingGate
 
     assert DEFAULT_TAU == 0.1
-    p = routed["p_model"]
-    at = SelfRoutingGate(smol, None, tau=max(0.0, p - 1e-3), mode="model",
-                         layer=routed["layer"])
-    above = SelfRoutingGate(smol, None, tau=min(1.0, p + 1e-3), mode="model",
-                            layer=routed["layer"])
-    assert at.decide(Q).retrieve and not above.decide(Q).retrieve
+    policy = datastore["policy"]
+    _, p_data = _by_hand(datastore["keys"], datastore["sources"], routed["key"], 30)
+    reference = {"product": routed["p_model"] * p_data, "model": routed["p_model"],
+                 "policy": p_data}
+    for mode, expected in reference.items():
+        store = None if mode == "model" else policy
+        gate = SelfRoutingGate(smol, store, mode=mode, layer=routed["layer"])  # type: ignore[arg-type]
+        assert gate.tau == DEFAULT_TAU and gate.tau_source.startswith("DEFAULT_TAU")
+        score = gate.decide(Q).score
+        assert abs(score - expected) <= (0.0 if mode == "policy" else 1e-4), (mode, score)
+        for tau, retrieve in ((math.nextafter(score, 0.0), True), (score, True),
+                              (math.nextafter(score, 1.0), False)):
+            decided = SelfRoutingGate(smol, store, tau=tau, mode=mode,  # type: ignore[arg-type]
+                                      layer=routed["layer"]).decide(Q)
+            assert decided.score == score
+            assert decided.retrieve is retrieve, (mode, tau, score)
