@@ -45,6 +45,7 @@ __all__ = [
     "RETRY_STATUS",
     "LoopThread",
     "backoff_delay",
+    "check_api_key",
     "check_server_url",
     "is_http_url",
     "looks_like_server",
@@ -65,8 +66,10 @@ DEFAULT_MAX_RESPONSE_BYTES = 32 * 1024 * 1024
 #: How much of an error reply (4xx/5xx) is read: enough for the server's message.
 ERROR_BODY_BYTES = 64 * 1024
 _REDACTED = "***"
-# Everything between the scheme (if any) and the last '@' of the authority; the query.
-_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^/?#]*@")
+# Everything between the scheme (if any) and the last '@' before the query: the authority's
+# credentials, and a password holding a '/' (``user:pa/ss@host``, which a URL parser reads as
+# a path).
+_USERINFO = re.compile(r"^((?:[A-Za-z][A-Za-z0-9+.-]*:)?//)?[^?#]*@")
 _QUERY = re.compile(r"\?[^#]*")
 # An authority with credentials, or a host:port, before any '/': a server without a scheme.
 _SCHEMELESS = re.compile(r"^(?:[^/?#]*@|[A-Za-z0-9.-]+:\d+(?:[/?#]|$))")
@@ -220,13 +223,43 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
         host = None
     if not host:
         raise ValueError(f"{what} names no host: {shown!r}")
-    if "@" in parts.netloc:
+    try:
+        parts.port  # noqa: B018 - raises on a port that is no number
+    except ValueError:
+        raise ValueError(f"{what} {shown!r} has a port that is not a number (a password "
+                         f"holding ':' or '/'?): give http(s)://HOST:PORT/PATH. "
+                         f"{key_hint}") from None
+    if "@" in parts.netloc or "@" in parts.path:  # a password holding '/' ends in the path
         raise ValueError(f"{what} {shown!r} carries credentials (user:password@), which would "
                          f"be shown in reprs, traces and logs: remove them. {key_hint}")
     if parts.query:
         raise ValueError(f"{what} {shown!r} carries a query string, which would be shown in "
                          f"reprs, traces and logs (and may hold a key): remove it. {key_hint}")
     return url
+
+
+def check_api_key(key: str, where: str) -> str:
+    """``key`` if an HTTP header can carry it; else ValueError naming ``where`` (the
+    option or environment variable it came from) and never the key. A key read from a
+    file keeps its trailing newline, and the HTTP stack's refusal of such a header
+    ("Illegal header value b'Bearer KEY\\n'") would print the key, escaped so that no
+    scrub of the key as sent matches it.
+
+    Example:
+        >>> check_api_key("sk-example-key", "OPENAI_API_KEY")
+        'sk-example-key'
+    """
+    if key != key.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
+        raise ValueError(f"the API key in {where} has leading or trailing whitespace or a "
+                         "control character (a newline kept from a file?): strip it")
+    return key
+
+
+def _variants(secret: str) -> list[str]:
+    """A secret as sent, stripped, and as Python's repr escapes it (a header refusal
+    prints ``b'KEY\\n'``): each form a message may show."""
+    forms = {secret, secret.strip(), repr(secret)[1:-1]}
+    return sorted((f for f in forms if len(f) >= MIN_SECRET_CHARS), key=len, reverse=True)
 
 
 def scrub(data: bytes, secrets: Sequence[bytes]) -> bytes:
@@ -253,8 +286,8 @@ def scrub_text(text: str, secrets: Sequence[str | None]) -> str:
         '403: bad key *** for http://***@h/x?***'
     """
     for secret in secrets:
-        if secret and len(secret) >= MIN_SECRET_CHARS:
-            text = text.replace(secret, _REDACTED)
+        for form in _variants(secret) if secret else ():
+            text = text.replace(form, _REDACTED)
     return _URL_IN_TEXT.sub(lambda m: redact_url(m.group(0)), text)
 
 

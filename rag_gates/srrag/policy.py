@@ -45,7 +45,7 @@ from typing import Any, Literal, Protocol
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from rag_gates._http import redact_url
+from rag_gates._http import looks_like_server, redact_url
 from rag_gates._optional import require
 from rag_gates._qdrant import (
     DEFAULT_LOCK_WAIT_S,
@@ -310,6 +310,11 @@ class SourcePolicy:
                                        "for a local datastore"), None
         if path is None or str(path) == ":memory:":
             return qdrant_client.QdrantClient(location=":memory:"), None
+        if looks_like_server(str(path)):
+            # Not a folder to create (path is the first argument, where a URL is easily
+            # put): a store silently local, named after the URL and any key in it.
+            raise ValueError(f"path={redact_url(str(path))!r} is a server address, not a "
+                             "local folder: pass it as url= (and the key as api_key=)")
         directory = Path(path).expanduser()
         if read_only:
             return read_only_copy(directory, collection, wait_s=lock_wait_s,
