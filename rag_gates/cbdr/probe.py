@@ -68,8 +68,8 @@ class ProbeCalibration(BaseModel):
     same one (unless given another).
 
     Example:
-        >>> ProbeCalibration(beta=0.57, made_with="rag-gates eval-gate --gate cbdr ...").beta
-        0.57
+        >>> ProbeCalibration(beta=0.442, made_with="python benchmarks/cbdr_threshold.py ...").beta
+        0.442
     """
 
     model_config = ConfigDict(frozen=True, extra="forbid")
