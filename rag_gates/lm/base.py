@@ -59,7 +59,7 @@ pipeline does; API models differ (some prefill, some start a new turn)."""
 
 
 class FormattedPrompt(str):
-    """A prompt already in the model's format, from trusted text: no chat template is
+    r"""A prompt already in the model's format, from trusted text: no chat template is
     applied, and special-token text in it (``<|im_start|>``) becomes control tokens.
 
     Never build one from user text or retrieved passages: they could forge chat turns.
