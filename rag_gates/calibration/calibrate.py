@@ -31,6 +31,7 @@ Example:
 from __future__ import annotations
 
 import math
+import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -188,7 +189,11 @@ class _Column:
 
 
 def _check(records: Sequence[CalibrationRecord], max_loss: float, delta: float,
-           bound: str) -> None:
+           bound: str, seed: int = 0) -> None:
+    # numpy seeds are non-negative: a negative one failed deep in the fit or the exact
+    # test ("expected non-negative integer"), naming no option.
+    if isinstance(seed, bool) or not isinstance(seed, numbers.Integral) or seed < 0:
+        raise CalibrationError(f"seed must be a non-negative integer, got {seed!r}")
     for what, value in (("max_loss (epsilon)", max_loss), ("delta", delta)):
         if isinstance(value, bool) or not isinstance(value, int | float) \
                 or not 0.0 < float(value) < 1.0:
@@ -448,9 +453,10 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
 
     Raises:
         CalibrationError: fewer than 30 questions, one closed-book class, epsilon or delta
-            outside (0, 1), an unknown bound, duplicate ids, or gates nobody scored.
+            outside (0, 1), an unknown bound, a negative seed, duplicate ids, or gates
+            nobody scored.
     """
-    _check(records, max_loss, delta, bound)
+    _check(records, max_loss, delta, bound, seed)
     names = _gate_names(records, gates)
     columns = _columns(records, names, composite, seed, float(max_loss))
     family = len(columns) if family_wise else 1
@@ -483,7 +489,7 @@ def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequen
     """
     if not epsilons:
         return []
-    _check(records, float(epsilons[0]), delta, bound)
+    _check(records, float(epsilons[0]), delta, bound, seed)
     composite = gate.startswith(("weighted(", "cascade("))
     names = _gate_names(records, None) if composite else _gate_names(records, [gate])
     out = []

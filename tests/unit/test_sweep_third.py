@@ -12,6 +12,7 @@ OpenAI-compatible or Qdrant server would, so a request gets as far as the wire."
 
 from __future__ import annotations
 
+import asyncio
 import http.server
 import json
 import threading
@@ -20,8 +21,20 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
+from pydantic import JsonValue
 from typer.testing import CliRunner
+
+from rag_gates.calibration import (
+    CalibrationRecord,
+    GateSpec,
+    ModelIdentity,
+    calibrate,
+    load_gate,
+    register_gate,
+)
+from rag_gates.gate import BaseGate
 
 KEY = "sk-SWEEP3-0123456789abcdef"
 
@@ -228,3 +241,287 @@ def test_calibrate_corpus_url_in_another_case_or_without_prefix_never_shows_the_
     result = _calibrate_cli(tmp_path, "--corpus", corpus, "--model", "default")
     assert result.exit_code != 0
     assert KEY not in result.output
+
+
+def _broken_model(tmp_path: Path) -> Path:
+    """A model directory whose weights are garbage: a run that gets as far as loading it
+    fails with a load error, so a refusal seen instead came before the model loaded."""
+    folder = tmp_path / "model"
+    folder.mkdir()
+    (folder / "config.json").write_text('{"model_type": "llama"}')
+    (folder / "model.safetensors").write_bytes(b"not a safetensors file" * 100)
+    return folder
+
+
+def test_a_negative_seed_is_refused_by_name() -> None:
+    """``calibrate(seed=-1)`` failed with numpy's "expected non-negative integer", naming
+    no option, after the gate columns were built."""
+    from rag_gates.calibration import skip_curve
+    from rag_gates.errors import CalibrationError
+
+    records = _records({"sweep3-a": [(100 - i) / 100 for i in range(60)]})
+    with pytest.raises(CalibrationError, match="seed must be a non-negative integer"):
+        calibrate(records, model=MODEL, retriever="r", max_loss=0.1, seed=-1)
+    with pytest.raises(CalibrationError, match="seed must be a non-negative integer"):
+        skip_curve(records, "sweep3-a", [0.1], seed=-1)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/commands/calibrate.py is being edited by another helper: --seed needs "
+    "typer.Option(min=0) (or a pre-model check); today a negative seed passes every check, "
+    "the model loads and answers every question, then certification fails"))
+def test_calibrate_cli_refuses_a_negative_seed_before_the_model_loads(tmp_path: Path
+                                                                      ) -> None:
+    result = _calibrate_cli(tmp_path, "--corpus", str(CORPUS), "--model",
+                            str(_broken_model(tmp_path)), "--seed", "-1")
+    assert result.exit_code == 2
+    assert "seed" in result.output and "tokenizer" not in result.output
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/commands/calibrate.py is being edited by another helper: --gates quco is "
+    "listed as a known gate, but calibrate never builds corpus statistics, so it is "
+    "refused only by applicable_gates() after the model loads; parse the gate list "
+    "against the gates calibrate can build (no quco) before loading"))
+def test_calibrate_cli_refuses_quco_before_the_model_loads(tmp_path: Path) -> None:
+    result = _calibrate_cli(tmp_path, "--corpus", str(CORPUS), "--model",
+                            str(_broken_model(tmp_path)), "--gates", "quco")
+    assert result.exit_code == 2
+    assert "quco" in result.output and "tokenizer" not in result.output
+
+
+# ================================================================ specs and load_gate
+MODEL = ModelIdentity(name="sweep-model", fingerprint="e" * 64)
+QUESTIONS = [f"Who wrote book number {i} of the sweep series?" for i in range(240)]
+
+
+class TableGate(BaseGate):
+    """A gate whose score for each question is looked up in a table (a question it does
+    not know raises, so a test cannot pass by scoring something else)."""
+
+    threshold_range = (0.0, 1.0)
+
+    def __init__(self, name: str, table: dict[str, float], threshold: float = 0.5) -> None:
+        self.name = name
+        self.table = table
+        super().__init__(threshold)
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        return self.table[query], {}
+
+
+def _table(seed: int) -> dict[str, float]:
+    import random
+
+    rng = random.Random(seed)
+    return {q: rng.random() for q in QUESTIONS}
+
+
+TABLES = {"sweep3-a": _table(1), "sweep3-b": _table(2)}
+for _name, _scores in TABLES.items():
+    register_gate(_name, lambda ctx, th, n=_name: TableGate(n, TABLES[n]))
+
+
+def _records(scores: dict[str, list[float]]) -> list[CalibrationRecord]:
+    """The closed-book answer is wrong (retrieval fixes it) mostly where the first gate's
+    score is high: a gate worth certifying."""
+    first = next(iter(scores.values()))
+    return [CalibrationRecord(id=f"q{i}", question=QUESTIONS[i],
+                              closed_book_correct=first[i] < 0.6 or i % 7 == 0,
+                              retrieved_correct=True,
+                              scores={g: v[i] for g, v in scores.items()})
+            for i in range(len(first))]
+
+
+def test_a_loaded_cascade_scores_as_calibration_did_bit_for_bit() -> None:
+    """Rule 5 for the cascade composite behind a loaded spec: the score its certified
+    threshold is compared with in serving is, on every certification question, the float
+    calibrate() ranked, on decide, adecide and decide_batch."""
+    from rag_gates.calibration.calibrate import cascade_scores
+
+    names = list(TABLES)
+    records = _records({g: [TABLES[g][q] for q in QUESTIONS] for g in names})
+    report = calibrate(records, model=MODEL, retriever="r", max_loss=0.1)
+    assert report.cascade is not None and report.cascade_name is not None
+    spec = report.spec_for(report.cascade_name)
+    assert spec.certified, spec.note
+    fit = spec.cascade
+    assert fit is not None
+    cheap, expensive = (np.array([TABLES[f.gates[0]][q] for q in QUESTIONS])
+                        for f in (fit.cheap, fit.expensive))
+    want = cascade_scores(fit, cheap, expensive).tolist()
+    gate = load_gate(spec, allow_other_model=True)
+
+    async def each() -> list[float]:
+        return [(await gate.adecide(q)).score for q in QUESTIONS]
+
+    for path, got in (("decide", [gate.decide(q).score for q in QUESTIONS]),
+                      ("adecide", asyncio.run(each())),
+                      ("decide_batch", [d.score for d in gate.decide_batch(QUESTIONS)])):
+        assert got == want, path
+
+
+def test_a_loaded_weighted_composite_scores_as_calibration_did_bit_for_bit() -> None:
+    from rag_gates.calibration.calibrate import _weighted_scores
+
+    names = list(TABLES)
+    records = _records({g: [TABLES[g][q] for q in QUESTIONS] for g in names})
+    report = calibrate(records, model=MODEL, retriever="r", max_loss=0.1)
+    assert report.composite is not None and report.composite_name is not None
+    spec = report.spec_for(report.composite_name)
+    x = np.array([[TABLES[g][q] for q in QUESTIONS] for g in report.composite.gates])
+    want = _weighted_scores(report.composite, x).tolist()
+    gate = load_gate(spec, allow_other_model=True)
+    assert [d.score for d in gate.decide_batch(QUESTIONS)] == want
+    assert [gate.decide(q).score for q in QUESTIONS] == want
+
+
+def _resealed(spec: GateSpec, **changes: Any) -> GateSpec:
+    return GateSpec.model_validate({**spec.model_dump(mode="json"), **changes}).sealed()
+
+
+def _single_spec() -> GateSpec:
+    records = _records({"sweep3-a": [TABLES["sweep3-a"][q] for q in QUESTIONS]})
+    spec = calibrate(records, model=MODEL, retriever="r", max_loss=0.1,
+                     composite=False).spec_for("sweep3-a")
+    assert spec.certified, spec.note
+    return spec
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/calibration/load.py is being edited by another helper: load_gate checks a "
+    "single gate's threshold against its score's scale (_check_spec_threshold) only when "
+    "spec.gate is a bare name; for an expression (NAME:THRESHOLD, A|B) it must check it "
+    "too (call _check_spec_threshold(spec, inner, source) on the parsed gate)"))
+def test_an_expression_spec_with_an_off_scale_threshold_is_refused() -> None:
+    """A resealed spec naming ``sweep3-a:0.3`` at threshold 5.0 (a score in [0, 1]) was
+    served and never retrieved; the same spec naming ``sweep3-a`` is refused."""
+    from rag_gates.errors import CalibrationError
+
+    spec = _single_spec()
+    with pytest.raises(CalibrationError, match="recalibrate"):
+        load_gate(_resealed(spec, threshold=5.0), allow_other_model=True)
+    with pytest.raises(CalibrationError, match="recalibrate"):
+        load_gate(_resealed(spec, gate="sweep3-a:0.3", threshold=5.0),
+                  allow_other_model=True)
+
+
+def test_an_overridden_spec_says_so_on_every_path() -> None:
+    """Held: decide, adecide and decide_batch of an overridden spec all carry
+    certified: false and the override, and no reason claims the guarantee."""
+    gate = load_gate(_single_spec(), allow_other_model=True)
+    batch = gate.decide_batch(QUESTIONS[:4])
+    one = asyncio.run(gate.adecide(QUESTIONS[0]))
+    for d in [*batch, one, gate.decide(QUESTIONS[1])]:
+        assert d.evidence["spec"]["certified"] is False
+        assert "allow_other_model=True" in str(d.evidence["spec"]["override"])
+        assert "NOT certified here" in d.reason and "certified: accuracy" not in d.reason
+
+
+# ================================================================ the framework shells
+class BoomGate(BaseGate):
+    """A gate whose model server times out on every question."""
+
+    name = "sweep3-boom"
+    threshold_range = (0.0, 1.0)
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        raise TimeoutError("no answer from the served model in 30 s")
+
+
+register_gate("sweep3-boom", lambda ctx, th: BoomGate(0.5))
+
+
+def _overridden(gate_name: str) -> Any:
+    records = _records({gate_name: [TABLES["sweep3-a"][q] for q in QUESTIONS]})
+    spec = calibrate(records, model=MODEL, retriever="r", max_loss=0.1,
+                     composite=False).spec_for(gate_name)
+    assert spec.certified, spec.note
+    return load_gate(spec, allow_other_model=True)
+
+
+def _split_questions(gate: Any) -> tuple[str, str]:
+    """One question the overridden spec retrieves for, one it skips."""
+    decisions = {q: gate.decide(q).retrieve for q in QUESTIONS}
+    return (next(q for q, r in decisions.items() if r),
+            next(q for q, r in decisions.items() if not r))
+
+
+def _says_overridden(data: Any) -> None:
+    spec = data["evidence"]["spec"]
+    assert spec["certified"] is False and "allow_other_model=True" in spec["override"]
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/gate/ is being refactored by another helper: gate_error_decision(gate, "
+    "error) builds the fail-closed decision from the gate's name and threshold only, so a "
+    "CertifiedGate's spec (its name, certified: false, the override) is dropped; it must "
+    "copy the gate's spec evidence (e.g. a CertifiedGate.spec_evidence property, read "
+    "with getattr) into evidence['spec']"))
+def test_a_fail_closed_decision_of_an_overridden_spec_keeps_the_spec() -> None:
+    """LlamaIndex's on_gate_error='retrieve' (the setting for an agent's tool): the
+    served model times out, the shell retrieves, and the decision it records carried no
+    spec at all: not its name, not "certified: false", not the override."""
+    from llama_index.core.base.response.schema import Response
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.query_engine import CustomQueryEngine
+    from llama_index.query_engine.rag_gates import GatedQueryEngine
+
+    class Answers(CustomQueryEngine):
+        def custom_query(self, query_str: str) -> Response:
+            return Response(response="retrieved answer")
+
+    gate = _overridden("sweep3-boom")
+    engine = GatedQueryEngine(Answers(), gate=gate, llm=MockLLM(), on_gate_error="retrieve")
+    data = engine.query(QUESTIONS[0]).metadata["rag_gates"]
+    assert data["retrieve"] is True and "TimeoutError" in data["evidence"]["error"]
+    _says_overridden(data)
+
+
+def test_langchain_shells_keep_the_override_on_both_branches() -> None:
+    """Held: GatedRetriever's documents and last decision, and GateRouter's dict output,
+    carry certified: false and the override whichever way the spec decides."""
+    from langchain_core.callbacks import CallbackManagerForRetrieverRun
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+    from langchain_core.runnables import RunnableLambda
+    from langchain_rag_gates import GatedRetriever, route_by_gate
+
+    class Fixed(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *,
+                                    run_manager: CallbackManagerForRetrieverRun
+                                    ) -> list[Document]:
+            return [Document(page_content="a passage")]
+
+    gate = _overridden("sweep3-a")
+    hit, miss = _split_questions(gate)
+    retriever = GatedRetriever(retriever=Fixed(), gate=gate)
+    docs = retriever.invoke(hit)
+    _says_overridden(docs[0].metadata["rag_gates"])
+    assert retriever.invoke(miss) == []
+    assert retriever.last_decision is not None
+    _says_overridden(retriever.last_decision.model_dump(mode="json"))
+    router = route_by_gate(gate, retrieve=RunnableLambda(lambda x: {"answer": "rag"}),
+                           direct=RunnableLambda(lambda x: {"answer": "closed"}))
+    for question in (hit, miss):
+        _says_overridden(router.invoke({"question": question})["rag_gates"])
+
+
+def test_llama_index_query_engine_keeps_the_override_when_it_skips() -> None:
+    """Held: the direct (no retrieval) answer's metadata carries the override."""
+    from llama_index.core.base.response.schema import Response
+    from llama_index.core.llms import MockLLM
+    from llama_index.core.query_engine import CustomQueryEngine
+    from llama_index.query_engine.rag_gates import GatedQueryEngine
+
+    class Answers(CustomQueryEngine):
+        def custom_query(self, query_str: str) -> Response:
+            return Response(response="retrieved answer")
+
+    gate = _overridden("sweep3-a")
+    hit, miss = _split_questions(gate)
+    engine = GatedQueryEngine(Answers(), gate=gate, llm=MockLLM())
+    for question, retrieved in ((hit, True), (miss, False)):
+        data = engine.query(question).metadata["rag_gates"]
+        assert data["retrieve"] is retrieved
+        _says_overridden(data)
