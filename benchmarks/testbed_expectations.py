@@ -1,5 +1,5 @@
 """The per-rung figures the pre-registered expectations of a testbed are judged by
-(docs/testbed.md, "tb12: what each paper predicts"), from the committed outputs of
+(benchmarks/results/testbed/LOG.md, "tb12: what each paper predicts"), from the committed outputs of
 ``benchmarks/testbed_steps.sh``'s steps; no model runs.
 
     .venv/bin/python benchmarks/testbed_expectations.py --tb tb12 \\

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-__all__ = ["error_line"]
+__all__ = ["error_line", "quiet_transformers"]
 
 
 def error_line(exc: BaseException) -> str:
@@ -13,3 +13,12 @@ def error_line(exc: BaseException) -> str:
     from rich.markup import escape
 
     return f"[red]error:[/] {escape(str(exc))}"
+
+
+def quiet_transformers() -> None:
+    """transformers' per-load progress bars would interleave with a command's own output."""
+    try:
+        from transformers.utils import logging as hf_logging
+    except ImportError:
+        return
+    hf_logging.disable_progress_bar()

@@ -17,7 +17,7 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rag_gates._console import error_line
+from rag_gates._console import error_line, quiet_transformers
 from rag_gates.commands._help import TidyGroup
 from rag_gates.eval.names import (
     check_dataset,
@@ -69,15 +69,6 @@ _PACKAGES = ("rag-gates", "torch", "transformers", "sentence-transformers", "lla
              "langchain-core", "llama-index-rag-gates", "langchain-rag-gates")
 
 
-def _quiet_transformers() -> None:
-    """transformers' per-load progress bars would interleave with the CLI's own output."""
-    try:
-        from transformers.utils import logging as hf_logging
-    except ImportError:
-        return
-    hf_logging.disable_progress_bar()
-
-
 def _version(package: str) -> str:
     try:
         return version(package)
@@ -116,7 +107,7 @@ def info(
     except ImportError:
         table.add_row("torch threads", Text('torch not installed: pip install "rag-gates[hf]"'))
     if load:
-        _quiet_transformers()
+        quiet_transformers()
         start = time.perf_counter()
         lm = defaults.load_default_lm(num_threads=threads)
         shape = f"{lm.num_layers} layers, hidden {lm.hidden_size}, context {lm.max_context}"
@@ -180,7 +171,7 @@ def demo(
         raise typer.BadParameter(f"{data} does not exist; pass --data path/to/hotpotqa.jsonl")
     from rag_gates.lm import load_default_lm
 
-    _quiet_transformers()
+    quiet_transformers()
     with console.status("loading the embedded SmolLM2 (the first run converts it, ~20 s)"):
         start = time.perf_counter()
         lm = load_default_lm(num_threads=threads)
@@ -479,7 +470,7 @@ def bench(
     _check_names(lambda: check_dataset(dataset), lambda: check_retriever(retriever),
                  lambda: check_methods(config.methods))
     _check_output_dir(out)
-    _quiet_transformers()  # after the checks: importing transformers takes a second or two
+    quiet_transformers()  # after the checks: importing transformers takes a second or two
     # Transient: an error (or the summary) is printed where the bar was, not under it.
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console,
@@ -544,7 +535,7 @@ def eval_gate(
     _check_names(lambda: check_gate_names(gate), lambda: check_dataset(dataset),
                  lambda: check_retriever(retriever))
     _check_output_dir(out)
-    _quiet_transformers()
+    quiet_transformers()
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console,
                   transient=True) as bar:

@@ -17,7 +17,6 @@ Example:
 
 from __future__ import annotations
 
-import math
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
@@ -30,11 +29,11 @@ from rag_gates._text import check_text
 from rag_gates.calibration.spec import GateSpec, ModelIdentity
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
 from rag_gates.gate import (
-    UNDECIDED_SCORE,
     Cascade,
     Gate,
     Weighted,
     check_threshold,
+    is_undecided,
     parse_gate_expression,
 )
 from rag_gates.types import GateDecision
@@ -136,10 +135,6 @@ def _build(name: str, ctx: GateContext, threshold: float | None) -> Gate:
     return _REGISTRY[name](ctx, threshold)
 
 
-def _undecided(d: GateDecision) -> bool:
-    return "undecided" in d.evidence or not math.isfinite(d.score) or d.score >= UNDECIDED_SCORE
-
-
 class CertifiedGate:
     """A gate at its certified threshold: retrieves when the inner gate's score is at or
     above the spec's threshold (or it could not decide), and every decision carries
@@ -182,7 +177,7 @@ class CertifiedGate:
 
     def _wrap(self, d: GateDecision) -> GateDecision:
         evidence: dict[str, JsonValue] = {**d.evidence, "spec": dict(self._summary)}
-        if _undecided(d):
+        if is_undecided(d):
             return d.model_copy(update={"retrieve": True, "threshold": self.threshold,
                                         "evidence": evidence})
         retrieve = d.score >= self.threshold

@@ -872,9 +872,9 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
     _check_work_dir(work, early, data_bytes_sha=data_bytes_sha, before_load=True)
     retriever: Any
     with console.status(f"loading {model}; {what}"):
-        from rag_gates.cli import _quiet_transformers  # at run time: cli imports this module
+        from rag_gates._console import quiet_transformers
 
-        _quiet_transformers()
+        quiet_transformers()
         if isinstance(corpus, QdrantCollection):
             from rag_gates.lm.defaults import load_default_embedder
             from rag_gates.retrieval.dense import QdrantDenseRetriever

@@ -303,7 +303,8 @@ def test_a_fact_counts_only_once_answered_in_every_form() -> None:
 
 def test_genread_against_closed_book_counts_the_committed_builds_lost_and_gained_facts(
 ) -> None:
-    """The r = 0 figures docs/testbed.md reports for tb13, tb14 and tb15 (4 lost and 1
+    """The r = 0 figures the testbed log (benchmarks/results/testbed/LOG.md) reports for
+    tb13, tb14 and tb15 (4 lost and 1
     gained, p = 0.375; 6 and 3, p = 0.51; 3 and 5, p = 0.73), from the committed answer
     rows."""
     results = ROOT / "benchmarks" / "results" / "testbed"
@@ -494,7 +495,8 @@ def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) ->
     the per-rung figures add up to what eval-gate, the bench and the DeepRAG report said."""
     got = _expectation_figures("tb11", tmp_path)
     assert got["missing"] == ["srrag-tb11/e2e", "srrag-tb11/labels-eval"]
-    # At the calibrated thresholds, eval-gate's retrieval rates (docs/testbed.md, tb11's
+    # At the calibrated thresholds, eval-gate's retrieval rates (the testbed log,
+    # tb11's
     # gate table: 0.95 / 0.82 / 0.97 / 0.92), 75 facts per rung.
     for gate, rate in (("first-token-prob", 94.7), ("answer-logprob", 82.0), ("quco", 97.3),
                        ("cbdr", 92.0)):
@@ -519,7 +521,8 @@ def test_expectation_figures_reproduce_tb11s_committed_tables(tmp_path: Path) ->
 def test_srrag_label_figures_add_up_to_the_routing_report(tmp_path: Path) -> None:
     """tb10's SR-RAG labels by rung average to the routing report's share (75 facts a rung),
     its gates' AUROCs are the report's, and the labels follow tb10's ladder (a low rung
-    means retrieval better) where the router's own score does not (docs/testbed.md)."""
+    means retrieval better) where the router's own score does not (the testbed
+    log)."""
     got = _expectation_figures("tb10", tmp_path)["srrag"]
     report = json.loads(
         (ROOT / "benchmarks/results/testbed/srrag-tb10/routing-auroc.json").read_text())

@@ -388,7 +388,7 @@ def paired_against_closed_book(facts: Sequence[dict[str, Any]], form: str
                                ) -> dict[str, dict[str, Any]]:
     """Per rung, the facts closed book answers right and ``form`` wrong (``lost``), the
     reverse (``gained``), and :func:`sign_test_p`: whether a rung's gap is more than the
-    few facts a retrained model moves (docs/testbed.md, tb13 and tb14)."""
+    few facts a retrained model moves (benchmarks/results/testbed/LOG.md, tb13 and tb14)."""
     right: dict[tuple[str, str], bool] = {(r["form"], r["id"]): r["accuracy"] == 1.0
                                           for r in facts}
     rung_of = {r["id"]: int(r["rung"]) for r in facts if r["form"] == form}
