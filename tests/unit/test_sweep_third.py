@@ -525,3 +525,54 @@ def test_llama_index_query_engine_keeps_the_override_when_it_skips() -> None:
         data = engine.query(question).metadata["rag_gates"]
         assert data["retrieve"] is retrieved
         _says_overridden(data)
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/calibration/spec.py is being edited by another helper: ModelIdentity.of "
+    "falls back to kind='name' with the wrapper's class name when a model has no name "
+    "(LangChain's HuggingFacePipeline(pipeline=...)), so every such model has the same "
+    "fingerprint; it should fingerprint the torch weights it reaches (lm.model.pipeline."
+    "model) or give a class-name-only identity that matches nothing"))
+def test_two_unnamed_langchain_models_are_not_the_same_model() -> None:
+    """A spec calibrated on one HuggingFacePipeline served on another (different weights,
+    different answers) passed the model check: its decisions claimed the guarantee."""
+    transformers = pytest.importorskip("transformers")
+    hf = pytest.importorskip("langchain_huggingface")
+    from langchain_rag_gates import as_text_lm
+
+    from rag_gates.errors import SpecModelMismatchError
+    from rag_gates.testing import tiny_model_and_tokenizer
+
+    lms = []
+    for seed in (0, 1):
+        model, tok = tiny_model_and_tokenizer(seed)
+        pipe = transformers.pipeline("text-generation", model=model, tokenizer=tok,
+                                     max_new_tokens=4)
+        lms.append(as_text_lm(hf.HuggingFacePipeline(pipeline=pipe)))
+    assert lms[0].generate("Who wrote Hamlet?", max_new_tokens=4).text != \
+        lms[1].generate("Who wrote Hamlet?", max_new_tokens=4).text
+    spec = _resealed(_single_spec(),
+                     model=ModelIdentity.of(lms[0]).model_dump(mode="json"))
+    with pytest.raises(SpecModelMismatchError):
+        load_gate(spec, lm=lms[1])
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/commands/calibrate.py is being edited by another helper: --data rows "
+    "without ids get their line number, so a file concatenated twice passes every check "
+    "and is certified on n questions that are n/2 questions counted twice (the bound "
+    "assumes independent draws); refuse rows identical in question and answers before "
+    "the model loads, naming both lines"))
+def test_calibrate_cli_refuses_a_data_file_repeated_before_the_model_loads(tmp_path: Path
+                                                                           ) -> None:
+    rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
+    data = tmp_path / "twice.jsonl"
+    data.write_text("".join(json.dumps({k: v for k, v in r.items() if k != "id"}) + "\n"
+                            for r in rows + rows))
+    from rag_gates.cli import app
+
+    result = CliRunner().invoke(app, ["calibrate", "--data", str(data), "--corpus",
+                                      str(CORPUS), "--model", str(_broken_model(tmp_path)),
+                                      "--out", str(tmp_path / "gate.json")])
+    assert result.exit_code == 2
+    assert "tokenizer" not in result.output and f"{data}:{len(rows) + 1}" in result.output
