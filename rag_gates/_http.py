@@ -216,6 +216,11 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
     shown = redact_url(url)
     if not is_http_url(url):
         raise ValueError(f"{what} must start with http:// or https://, got {shown!r}")
+    if any(c.isspace() or ord(c) < 0x20 or ord(c) == 0x7F for c in url):
+        # A space pasted with the URL went into every request path ('/v1 /completions'),
+        # and urlsplit drops tabs and newlines silently.
+        raise ValueError(f"{what} {shown!r} holds whitespace or a control character: "
+                         "remove it")
     try:
         parts = urlsplit(url)
         host = parts.hostname
@@ -252,6 +257,10 @@ def check_api_key(key: str, where: str) -> str:
     if key != key.strip() or any(ord(c) < 0x20 or ord(c) == 0x7F for c in key):
         raise ValueError(f"the API key in {where} has leading or trailing whitespace or a "
                          "control character (a newline kept from a file?): strip it")
+    if not key.isascii():  # else the HTTP stack's bare UnicodeEncodeError, naming nothing
+        raise ValueError(f"the API key in {where} holds a character that is not ASCII (a "
+                         "typographic quote pasted with it?): an HTTP header cannot carry "
+                         "it; copy the key again")
     return key
 
 
