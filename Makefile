@@ -15,7 +15,7 @@ BIN := $(VENV)/bin
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
-PACKAGES := -e ".[hf,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
+PACKAGES := -e ".[hf,qdrant,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
 	-e "integrations/llama-index[examples]"
 LINT_PATHS := rag_gates integrations tests benchmarks examples
 
@@ -34,7 +34,7 @@ $(VENV)/.installed: $(BIN)/python $(PROJECT_FILES)
 	touch $@
 
 $(VENV)/.installed-dev: $(VENV)/.installed Makefile
-	$(PIP) -e ".[hf,eval,corpus,train,trl,api,dev]"
+	$(PIP) -e ".[hf,qdrant,eval,corpus,train,trl,api,dev]"
 	$(BIN)/python -m pip check
 	touch $@
 
@@ -56,7 +56,20 @@ typecheck: $(VENV)/.installed-dev
 pytest: $(VENV)/.installed-dev
 	$(BIN)/python -m pytest -q
 
-test: lint typecheck pytest
+test: lint typecheck pytest docs
+
+# The API reference: Sphinx autodoc over the public names' docstrings (docs/api/conf.py lists
+# the packages), into a git-ignored folder. Warnings are errors, and every run starts fresh (-E):
+# an incremental build would not repeat the warnings of pages it does not re-read.
+DOCS_OUT := docs/api/_build
+.PHONY: docs
+$(VENV)/.installed-docs: $(VENV)/.installed
+	$(PIP) -e ".[docs]"
+	$(BIN)/python -m pip check
+	touch $@
+
+docs: $(VENV)/.installed-docs
+	$(BIN)/python -m sphinx -b html -E -W --keep-going -q docs/api $(DOCS_OUT)/html
 
 # The user's path, from README.md itself (tests/install/run_readme.py reads its marked blocks).
 test-install:
