@@ -360,8 +360,29 @@ def _table(seed: int) -> dict[str, float]:
 
 
 TABLES = {"sweep3-a": _table(1), "sweep3-b": _table(2)}
-for _name, _scores in TABLES.items():
-    register_gate(_name, lambda ctx, th, n=_name: TableGate(n, TABLES[n]))
+
+
+class BoomGate(BaseGate):
+    """A gate whose model server times out on every question."""
+
+    name = "sweep3-boom"
+    threshold_range = (0.0, 1.0)
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        raise TimeoutError("no answer from the served model in 30 s")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _sweep_gates() -> Iterator[None]:
+    """This module's gates, registered for load_gate while its tests run, then removed."""
+    from rag_gates.calibration.load import _REGISTRY
+
+    for name in TABLES:
+        register_gate(name, lambda ctx, th, n=name: TableGate(n, TABLES[n]))
+    register_gate("sweep3-boom", lambda ctx, th: BoomGate(0.5))
+    yield
+    for name in [*TABLES, "sweep3-boom"]:
+        _REGISTRY.pop(name, None)
 
 
 def _records(scores: dict[str, list[float]]) -> list[CalibrationRecord]:
@@ -461,19 +482,6 @@ def test_an_overridden_spec_says_so_on_every_path() -> None:
 
 
 # ================================================================ the framework shells
-class BoomGate(BaseGate):
-    """A gate whose model server times out on every question."""
-
-    name = "sweep3-boom"
-    threshold_range = (0.0, 1.0)
-
-    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        raise TimeoutError("no answer from the served model in 30 s")
-
-
-register_gate("sweep3-boom", lambda ctx, th: BoomGate(0.5))
-
-
 def _overridden(gate_name: str) -> Any:
     records = _records({gate_name: [TABLES["sweep3-a"][q] for q in QUESTIONS]})
     spec = calibrate(records, model=MODEL, retriever="r", max_loss=0.1,
@@ -618,3 +626,42 @@ def test_calibrate_cli_refuses_a_data_file_repeated_before_the_model_loads(tmp_p
                                       "--out", str(tmp_path / "gate.json")])
     assert result.exit_code == 2
     assert "tokenizer" not in result.output and f"{data}:{len(rows) + 1}" in result.output
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/calibration/spec.py is being edited by another helper: GateSpec.save and "
+    "GateSpec.load take Path(path) without expanduser(), so save('~/gate.json') writes "
+    "./~/gate.json and load('~/gate.json') says 'no such gate spec; write one with "
+    "rag-gates calibrate' about a file that exists; expand '~' in both"))
+def test_a_spec_path_with_a_tilde_means_the_home_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    home = tmp_path / "home"
+    home.mkdir()
+    work = tmp_path / "work"
+    work.mkdir()
+    monkeypatch.setenv("HOME", str(home))
+    monkeypatch.chdir(work)
+    spec = _single_spec()
+    spec.save(home / "gate.json")
+    assert load_gate("~/gate.json", allow_other_model=True).spec == GateSpec.load(
+        home / "gate.json")
+    spec.save("~/other.json")
+    assert (home / "other.json").is_file() and not (work / "~").exists()
+
+
+@pytest.mark.xfail(strict=True, reason=(
+    "rag_gates/calibration/load.py is being edited by another helper: register_gate "
+    "replaces a core gate's factory silently, so every certified spec naming it builds "
+    "another gate and its decisions still claim the guarantee; refuse an existing name "
+    "unless replace=True is passed"))
+def test_registering_a_core_gate_name_again_is_refused() -> None:
+    """A plugin registering its own 'answer-logprob' (another prompt, say) changed what
+    every certified answer-logprob spec builds, without a word."""
+    from rag_gates.calibration.load import _REGISTRY
+
+    before = _REGISTRY["answer-logprob"]
+    try:
+        with pytest.raises(ValueError, match="answer-logprob"):
+            register_gate("answer-logprob", lambda ctx, th: TableGate("x", TABLES["sweep3-a"]))
+    finally:
+        _REGISTRY["answer-logprob"] = before
