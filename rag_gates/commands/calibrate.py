@@ -870,6 +870,15 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         early["model_files"] = model_files
     data_bytes_sha = _sha(data)
     _check_work_dir(work, early, data_bytes_sha=data_bytes_sha, before_load=True)
+    records_file = work / "records.jsonl"
+    if records_file.is_file() and records_file.stat().st_size:
+        # A damaged records file is named now, not after the model loads (the work lock is
+        # held: no other run is writing it).
+        from rag_gates._io import drop_torn_tail
+        from rag_gates.calibration import read_records
+
+        drop_torn_tail(records_file)
+        read_records(records_file)
     retriever: Any
     with console.status(f"loading {model}; {what}"):
         from rag_gates._console import quiet_transformers

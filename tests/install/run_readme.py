@@ -5,6 +5,8 @@ here. What runs is chosen by a marker comment on the line right above a fenced b
 
 - ``<!-- readme-test: install -->`` above a ``bash`` block: each command line runs in order
   (``bash -e``, from the repository root, the venv's ``bin`` first on ``PATH``);
+  ``<!-- readme-test: install-text-only -->`` marks a second way to install (the bare core,
+  no torch), run with ``install --kind install-text-only`` into a venv of its own;
 - every ``python`` block runs, in file order, in one interpreter (a later block sees what an
   earlier one defined, as in a session), unless marked
   ``<!-- readme-test: skip: REASON -->``; the reason must also be said in the README's text
@@ -32,8 +34,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-_MARKER = re.compile(r"^<!--\s*readme-test:\s*(?P<kind>install|skip)(?::\s*(?P<reason>.*?))?"
-                     r"\s*-->\s*$")
+_MARKER = re.compile(r"^<!--\s*readme-test:\s*(?P<kind>install-text-only|install|skip)"
+                     r"(?::\s*(?P<reason>.*?))?\s*-->\s*$")
 _FENCE = re.compile(r"^```(?P<lang>[\w-]*)\s*$")
 
 
@@ -83,11 +85,11 @@ def parse(path: Path) -> list[Block]:
     return blocks
 
 
-def install_commands(path: Path) -> list[str]:
-    """The command lines of the blocks marked ``install`` (comments and blanks dropped)."""
+def install_commands(path: Path, kind: str = "install") -> list[str]:
+    """The command lines of the blocks marked ``kind`` (comments and blanks dropped)."""
     commands: list[str] = []
     for block in parse(path):
-        if block.marker == "install":
+        if block.marker == kind:
             if block.lang != "bash":
                 raise SystemExit(f"{path}:{block.line}: an install block must be bash")
             for line in block.code.splitlines():
@@ -102,10 +104,10 @@ def snippets(path: Path) -> list[Block]:
     return [b for b in parse(path) if b.lang == "python" and b.marker != "skip"]
 
 
-def _install(path: Path, venv_dir: Path, fresh: bool) -> int:
-    commands = install_commands(path)
+def _install(path: Path, venv_dir: Path, fresh: bool, kind: str = "install") -> int:
+    commands = install_commands(path, kind)
     if not commands:
-        raise SystemExit(f"{path}: no block marked <!-- readme-test: install -->")
+        raise SystemExit(f"{path}: no block marked <!-- readme-test: {kind} -->")
     if fresh:
         venv.create(venv_dir, with_pip=True, clear=True)
     env = {**os.environ, "PATH": f"{venv_dir / 'bin'}{os.pathsep}{os.environ['PATH']}",
@@ -169,18 +171,20 @@ def main(argv: list[str] | None = None) -> int:
     inst.add_argument("readme", type=Path)
     inst.add_argument("--venv", type=Path, required=True)
     inst.add_argument("--reuse", action="store_true", help="Do not recreate the venv.")
+    inst.add_argument("--kind", default="install", choices=["install", "install-text-only"],
+                      help="Which marked install blocks to run.")
     run = sub.add_parser("snippets", help="Run the Python blocks in this interpreter.")
     run.add_argument("readme", type=Path)
     args = parser.parse_args(argv)
     if args.command == "blocks":
         for block in parse(args.readme):
-            what = ("install" if block.marker == "install" else
+            what = (block.marker if block.marker in ("install", "install-text-only") else
                     f"skip ({block.reason})" if block.marker == "skip" else
                     "run" if block.lang == "python" else "shown only")
             print(f"{args.readme}:{block.line}: {block.lang or '-'}: {what}")
         return 0
     if args.command == "install":
-        return _install(args.readme, args.venv, fresh=not args.reuse)
+        return _install(args.readme, args.venv, fresh=not args.reuse, kind=args.kind)
     return _run_snippets(args.readme)
 
 

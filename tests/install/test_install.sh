@@ -29,6 +29,14 @@ integration() {  # README, venv name, import
 }
 integration integrations/langchain/README.md langchain langchain_rag_gates & lc=$!
 integration integrations/llama-index/README.md llama-index llama_index.query_engine.rag_gates & li=$!
+# The text-only lines (the bare core, no torch), each in a venv of its own, one after the
+# other: installed, then no torch and a gated retriever of the framework (text_only_check.py).
+text_only() {  # README, venv name, framework
+  "$PYTHON" $run install "$1" --kind install-text-only --venv "$TMP/$2" > "$TMP/$2.log" 2>&1 \
+    && "$TMP/$2/bin/python" tests/install/text_only_check.py "$3" >> "$TMP/$2.log" 2>&1
+}
+( text_only integrations/langchain/README.md langchain-text langchain && \
+  text_only integrations/llama-index/README.md llama-index-text llama-index ) & txt=$!
 
 echo "== README.md: the Python blocks, as written"
 "$TMP/readme/bin/python" $run snippets README.md
@@ -55,5 +63,15 @@ for pair in "langchain:$lc" "llama-index:$li"; do
     status=1
   fi
 done
+if wait "$txt"; then
+  for name in langchain llama-index; do
+    echo "== integrations/$name/README.md text-only line: no torch, a gated retriever runs"
+    echo "   venv size: $(du -sh "$TMP/$name-text" | cut -f1)"
+  done
+else
+  echo "FAILED: an integration's text-only install line (logs follow)" >&2
+  grep -hv "is ignored: it is neither" "$TMP"/*-text.log >&2
+  status=1
+fi
 echo "== test-install: $((SECONDS - start)) s"
 exit $status

@@ -121,3 +121,14 @@ def test_a_damaged_work_config_names_the_file_before_the_model_loads(
     assert str(work / "config.json") in _said(result)
     assert not isinstance(result.exception, (AttributeError, RecursionError,
                                              UnicodeDecodeError))
+
+
+def test_a_damaged_records_file_is_named_before_the_model_loads(
+        tmp_path: Path, broken_model: Path) -> None:
+    work = tmp_path / "work"
+    work.mkdir()
+    (work / "records.jsonl").write_bytes(b'{"id": "1"}\n' + b"[" * 100_000 + b"\n")
+    result = _invoke(tmp_path, broken_model, "--out", str(tmp_path / "g.json"),
+                     "--work-dir", str(work))
+    assert result.exit_code == 2, result.output
+    assert str(work / "records.jsonl") in _said(result)
