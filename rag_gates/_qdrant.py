@@ -70,12 +70,14 @@ def connect_server(url: str, *, api_key: str | None, timeout: int = 10, what: st
             has surrounding whitespace or a control character (never shown).
         error: the server cannot be reached or refused; the message ends with ``hint``.
     """
-    from rag_gates._http import check_api_key, check_server_url, redact_url
+    from rag_gates._http import check_api_key, check_server_url, redact_url, register_secret
 
     check_server_url(url, what, "Pass the API key as api_key= (or QDRANT_API_KEY for the "
                      "CLI), never in the URL.")
     if api_key is not None:  # a newline from a file: the client's refusal would print it
         check_api_key(api_key, "api_key (QDRANT_API_KEY for the CLI)")
+        # httpcore's debug lines print response headers, which a server may fill with it.
+        register_secret(api_key)
     qdrant_client = require("qdrant_client", "qdrant")
     client = qdrant_client.QdrantClient(url=url, api_key=api_key, timeout=timeout,
                                         check_compatibility=False)

@@ -15,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import http.server
 import json
+import logging
 import threading
 import traceback
 from collections.abc import Iterator
@@ -166,6 +167,37 @@ def test_a_server_url_holding_whitespace_is_refused(tail: str) -> None:
         HostedConfig(url=url)
     with pytest.raises(ValueError, match="whitespace"):
         OpenAICompatibleLM.from_spec(f"openai:{url}#m")
+
+
+class _EchoHeader(_Answer):
+    """Answers as Qdrant does, and echoes the API key it got in a response header."""
+
+    def end_headers(self) -> None:
+        self.send_header("X-Echo-Api-Key", str(self.headers.get("api-key")))
+        super().end_headers()
+
+
+def test_a_qdrant_key_echoed_in_a_response_header_stays_out_of_debug_logs(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """httpcore's debug lines print every response header: the OpenAI client registers
+    its key with their filter, the Qdrant paths did not."""
+    pytest.importorskip("qdrant_client")
+    from rag_gates.srrag.policy import SourcePolicy
+
+    key = "qk-LOGGED-only-by-this-test-0042"  # never registered by another test
+    httpd = http.server.ThreadingHTTPServer(("127.0.0.1", 0), _EchoHeader)
+    threading.Thread(target=httpd.serve_forever, daemon=True).start()
+    try:
+        with caplog.at_level(logging.DEBUG):
+            client = SourcePolicy.connect(url=f"http://127.0.0.1:{httpd.server_address[1]}",
+                                          api_key=key)
+            client.close()
+    finally:
+        httpd.shutdown()
+        httpd.server_close()
+    said = "\n".join(r.getMessage() for r in caplog.records)
+    assert "X-Echo-Api-Key" in said  # the header was logged ...
+    assert key not in said           # ... without the key
 
 
 # A password holding '/' (unencoded) ends the authority early: urlsplit reads
