@@ -231,9 +231,9 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
     try:
         parts.port  # noqa: B018 - raises on a port that is no number
     except ValueError:
-        raise ValueError(f"{what} {shown!r} has a port that is not a number (a password "
-                         f"holding ':' or '/'?): give http(s)://HOST:PORT/PATH. "
-                         f"{key_hint}") from None
+        raise ValueError(f"{what} {shown!r} has a port that is not a number from 0 to "
+                         f"65535 (or a password holding ':' or '/'): give "
+                         f"http(s)://HOST:PORT/PATH. {key_hint}") from None
     if "@" in parts.netloc or "@" in parts.path:  # a password holding '/' ends in the path
         raise ValueError(f"{what} {shown!r} carries credentials (user:password@), which would "
                          f"be shown in reprs, traces and logs: remove them. {key_hint}")

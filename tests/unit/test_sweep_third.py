@@ -697,3 +697,18 @@ def test_registering_a_core_gate_name_again_is_refused() -> None:
             register_gate("answer-logprob", lambda ctx, th: TableGate("x", TABLES["sweep3-a"]))
     finally:
         _REGISTRY["answer-logprob"] = before
+
+
+@pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http://127.0.0.1:80a/v1"])
+def test_a_server_url_with_an_impossible_port_is_refused_when_given(url: str) -> None:
+    """A typo in the port passed the URL check; the served model's and the hosted
+    counts' first request then failed with a bare ExceptionGroup ("unhandled errors in a
+    TaskGroup"), naming neither the URL nor the port."""
+    from pydantic import ValidationError
+
+    from rag_gates.corpus.hosted import HostedConfig
+    from rag_gates.lm.openai_compat import OpenAIConfig
+
+    for build in (lambda: OpenAIConfig(base_url=url), lambda: HostedConfig(url=url)):
+        with pytest.raises(ValidationError, match="port that is not a number from 0 to"):
+            build()
