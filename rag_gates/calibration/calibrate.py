@@ -228,7 +228,12 @@ def _score(value: float | None) -> float:
 
 def _gate_names(records: Sequence[CalibrationRecord], gates: Sequence[str] | None) -> list[str]:
     if gates is not None:
-        names = list(dict.fromkeys(gates))
+        # One name given as a string is that gate, not its letters (each a "gate").
+        names = [gates] if isinstance(gates, str) else list(dict.fromkeys(gates))
+        if not names:  # else an empty report, whose best() failed in max()
+            raise CalibrationError("gates is empty: name at least one gate scored in the "
+                                   f"records ({', '.join(_gate_names(records, None))}), "
+                                   "or pass None for all of them")
         missing = [g for g in names if not any(g in r.scores for r in records)]
         if missing:
             raise CalibrationError(f"no record holds a score for {', '.join(missing)}; gates "

@@ -712,3 +712,16 @@ def test_a_server_url_with_an_impossible_port_is_refused_when_given(url: str) ->
     for build in (lambda: OpenAIConfig(base_url=url), lambda: HostedConfig(url=url)):
         with pytest.raises(ValidationError, match="port that is not a number from 0 to"):
             build()
+
+
+def test_calibrate_with_no_gates_or_one_gate_as_a_string_says_what_it_does() -> None:
+    """``gates=[]`` (a filtered list that came out empty) gave an empty report whose
+    ``best`` raised "max() arg is an empty sequence"; ``gates="sweep3-a"`` was read letter
+    by letter ("no record holds a score for s, w, e, p, 3, -, a")."""
+    from rag_gates.errors import CalibrationError
+
+    records = _records({"sweep3-a": [TABLES["sweep3-a"][q] for q in QUESTIONS]})
+    with pytest.raises(CalibrationError, match="gates is empty"):
+        calibrate(records, model=MODEL, retriever="r", max_loss=0.1, gates=[])
+    report = calibrate(records, model=MODEL, retriever="r", max_loss=0.1, gates="sweep3-a")
+    assert [row.gate for row in report.rows] == ["sweep3-a"]
