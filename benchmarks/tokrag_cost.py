@@ -231,6 +231,7 @@ def main() -> None:
                    f"--max-new-tokens {args.max_new_tokens} --repeats {args.repeats} "
                    f"--judge {args.judge} --out {os.path.relpath(args.out, ROOT)}",
         "judge": args.judge,
+        "layer_rule": timed.config.layer_rule,  # issue 55: the paper judge's Eq. 14 rule
         "date": dt.date.today().isoformat(), "machine": platform.platform(),
         "threads": torch.get_num_threads(), "model": lm.model_id, "rows": n,
         "repeats": args.repeats,
