@@ -34,13 +34,18 @@ import json
 import math
 import os
 from collections.abc import Iterator
-from typing import Any
+from typing import TYPE_CHECKING, Any, BinaryIO, TypeVar
 
 from rag_gates._json import DEFAULT_MAX_DEPTH, JSONDepthError, loads_bounded
 from rag_gates.errors import InputFileError
 
+if TYPE_CHECKING:
+    from pydantic import BaseModel
+
 __all__ = ["DEFAULT_MAX_BYTES", "DEFAULT_MAX_LINE_BYTES", "decode_text", "iter_jsonl",
-           "parse_json", "read_bytes", "read_json", "read_text"]
+           "iter_models", "parse_json", "read_bytes", "read_json", "read_text"]
+
+ModelT = TypeVar("ModelT", bound="BaseModel")
 
 DEFAULT_MAX_BYTES = 256 * 1024 * 1024
 """A whole file read at once (a spec, a config, a corpus file): far above any this package
@@ -63,19 +68,25 @@ def _fail(error: type[InputFileError], path: PathLike, line: int | None, problem
     return error(f"{message}; {fix}" if fix else message, path=path, line=line)
 
 
-def read_bytes(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, fix: str = "",
-               error: type[InputFileError] = InputFileError) -> bytes:
-    """The bytes of ``path``, at most ``max_bytes`` of them: a larger file, a directory, a
-    missing or unreadable file raises ``error`` naming it (``fix``: what to do)."""
+def _open_binary(path: PathLike, error: type[InputFileError], fix: str) -> BinaryIO:
+    """``path`` opened for reading bytes; a directory, a missing or unreadable file raises
+    ``error`` naming it."""
     try:
-        with open(path, "rb") as handle:
-            data = handle.read(max_bytes + 1)
+        return open(path, "rb")
     except IsADirectoryError:
         raise _fail(error, path, None, "is a directory, not a file", fix) from None
     except FileNotFoundError:
         raise _fail(error, path, None, "no such file", fix) from None
     except OSError as exc:
         raise _fail(error, path, None, f"cannot be read ({exc.strerror or exc})", fix) from None
+
+
+def read_bytes(path: PathLike, *, max_bytes: int = DEFAULT_MAX_BYTES, fix: str = "",
+               error: type[InputFileError] = InputFileError) -> bytes:
+    """The bytes of ``path``, at most ``max_bytes`` of them: a larger file, a directory, a
+    missing or unreadable file raises ``error`` naming it (``fix``: what to do)."""
+    with _open_binary(path, error, fix) as handle:
+        data = handle.read(max_bytes + 1)
     if len(data) > max_bytes:
         raise _fail(error, path, None, f"is larger than {max_bytes:,} bytes (the limit for "
                     "this file); is it the file meant?", fix)
@@ -209,15 +220,7 @@ def iter_jsonl(path: PathLike, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
     :func:`parse_json` (``expect``: each value must be one, by default an object). Any
     failure raises ``error`` naming ``FILE:LINE``. ``first_line``: skip the lines before
     it (a header read otherwise)."""
-    try:
-        handle = open(path, "rb")  # noqa: SIM115 - closed below, also when not exhausted
-    except IsADirectoryError:
-        raise _fail(error, path, None, "is a directory, not a file", fix) from None
-    except FileNotFoundError:
-        raise _fail(error, path, None, "no such file", fix) from None
-    except OSError as exc:
-        raise _fail(error, path, None, f"cannot be read ({exc.strerror or exc})", fix) from None
-    with handle:
+    with _open_binary(path, error, fix) as handle:
         number = 0
         while True:
             raw = handle.readline(max_line_bytes + 1)
@@ -234,3 +237,21 @@ def iter_jsonl(path: PathLike, *, max_line_bytes: int = DEFAULT_MAX_LINE_BYTES,
                 continue
             yield number, parse_json(text, path, line=number, max_depth=max_depth,
                                      finite=finite, expect=expect, fix=fix, error=error)
+
+
+def iter_models(path: PathLike, model: type[ModelT], *, what: str, fix: str = "",
+                error: type[InputFileError] = InputFileError, **options: Any
+                ) -> Iterator[ModelT]:
+    """Each non-blank line of the JSON Lines file ``path`` as a ``model`` (a pydantic
+    model), read by :func:`iter_jsonl` (``options`` pass on to it); a line that is not one
+    raises ``error`` naming ``FILE:LINE``, ``what`` it should be and its first problem."""
+    from pydantic import ValidationError
+
+    for number, row in iter_jsonl(path, fix=fix, error=error, **options):
+        try:
+            yield model.model_validate(row)
+        except ValidationError as exc:
+            first = exc.errors()[0]
+            where = ".".join(str(p) for p in first.get("loc", ())) or "the line"
+            raise _fail(error, path, number, f"not {what} ({where}: {first['msg']})",
+                        fix) from None

@@ -17,7 +17,6 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -68,24 +67,8 @@ def read_records(path: str | Path) -> list[CalibrationRecord]:
     """Read records written by :func:`write_records`; a line that is not one (not UTF-8,
     not JSON, nested too deep, a non-finite score, not a record) raises
     :class:`~rag_gates.errors.InputFileError` naming ``FILE:LINE``."""
-    from pydantic import ValidationError
-
-    from rag_gates._files import iter_jsonl
-    from rag_gates.errors import InputFileError
+    from rag_gates._files import iter_models
 
     fix = ("delete that line (it is answered again) or the work directory's records.jsonl")
-    records: list[CalibrationRecord] = []
-    for number, row in iter_jsonl(path, max_depth=MAX_RECORD_DEPTH, fix=fix):
-        try:
-            records.append(CalibrationRecord.model_validate(row))
-        except ValidationError as error:
-            raise InputFileError(f"{path}:{number}: not a calibration record "
-                                 f"({_first_error(error)}); {fix}", path=path,
-                                 line=number) from None
-    return records
-
-
-def _first_error(error: Any) -> str:
-    first = error.errors()[0]
-    where = ".".join(str(x) for x in first.get("loc", ())) or "the line"
-    return f"{where}: {first.get('msg', error)}"
+    return list(iter_models(path, CalibrationRecord, what="a calibration record", fix=fix,
+                            max_depth=MAX_RECORD_DEPTH))

@@ -108,19 +108,9 @@ class BM25Retriever(BaseRetriever):
 def _read_passages(file: Path) -> list[Passage]:
     """The passages of a saved index, through the bounded reader: a damaged line raises
     :class:`~rag_gates.errors.ArtifactFileError` naming ``FILE:LINE``."""
-    from pydantic import ValidationError
-
-    from rag_gates._files import iter_jsonl
+    from rag_gates._files import iter_models
     from rag_gates.errors import ArtifactFileError
 
-    fix = "the saved index is damaged; delete it and build it again"
-    passages = []
-    for number, row in iter_jsonl(file, finite=False, fix=fix,
-                                  error=ArtifactFileError):
-        try:
-            passages.append(Passage.model_validate(row))
-        except ValidationError as exc:
-            raise ArtifactFileError(f"{file}:{number}: not a passage "
-                                    f"({exc.errors()[0]['msg']}); {fix}", path=file,
-                                    line=number) from None
-    return passages
+    return list(iter_models(file, Passage, what="a passage", finite=False,
+                            fix="the saved index is damaged; delete it and build it again",
+                            error=ArtifactFileError))
