@@ -183,10 +183,12 @@ def build_policy_command(
         if keys not in ("hidden", "minilm"):
             raise ValueError(f"--keys must be 'hidden' or 'minilm', got {keys!r}")
         if url is not None:  # before the model loads; never shown with its secrets
-            from rag_gates._http import check_server_url
+            from rag_gates._http import check_api_key, check_server_url
 
             check_server_url(url, "--url", "Put the API key in the environment variable "
                              "QDRANT_API_KEY.")
+            if os.environ.get("QDRANT_API_KEY") is not None:  # refused now, not after load
+                check_api_key(os.environ["QDRANT_API_KEY"], "QDRANT_API_KEY")
         headers, rows = _read_label_files(labels, rule)
         if not rows:
             raise ValueError(f"no labelled questions in {', '.join(map(str, labels))}")

@@ -725,3 +725,30 @@ def test_calibrate_with_no_gates_or_one_gate_as_a_string_says_what_it_does() -> 
         calibrate(records, model=MODEL, retriever="r", max_loss=0.1, gates=[])
     report = calibrate(records, model=MODEL, retriever="r", max_loss=0.1, gates="sweep3-a")
     assert [row.gate for row in report.rows] == ["sweep3-a"]
+
+
+def test_build_policy_refuses_a_bad_qdrant_key_before_the_model_loads(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``QDRANT_API_KEY`` read from a file with its newline: ``srrag build-policy --url``
+    checked the URL before loading the model, but the key only at connect, after the
+    model had loaded (here the broken model's load error came first)."""
+    pytest.importorskip("qdrant_client")
+    from rag_gates.commands.srrag import srrag_app
+    from rag_gates.testing import save_tiny_lm
+
+    monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
+    labels = tmp_path / "labels.jsonl"
+    made = CliRunner().invoke(srrag_app, [
+        "label", "--model", str(save_tiny_lm(tmp_path / "tiny")), "--dataset", "popqa",
+        "--data", str(ROOT / "examples" / "data" / "popqa_dev_sample.jsonl"), "--n", "2",
+        "--offset", "0", "--n-retrieved", "2", "--n-verbalized", "2",
+        "--max-verbalize-tokens", "3", "--out", str(labels)])
+    assert made.exit_code == 0, made.output
+    monkeypatch.setenv("QDRANT_API_KEY", KEY + "\n")
+    result = CliRunner().invoke(srrag_app, [
+        "build-policy", "--labels", str(labels), "--model", str(_broken_model(tmp_path)),
+        "--url", "http://127.0.0.1:6333"])
+    assert result.exit_code != 0
+    said = " ".join(result.output.split())
+    assert "API key in QDRANT_API_KEY" in said and "tokenizer" not in said
+    assert KEY not in result.output
