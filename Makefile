@@ -1,6 +1,6 @@
 # Two commands do all set-up on a fresh machine with only Python 3.11:
 #   make demo   - create .venv, install rag-gates, both integrations and the embedded models, run the demo
-#   make test   - the same install plus dev tools, then ruff, mypy and pytest
+#   make test   - the same install plus dev tools, then ruff, mypy, pytest and the API reference
 #   make test-install - a fresh venv in a temp dir, installed as README.md says (its marked
 #                  install lines), `pip check`, then every README Python snippet as written; and
 #                  each integration's install line in a fresh venv of its own
@@ -17,7 +17,7 @@ PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
 	integrations/llama-index/pyproject.toml constraints.txt
 PACKAGES := -e ".[hf,qdrant,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
 	-e "integrations/llama-index[examples]"
-LINT_PATHS := rag_gates integrations tests benchmarks examples
+LINT_PATHS := rag_gates integrations tests benchmarks examples docs/api/conf.py
 
 .PHONY: demo test test-install test-server lint typecheck pytest bench clean install install-dev
 
