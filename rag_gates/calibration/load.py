@@ -115,10 +115,20 @@ _REGISTRY: dict[str, GateFactory] = {
 }
 
 
-def register_gate(name: str, factory: GateFactory) -> None:
-    """Make ``name`` buildable by :func:`load_gate` (``factory(ctx, threshold) -> Gate``)."""
+_CORE_GATES = frozenset(_REGISTRY)
+
+
+def register_gate(name: str, factory: GateFactory, *, replace: bool = False) -> None:
+    """Make ``name`` buildable by :func:`load_gate` (``factory(ctx, threshold) -> Gate``).
+    A name of your own may be registered again (a notebook cell run twice); a core gate's
+    name (``answer-logprob``, ``cbdr``, ...) only with ``replace=True``: every certified
+    spec naming it would build your gate instead, and still claim its guarantee."""
     if not name or any(c in name for c in "()&|,: "):
         raise ValueError(f"a gate name has no spaces or ()&|,: characters, got {name!r}")
+    if name in _CORE_GATES and not replace:
+        raise ValueError(f"{name!r} is a core gate: registering it again would change what "
+                         "every spec naming it builds; give your gate another name (or pass "
+                         "replace=True)")
     _REGISTRY[name] = factory
 
 
@@ -168,6 +178,14 @@ class CertifiedGate:
     @property
     def name(self) -> str:
         return self._name
+
+    @property
+    def spec_evidence(self) -> dict[str, JsonValue]:
+        """What every decision's ``evidence["spec"]`` holds (the spec, its guarantee, and
+        ``certified: false`` with the override when one was made): also copied into a
+        fail-closed decision made for this gate when it raised
+        (:func:`~rag_gates.gate.gate_error_decision`)."""
+        return dict(self._summary)
 
     def _always(self, latency_ms: float = 0.0) -> GateDecision:
         return GateDecision(
@@ -266,8 +284,9 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
             else None
         inner = parse_gate_expression(whole, resolve) if whole is not None \
             else _build(spec.gate, ctx, spec.threshold)
-        if whole is None:
-            _check_spec_threshold(spec, inner, source)
+        # An expression too (NAME:THRESHOLD is that gate on its own scale): a threshold off
+        # the score's scale never (or always) retrieves.
+        _check_spec_threshold(spec, inner, source)
     return CertifiedGate(inner, spec, source=source, override=override)
 
 

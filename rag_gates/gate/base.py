@@ -37,6 +37,10 @@ def gate_error_decision(gate: Any, error: BaseException) -> GateDecision:
     said = f"{type(error).__name__}: {error}"[:500]
     why = f"it raised {said}"
     threshold = getattr(gate, "threshold", 0.0)
+    evidence: dict[str, JsonValue] = {"undecided": why, "error": said}
+    spec = getattr(gate, "spec_evidence", None)  # a loaded spec: its name and guarantee,
+    if isinstance(spec, dict):                   # or that an override voids it
+        evidence["spec"] = json_safe(spec)
     return GateDecision(
         gate=str(getattr(gate, "name", type(gate).__name__)), retrieve=True,
         score=UNDECIDED_SCORE,
@@ -44,7 +48,7 @@ def gate_error_decision(gate: Any, error: BaseException) -> GateDecision:
         else 0.0,
         reason=f"{getattr(gate, 'name', type(gate).__name__)} could not decide ({why}): "
                "retrieve",
-        evidence={"undecided": why, "error": said})
+        evidence=evidence)
 
 
 def out_of_range(value: object, low: float = -math.inf, high: float = math.inf, *,

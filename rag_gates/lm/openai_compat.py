@@ -70,12 +70,14 @@ from rag_gates._http import (
     RETRY_STATUS,
     LoopThread,
     backoff_delay,
+    check_api_key,
     check_server_url,
     read_body,
     read_lines,
     redact_url,
     register_secret,
     retry_after_seconds,
+    scrub_text,
 )
 from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
@@ -310,6 +312,8 @@ class OpenAICompatibleLM(BaseTextLM):
         headers = {"User-Agent": "rag-gates", "Accept": "application/json"}
         key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
         if key:
+            # A newline kept from a file: the HTTP stack's refusal would print the key.
+            check_api_key(key, f"${self.config.api_key_env}")
             headers["Authorization"] = f"Bearer {key}"
             self._secrets = (key.encode("utf-8"),)
             register_secret(key)
@@ -376,7 +380,8 @@ class OpenAICompatibleLM(BaseTextLM):
             except (TimeoutError, httpx.TimeoutException):
                 last = "the attempt timed out"
             except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...
-                last = f"{type(exc).__name__}: {exc}"
+                last = scrub_text(f"{type(exc).__name__}: {exc}",
+                                  [s.decode("utf-8", "replace") for s in self._secrets])
             except _StreamStarted as exc:  # failed after text was handed out: no retry
                 raise ServerUnavailableError(
                     f"{url} dropped a streamed reply after it had started: {exc.__cause__}"

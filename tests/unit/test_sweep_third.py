@@ -109,12 +109,7 @@ def test_qdrant_key_with_a_newline_is_refused_without_showing_it(server: str, ke
         assert "strip it" in str(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/lm/openai_compat.py is being edited by another helper: OpenAICompatibleLM."
-    "_headers must pass the key through rag_gates._http.check_api_key(key, "
-    "f'${api_key_env}') and _request must scrub 'last' with scrub_text(..., [key]); today "
-    "ServerUnavailableError prints \"Illegal header value b'Bearer sk-...\\n'\""))
-@pytest.mark.parametrize("key", NEWLINE_KEYS[:1])
+@pytest.mark.parametrize("key", NEWLINE_KEYS)
 def test_openai_key_with_a_newline_is_refused_without_showing_it(
         server: str, key: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from rag_gates.lm.openai_compat import OpenAICompatibleLM
@@ -138,9 +133,6 @@ def test_a_qdrant_key_that_is_not_ascii_is_refused_by_name(server: str) -> None:
     assert KEY not in _whole(caught.value)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/lm/openai_compat.py is being edited by another helper: _headers must pass "
-    "the key through rag_gates._http.check_api_key; today a bare UnicodeEncodeError"))
 def test_an_openai_key_that_is_not_ascii_is_refused_by_name(
         server: str, monkeypatch: pytest.MonkeyPatch) -> None:
     from rag_gates.lm.openai_compat import OpenAICompatibleLM
@@ -483,11 +475,6 @@ def _single_spec() -> GateSpec:
     return spec
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/calibration/load.py is being edited by another helper: load_gate checks a "
-    "single gate's threshold against its score's scale (_check_spec_threshold) only when "
-    "spec.gate is a bare name; for an expression (NAME:THRESHOLD, A|B) it must check it "
-    "too (call _check_spec_threshold(spec, inner, source) on the parsed gate)"))
 def test_an_expression_spec_with_an_off_scale_threshold_is_refused() -> None:
     """A resealed spec naming ``sweep3-a:0.3`` at threshold 5.0 (a score in [0, 1]) was
     served and never retrieved; the same spec naming ``sweep3-a`` is refused."""
@@ -534,12 +521,6 @@ def _says_overridden(data: Any) -> None:
     assert spec["certified"] is False and "allow_other_model=True" in spec["override"]
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/gate/ is being refactored by another helper: gate_error_decision(gate, "
-    "error) builds the fail-closed decision from the gate's name and threshold only, so a "
-    "CertifiedGate's spec (its name, certified: false, the override) is dropped; it must "
-    "copy the gate's spec evidence (e.g. a CertifiedGate.spec_evidence property, read "
-    "with getattr) into evidence['spec']"))
 def test_a_fail_closed_decision_of_an_overridden_spec_keeps_the_spec() -> None:
     """LlamaIndex's on_gate_error='retrieve' (the setting for an agent's tool): the
     served model times out, the shell retrieves, and the decision it records carried no
@@ -681,11 +662,6 @@ def test_a_spec_path_with_a_tilde_means_the_home_directory(
     assert (home / "other.json").is_file() and not (work / "~").exists()
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/calibration/load.py is being edited by another helper: register_gate "
-    "replaces a core gate's factory silently, so every certified spec naming it builds "
-    "another gate and its decisions still claim the guarantee; refuse an existing name "
-    "unless replace=True is passed"))
 def test_registering_a_core_gate_name_again_is_refused() -> None:
     """A plugin registering its own 'answer-logprob' (another prompt, say) changed what
     every certified answer-logprob spec builds, without a word."""
