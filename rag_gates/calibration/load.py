@@ -225,8 +225,10 @@ class CertifiedGate:
         return [self._wrap(d) for d in self.inner.decide_batch(queries, **signals)]
 
     def __repr__(self) -> str:
+        # A log line naming the gate must not make an overridden spec look certified.
+        shown = "" if self.override is None else ", certified=False (overridden)"
         return f"CertifiedGate({self._name!r}, threshold={self.spec.threshold!r}, " \
-               f"source={self.source!r})"
+               f"source={self.source!r}{shown})"
 
 
 def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: Any = None,

@@ -29,6 +29,7 @@ from typer.testing import CliRunner
 
 from rag_gates.calibration import (
     CalibrationRecord,
+    CertifiedGate,
     GateSpec,
     ModelIdentity,
     calibrate,
@@ -728,3 +729,11 @@ def test_build_policy_refuses_a_bad_qdrant_key_before_the_model_loads(
     said = " ".join(result.output.split())
     assert "API key in QDRANT_API_KEY" in said and "tokenizer" not in said
     assert KEY not in result.output
+
+
+def test_the_repr_of_an_overridden_spec_says_it_is_not_certified() -> None:
+    """``logger.info("serving %r", gate)``: the repr named the spec and its threshold only,
+    the same as a certified one's."""
+    spec = _single_spec()
+    assert "certified=False" in repr(load_gate(spec, allow_other_model=True))
+    assert "certified=False" not in repr(CertifiedGate(None, spec))
