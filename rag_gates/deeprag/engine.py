@@ -242,7 +242,12 @@ def next_step(fmt: DeepRAGPrompt, question: str, so_far: str, *, generate: bool,
         return st, g.text, False
     again: Generation = yield Call(fmt.build(question, f"{so_far}{FOLLOW_UP}"), stops,
                                    max_new_tokens, "step-nudged")
-    return read(f"{FOLLOW_UP}{written(again)}"), g.text, True
+    text = written(again)
+    if authors and text.lstrip().startswith(FOLLOW_UP):
+        # After their prefilled "Follow up:" a second one is dropped once (their cleaning,
+        # sragsftv2.py:219), not read as a new follow-up.
+        text = text.lstrip()[len(FOLLOW_UP):]
+    return read(f"{FOLLOW_UP}{text}"), g.text, True
 
 
 def subquery_line(subquery: str) -> str:
