@@ -76,8 +76,8 @@ class ModelIdentity(BaseModel):
         model (``OpenAICompatibleLM``) the endpoint and model name; otherwise the model id.
         """
         name = str(getattr(lm, "model_id", None) or type(lm).__name__)
-        model = getattr(lm, "model", None)
-        if model is not None and hasattr(model, "state_dict"):
+        model = _reachable_weights(lm)
+        if model is not None:
             return cls(name=name, fingerprint=_weights_fingerprint(model), kind="weights")
         base_url = getattr(lm, "base_url", None)
         if base_url is not None:
@@ -89,6 +89,35 @@ class ModelIdentity(BaseModel):
             key = f"{base_url}#{served or '?'}"
             return cls(name=name, fingerprint=_sha(key), kind="endpoint")
         return cls(name=name, fingerprint=_sha(name), kind="name")
+
+
+#: Where a wrapper keeps the model it wraps: rag-gates' own (``model``), a framework adapter
+#: over a framework model (``model`` / ``llm``), and that model over transformers
+#: (LangChain's ``HuggingFacePipeline.pipeline.model``, LlamaIndex's ``HuggingFaceLLM._model``).
+_WRAPPED = ("model", "llm", "pipeline", "_model")
+
+
+def _reachable_weights(lm: Any, depth: int = 3) -> Any:
+    """The torch module whose weights ``lm`` answers with, found through the attributes a
+    wrapper keeps it under (at most ``depth`` steps), or None. Two framework models of the
+    same class over other weights must not share an identity (a class name is none)."""
+    seen: set[int] = set()
+    frontier = [lm]
+    for _ in range(depth + 1):
+        deeper = []
+        for obj in frontier:
+            if obj is None or isinstance(obj, str | int | float) or id(obj) in seen:
+                continue
+            seen.add(id(obj))
+            if callable(getattr(obj, "state_dict", None)) and hasattr(obj, "parameters"):
+                return obj
+            for attr in _WRAPPED:
+                try:
+                    deeper.append(getattr(obj, attr, None))
+                except Exception:  # a property that cannot answer: nothing reachable there
+                    continue
+        frontier = deeper
+    return None
 
 
 def _sha(text: str) -> str:
@@ -257,7 +286,7 @@ class GateSpec(BaseModel):
 
     def save(self, path: str | Path) -> Path:
         """Write the spec as JSON (atomically), checksum included; returns the path."""
-        out = Path(path)
+        out = Path(path).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
         sealed = self.sealed()
         write_text_atomic(out, json.dumps(sealed.model_dump(mode="json"), indent=2,
@@ -269,7 +298,7 @@ class GateSpec(BaseModel):
         """Read a spec written by :meth:`save`; a file that is missing, truncated, not a spec,
         or whose checksum does not match its content raises
         :class:`~rag_gates.errors.CalibrationError`."""
-        file = Path(path)
+        file = Path(path).expanduser()
         if file.is_dir():
             raise CalibrationError(f"{file} is a directory; pass the gate spec file in it "
                                    "(rag-gates calibrate --out FILE.json writes one)")

@@ -61,6 +61,9 @@ __all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot"
 console = Console()
 
 AUTO_GATES = ("answer-logprob", "first-token-prob", "cbdr", "quco")
+#: Why calibrate skips QuCo (a served-model issue will build the index of --corpus).
+QUCO_NOT_BUILT = ("needs corpus statistics (an infini-gram index of the corpus), which "
+                  "calibrate does not build")
 """What ``--gates auto`` tries, in order; each is kept only where it applies to the model."""
 PLOT_EPSILONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2)
 SERVED_PREFIX = "openai:"
@@ -113,6 +116,7 @@ def read_questions(path: Path) -> list[CalibrationQuestion]:
                          '{"question": ..., "answers": [...]} lines')
     out: list[CalibrationQuestion] = []
     seen: set[str] = set()
+    lines: dict[tuple[str, tuple[str, ...]], int] = {}
     for number, row in _jsonl(path, ("question", "answers"), "a calibration question",
                               '{"question": "...", "answers": ["..."]}'):
         question, answers = row["question"], row["answers"]
@@ -136,6 +140,15 @@ def read_questions(path: Path) -> list[CalibrationQuestion]:
             raise InputFileError(f"{path}:{number}: id {qid!r} appears twice", path=path,
                                  line=number)
         seen.add(qid)
+        # The bound counts independent draws: the same question and answers twice (a file
+        # concatenated with itself) would be counted twice.
+        key = (question.strip(), tuple(sorted(answers)))
+        if key in lines:
+            raise InputFileError(
+                f"{path}:{number}: the same question and answers as line {lines[key]}; each "
+                "question counts once in the certificate: remove the repeat", path=path,
+                line=number)
+        lines[key] = number
         out.append(CalibrationQuestion(id=qid, question=question, answers=tuple(answers)))
     if not out:
         raise ValueError(f"--data {path} has no questions")
@@ -235,8 +248,6 @@ def parse_corpus(text: str) -> Path | QdrantCorpus:
         >>> parse_corpus("qdrant:http://localhost:6333#docs")
         QdrantCorpus(location='http://localhost:6333', collection='docs')
     """
-    if not text.startswith(QDRANT_PREFIX):
-        return Path(text)
     from rag_gates._http import (
         check_server_url,
         is_http_url,
@@ -245,7 +256,13 @@ def parse_corpus(text: str) -> Path | QdrantCorpus:
         scrub_text,
     )
 
-    location, hashed, collection = text.removeprefix(QDRANT_PREFIX).partition("#")
+    if text[:len(QDRANT_PREFIX)].lower() != QDRANT_PREFIX:
+        if looks_like_server(text):  # never a path: "does not exist" would show it
+            raise ValueError(f"--corpus {scrub_text(redact_url(text), [])!r}: a Qdrant server "
+                             f"is given as {QDRANT_SYNTAX} (qdrant:http://HOST:6333#COLLECTION),"
+                             f" with the API key in {QDRANT_API_KEY_ENV}")
+        return Path(text)
+    location, hashed, collection = text[len(QDRANT_PREFIX):].partition("#")
     if not location or (hashed and not collection):
         shown = scrub_text(redact_url(text), [])
         raise ValueError(f"--corpus {shown!r}: give {QDRANT_SYNTAX}, e.g. "
@@ -424,22 +441,35 @@ def parse_gate_list(text: str) -> list[str] | None:
     if not names or unknown:
         raise ValueError(f"--gates: unknown gate(s) {', '.join(unknown) or '(none given)'}; "
                          f"give 'auto' or a comma-separated list of {', '.join(known)}")
+    if "quco" in names:  # said now, not after the model loads
+        raise ValueError(f"--gates quco: {QUCO_NOT_BUILT}; leave it out (the others: "
+                         f"{', '.join(n for n in known if n != 'quco')})")
     return names
 
 
-def check_model_spec(model: str) -> None:
-    """``default``, a local model directory, or ``openai:URL[#model-name]``."""
+def check_model_spec(model: str) -> str:
+    """``default``, a local model directory, or ``openai:URL[#model-name]`` (the prefix in
+    any case); returns the spec with its prefix as written here. A server address without
+    the prefix is refused, never taken for a directory (whose error would show it)."""
+    from rag_gates._http import looks_like_server, redact_url, scrub_text
+
     if model == "default":
-        return
-    if model.startswith(SERVED_PREFIX):
+        return model
+    if model[:len(SERVED_PREFIX)].lower() == SERVED_PREFIX:
         from rag_gates.eval.runner import check_served_spec
 
-        check_served_spec(model)
-        return
+        served = SERVED_PREFIX + model[len(SERVED_PREFIX):]
+        check_served_spec(served)
+        return served
+    if looks_like_server(model):
+        raise ValueError(f"--model {scrub_text(redact_url(model), [])!r}: a served model is "
+                         "given as openai:URL[#model-name], with the API key in "
+                         "OPENAI_API_KEY (never in the URL)")
     if not Path(model).is_dir():
         raise ValueError(f"--model {model!r}: not a directory; give 'default' (the embedded "
                          "SmolLM2), a local Hugging Face model directory, or "
                          "openai:URL[#model-name] for a served model")
+    return model
 
 
 def load_model(model: str, threads: int | None) -> Any:
@@ -466,8 +496,7 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
     skipped: dict[str, str] = {}
     for name in requested or AUTO_GATES:
         if name == "quco":
-            why = ("needs corpus statistics (an infini-gram index of the corpus), which "
-                   "calibrate does not build")
+            why = QUCO_NOT_BUILT
         else:
             try:
                 built[name] = _build(name, ctx, None)
@@ -791,7 +820,7 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     if bound not in bound_choices():
         raise ValueError(f"--bound must be one of {', '.join(bound_choices())}, got {bound!r}")
     requested = parse_gate_list(gates)
-    check_model_spec(model)
+    model = check_model_spec(model)
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
     every = read_questions(data)
     questions = every[:limit]
@@ -993,8 +1022,8 @@ def calibrate_command(
         help="Where the per-question records go (resumed if it exists, for the same "
              "question set in any order, model, corpus and gates); default: OUT's name "
              "with -work.")] = None,
-    seed: Annotated[int, typer.Option(help="Order of the betting test and the composite's "
-                                           "fit/certify split.")] = 0,
+    seed: Annotated[int, typer.Option(min=0, help="Order of the betting test and the "
+                                           "composite's fit/certify split.")] = 0,
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,

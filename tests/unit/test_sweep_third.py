@@ -3,9 +3,8 @@ careless user would, on certified specs and ``load_gate``, ``rag-gates calibrate
 calibration core, the read-only policy stores, served models, hosted counts and the
 framework shells' handling of decisions.
 
-Each test is one thing a user could do. A test marked ``xfail(strict=True)`` is a fault
-found in a file another helper is editing now; its reason says the fix (and the test
-starts passing, so the mark must go, when it lands).
+Each test is one thing a user could do; each failed on the code before its fix, or guards
+a rule that already held (docs/reliability.md, "Third sweep").
 
 The servers here are real HTTP servers on 127.0.0.1 (``http.server``): one answers as an
 OpenAI-compatible or Qdrant server would, so a request gets as far as the wire."""
@@ -282,14 +281,8 @@ def _calibrate_cli(tmp_path: Path, *args: str) -> Any:
                                     str(tmp_path / "gate.json"), *args])
 
 
-CALIBRATE_LEAK = (
-    "rag_gates/commands/calibrate.py is being edited by another helper: check_model_spec "
-    "and parse_corpus_spec must take their prefixes in any case (OPENAI:, QDRANT:) and "
-    "pass any value that looks_like_server() through check_server_url, showing it only "
-    "through redact_url; today the 'not a directory' / 'does not exist' error prints it")
 
 
-@pytest.mark.xfail(strict=True, reason=CALIBRATE_LEAK)
 @pytest.mark.parametrize("model", [f"OPENAI:http://admin:{KEY}@127.0.0.1:8000/v1",
                                    f"http://admin:{KEY}@127.0.0.1:8000/v1"])
 def test_calibrate_model_url_in_another_case_or_without_prefix_never_shows_the_key(
@@ -299,7 +292,6 @@ def test_calibrate_model_url_in_another_case_or_without_prefix_never_shows_the_k
     assert KEY not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=CALIBRATE_LEAK)
 @pytest.mark.parametrize("corpus", [f"http://admin:{KEY}@127.0.0.1:6333",
                                     f"QDRANT:http://admin:{KEY}@127.0.0.1:6333#docs",
                                     f"Qdrant:admin:{KEY}@127.0.0.1:6333#docs"])
@@ -333,10 +325,6 @@ def test_a_negative_seed_is_refused_by_name() -> None:
         skip_curve(records, "sweep3-a", [0.1], seed=-1)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/commands/calibrate.py is being edited by another helper: --seed needs "
-    "typer.Option(min=0) (or a pre-model check); today a negative seed passes every check, "
-    "the model loads and answers every question, then certification fails"))
 def test_calibrate_cli_refuses_a_negative_seed_before_the_model_loads(tmp_path: Path
                                                                       ) -> None:
     result = _calibrate_cli(tmp_path, "--corpus", str(CORPUS), "--model",
@@ -345,11 +333,6 @@ def test_calibrate_cli_refuses_a_negative_seed_before_the_model_loads(tmp_path: 
     assert "seed" in result.output and "tokenizer" not in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/commands/calibrate.py is being edited by another helper: --gates quco is "
-    "listed as a known gate, but calibrate never builds corpus statistics, so it is "
-    "refused only by applicable_gates() after the model loads; parse the gate list "
-    "against the gates calibrate can build (no quco) before loading"))
 def test_calibrate_cli_refuses_quco_before_the_model_loads(tmp_path: Path) -> None:
     result = _calibrate_cli(tmp_path, "--corpus", str(CORPUS), "--model",
                             str(_broken_model(tmp_path)), "--gates", "quco")
@@ -591,12 +574,6 @@ def test_llama_index_query_engine_keeps_the_override_when_it_skips() -> None:
         _says_overridden(data)
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/calibration/spec.py is being edited by another helper: ModelIdentity.of "
-    "falls back to kind='name' with the wrapper's class name when a model has no name "
-    "(LangChain's HuggingFacePipeline(pipeline=...)), so every such model has the same "
-    "fingerprint; it should fingerprint the torch weights it reaches (lm.model.pipeline."
-    "model) or give a class-name-only identity that matches nothing"))
 def test_two_unnamed_langchain_models_are_not_the_same_model() -> None:
     """A spec calibrated on one HuggingFacePipeline served on another (different weights,
     different answers) passed the model check: its decisions claimed the guarantee."""
@@ -621,12 +598,6 @@ def test_two_unnamed_langchain_models_are_not_the_same_model() -> None:
         load_gate(spec, lm=lms[1])
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/commands/calibrate.py is being edited by another helper: --data rows "
-    "without ids get their line number, so a file concatenated twice passes every check "
-    "and is certified on n questions that are n/2 questions counted twice (the bound "
-    "assumes independent draws); refuse rows identical in question and answers before "
-    "the model loads, naming both lines"))
 def test_calibrate_cli_refuses_a_data_file_repeated_before_the_model_loads(tmp_path: Path
                                                                            ) -> None:
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines() if line.strip()]
@@ -642,11 +613,6 @@ def test_calibrate_cli_refuses_a_data_file_repeated_before_the_model_loads(tmp_p
     assert "tokenizer" not in result.output and f"{data}:{len(rows) + 1}" in result.output
 
 
-@pytest.mark.xfail(strict=True, reason=(
-    "rag_gates/calibration/spec.py is being edited by another helper: GateSpec.save and "
-    "GateSpec.load take Path(path) without expanduser(), so save('~/gate.json') writes "
-    "./~/gate.json and load('~/gate.json') says 'no such gate spec; write one with "
-    "rag-gates calibrate' about a file that exists; expand '~' in both"))
 def test_a_spec_path_with_a_tilde_means_the_home_directory(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     home = tmp_path / "home"
