@@ -23,6 +23,7 @@ from rag_gates.calibration.calibrate import (
     calibrate,
     skip_curve,
 )
+from rag_gates.calibration.judges import SameAnswer, parse_same_answer
 from rag_gates.calibration.load import (
     CertifiedGate,
     GateContext,
@@ -43,6 +44,6 @@ from rag_gates.errors import CalibrationError, SpecModelMismatchError
 
 __all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
            "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
-           "ModelIdentity", "RateInterval", "SpecModelMismatchError", "WeightedFit",
-           "available_core_gates", "calibrate", "load_gate", "read_records", "register_gate",
-           "skip_curve", "write_records"]
+           "ModelIdentity", "RateInterval", "SameAnswer", "SpecModelMismatchError",
+           "WeightedFit", "available_core_gates", "calibrate", "load_gate", "parse_same_answer",
+           "read_records", "register_gate", "skip_curve", "write_records"]

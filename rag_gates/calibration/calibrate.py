@@ -34,6 +34,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
+from typing import Literal
 
 import numpy as np
 from numpy.typing import NDArray
@@ -127,6 +128,8 @@ class CalibrationReport(BaseModel):
     cascade: CascadeFit | None = None
     cascade_name: str | None = None
     options: dict[str, object] = Field(default_factory=dict)
+    labels: Literal["gold", "none", "mixed"] = "gold"
+    judge: str | None = None
 
     def row(self, gate: str) -> GateRow:
         for row in self.rows:
@@ -163,6 +166,16 @@ class CalibrationReport(BaseModel):
                     f"always retrieving ({self.bound} bound){picked}.")
         else:
             note = f"no threshold certified: always retrieve. {row.note}".strip()
+        if self.labels != "gold":
+            which = "without labels" if self.labels == "none" else \
+                "with labels where the data had them"
+            note += (f" Certified {which}: on an unlabelled question a skip counts as a loss "
+                     f"whenever the closed-book reply and the reply with retrieval are not "
+                     f"the same answer ({self.judge}), which bounds the accuracy it can "
+                     "cost" + (" whatever the gold answers are." if self.judge == "exact" else
+                               " as long as the judge never calls a right and a wrong reply "
+                               "the same (its measured false-agreement rate: "
+                               "docs/calibration.md)."))
         return GateSpec(
             gate=gate, composite=composite, cascade=cascade, options=dict(self.options),
             threshold=row.threshold, certified=row.certified,
@@ -171,7 +184,7 @@ class CalibrationReport(BaseModel):
             unscored=row.unscored, auroc=row.auroc, skip_rate=row.skip_rate,
             retrieval_rate=retrieval, observed_drop=row.observed_drop, model=self.model,
             retriever=self.retriever, versions=package_versions(), created=utc_now(),
-            assumption=ASSUMPTION, note=note).sealed()
+            assumption=ASSUMPTION, note=note, labels=self.labels, judge=self.judge).sealed()
 
 
 @dataclass(frozen=True)
@@ -471,12 +484,31 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
                     (None, None))
     cascade = next(((n, c.cascade) for n, c in columns.items() if n.startswith("cascade(")),
                    (None, None))
+    labels, judge = _labels_of(records)
     return CalibrationReport(rows=rows, epsilon=float(max_loss), delta=float(delta),
                              bound=bound, questions=len(records), model=model,
                              retriever=retriever, seed=seed, family=family,
                              composite=weighted[1], composite_name=weighted[0],
                              cascade=cascade[1], cascade_name=cascade[0],
-                             options=dict(options or {}))
+                             options=dict(options or {}), labels=labels, judge=judge)
+
+
+Labels = Literal["gold", "none", "mixed"]
+
+
+def _labels_of(records: Sequence[CalibrationRecord]) -> tuple[Labels, str | None]:
+    """What the records were labelled by, and the one same-answer judge of the unlabelled
+    ones (records judged by two judges are refused: the spec could state neither)."""
+    judges = {r.judge for r in records if r.labels == "agreement"}
+    if len(judges) > 1:
+        raise CalibrationError(f"the records' unlabelled questions were judged by "
+                               f"{sorted(str(j) for j in judges)}: one judge per "
+                               "certificate (re-run calibrate with one --same-answer)")
+    unlabelled = sum(r.labels == "agreement" for r in records)
+    if unlabelled == 0:
+        return "gold", None
+    judge = next(iter(judges))
+    return ("none" if unlabelled == len(records) else "mixed"), judge
 
 
 def skip_curve(records: Sequence[CalibrationRecord], gate: str, epsilons: Sequence[float], *,

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
@@ -27,7 +28,8 @@ MAX_RECORD_DEPTH = 8
 
 
 class CalibrationRecord(BaseModel):
-    """One labelled question with every gate's score on it."""
+    """One question with every gate's score on it, labelled by its gold answers or, without
+    them, by whether its two replies agree (:meth:`from_agreement`)."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
 
@@ -39,6 +41,27 @@ class CalibrationRecord(BaseModel):
         default_factory=dict,
         description="Gate name or expression -> score (higher = retrieve); None = could not score.")
     closed_book_answer: str | None = Field(None, description="The closed-book reply, if kept.")
+    retrieved_answer: str | None = Field(None, description="The reply with retrieval, if kept.")
+    labels: Literal["gold", "agreement"] = Field(
+        "gold", description="'gold': the two *_correct fields are checked against gold "
+        "answers. 'agreement': the question has none; retrieved_correct is True and "
+        "closed_book_correct says whether the two replies are the same answer under "
+        "``judge``, so a skip counts as a harm exactly when they differ (an upper bound on "
+        "the accuracy it can cost: rag_gates.calibration.judges).")
+    judge: str | None = Field(None, description="The same-answer judge of an 'agreement' "
+                              "record (exact, f1:CUT).")
+
+    @classmethod
+    def from_agreement(cls, *, id: str, question: str, closed_book_answer: str,
+                       retrieved_answer: str, judge: Any,
+                       scores: dict[str, float | None]) -> CalibrationRecord:
+        """The record of a question without gold answers: a harm if skipped exactly when
+        ``judge`` (a :class:`~rag_gates.calibration.judges.SameAnswer`) says the two
+        replies differ, and never a help."""
+        return cls(id=id, question=question, retrieved_correct=True,
+                   closed_book_correct=bool(judge(closed_book_answer, retrieved_answer)),
+                   scores=scores, closed_book_answer=closed_book_answer,
+                   retrieved_answer=retrieved_answer, labels="agreement", judge=judge.name)
 
     @property
     def harm_if_skipped(self) -> bool:

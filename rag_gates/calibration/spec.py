@@ -261,6 +261,13 @@ class GateSpec(BaseModel):
     created: str = Field(..., description="UTC date and time (ISO 8601).")
     assumption: str = ASSUMPTION
     note: str = Field("", description="One human sentence: the guarantee, or why none.")
+    labels: Literal["gold", "none", "mixed"] = Field(
+        "gold", description="What the certification questions were labelled by: their gold "
+        "answers; none (certified without labels: the share of skipped questions whose two "
+        "replies differ, an upper bound on the accuracy drop, judged by ``judge``); or mixed "
+        "(gold answers where the data had them).")
+    judge: str | None = Field(None, description="The same-answer judge of the unlabelled "
+                              "questions (exact, f1:CUT); None with gold labels.")
     checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
                           "field; written by save().")
 
@@ -274,8 +281,10 @@ class GateSpec(BaseModel):
 
     def payload_checksum(self) -> str:
         """The checksum this spec's content should carry."""
-        # A spec without a cascade hashes as it did before the field existed.
-        skip = {"checksum"} | ({"cascade"} if self.cascade is None else set())
+        # A spec without a cascade, or certified on gold labels, hashes as it did before
+        # those fields existed.
+        skip = {"checksum"} | ({"cascade"} if self.cascade is None else set()) | (
+            {"labels", "judge"} if self.labels == "gold" and self.judge is None else set())
         body = self.model_dump(mode="json", exclude=skip)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return _sha(text)
@@ -336,9 +345,12 @@ class GateSpec(BaseModel):
 
     def summary(self, name: str | None = None) -> dict[str, Any]:
         """What every decision's ``evidence["spec"]`` names: the spec and its guarantee."""
-        return {"name": name or self.gate, "epsilon": self.epsilon, "delta": self.delta,
-                "bound": self.bound, "n": self.n, "threshold": self.threshold,
-                "certified": self.certified}
+        summary = {"name": name or self.gate, "epsilon": self.epsilon, "delta": self.delta,
+                   "bound": self.bound, "n": self.n, "threshold": self.threshold,
+                   "certified": self.certified}
+        if self.labels != "gold":
+            summary.update(labels=self.labels, judge=self.judge)
+        return summary
 
 
 def _non_finite(value: Any, where: str) -> str | None:

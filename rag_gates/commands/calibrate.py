@@ -103,11 +103,14 @@ def _jsonl(path: Path, keys: Sequence[str], what: str, shape: str
         yield number, row
 
 
-def read_questions(path: Path) -> list[CalibrationQuestion]:
+def read_questions(path: Path, *, labels_optional: bool = False
+                   ) -> list[CalibrationQuestion]:
     """Read ``--data``: JSONL with ``question`` and ``answers`` (optional ``id``). A bad row
     (not UTF-8, not JSON, a lone surrogate, an answer empty once normalised, a repeated id)
     raises :class:`~rag_gates.errors.InputFileError` naming ``FILE:LINE``; no model is
-    needed to read it, so the CLI reads it before one loads."""
+    needed to read it, so the CLI reads it before one loads. ``labels_optional``
+    (``--no-labels``): a row may omit ``answers`` (or give ``[]``): its question is then
+    certified by whether its two replies agree."""
     from rag_gates.answers import normalize_answer
     from rag_gates.errors import InputFileError
 
@@ -117,16 +120,22 @@ def read_questions(path: Path) -> list[CalibrationQuestion]:
     out: list[CalibrationQuestion] = []
     seen: set[str] = set()
     lines: dict[tuple[str, tuple[str, ...]], int] = {}
-    for number, row in _jsonl(path, ("question", "answers"), "a calibration question",
-                              '{"question": "...", "answers": ["..."]}'):
-        question, answers = row["question"], row["answers"]
+    keys = ("question",) if labels_optional else ("question", "answers")
+    for number, row in _jsonl(path, keys, "a calibration question",
+                              '{"question": "...", "answers": ["..."]}' + (
+                                  " (answers optional with --no-labels)" if labels_optional
+                                  else " (questions without answers: pass --no-labels)")):
+        question, answers = row["question"], row.get("answers", [])
         if isinstance(answers, str):
             answers = [answers]
         if not isinstance(question, str) or not question.strip() or not isinstance(
-                answers, list) or not answers or not all(isinstance(a, str) for a in answers):
+                answers, list) or (not answers and not labels_optional) or not all(
+                    isinstance(a, str) for a in answers):
             raise InputFileError(f"{path}:{number}: 'question' must be a non-empty string and "
-                                 "'answers' a non-empty list of strings", path=path,
-                                 line=number)
+                                 "'answers' a " + ("list of strings (empty or left out: no "
+                                                   "labels)" if labels_optional else
+                                                   "non-empty list of strings (or pass "
+                                                   "--no-labels)"), path=path, line=number)
         # An answer the matcher reduces to nothing ("", "  ", "the", "?") is never found in
         # a reply: its question would enter certification as wrong both ways and hide harm.
         empty = [a for a in answers if not normalize_answer(a)]
@@ -525,7 +534,8 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                     gates: dict[str, Any], path: Path, *, k: int, max_new_tokens: int,
                     progress: Callable[[int, int], None] | None = None,
                     known: Collection[str] = (),
-                    unused: Callable[[int], None] | None = None) -> list[Any]:
+                    unused: Callable[[int], None] | None = None,
+                    same_answer: Any = None) -> list[Any]:
     """Answer every question closed book and with retrieval, score every gate, and append
     one :class:`~rag_gates.calibration.CalibrationRecord` per question to ``path``
     (questions already there are kept: resumable); return the records of ``questions``, in
@@ -534,7 +544,9 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
 
     ``known``: ids of other questions of the same ``--data`` (those beyond ``--limit``):
     their records stay in ``path``, unused, and ``unused`` is told how many there are. A
-    record of any other question raises ValueError."""
+    record of any other question raises ValueError. A question without gold answers gets an
+    agreement record judged by ``same_answer`` (``--no-labels``;
+    :meth:`CalibrationRecord.from_agreement`)."""
     from rag_gates._io import append_locked, drop_torn_tail
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
@@ -573,12 +585,20 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
             if closed is None:
                 closed = closed_book.answer(q.question).answer
             retrieved = single.answer(q.question).answer
-            record = CalibrationRecord(
-                id=q.id, question=q.question,
-                closed_book_correct=accuracy(closed, q.answers) > 0,
-                retrieved_correct=accuracy(retrieved, q.answers) > 0,
-                scores={name: _score(d) for name, d in decisions.items()},
-                closed_book_answer=closed)
+            scores = {name: _score(d) for name, d in decisions.items()}
+            if not q.answers:
+                if same_answer is None:
+                    raise ValueError(f"question {q.id!r} has no gold answers: pass "
+                                     "--no-labels to certify from agreement")
+                record = CalibrationRecord.from_agreement(
+                    id=q.id, question=q.question, closed_book_answer=closed,
+                    retrieved_answer=retrieved, judge=same_answer, scores=scores)
+            else:
+                record = CalibrationRecord(
+                    id=q.id, question=q.question,
+                    closed_book_correct=accuracy(closed, q.answers) > 0,
+                    retrieved_correct=accuracy(retrieved, q.answers) > 0,
+                    scores=scores, closed_book_answer=closed, retrieved_answer=retrieved)
             handle.write(record.model_dump_json() + "\n")
             handle.flush()
             done[q.id] = record
@@ -588,7 +608,8 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
 
 
 _IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)",
-                   "model_files": "model (its files differ)"}
+                   "model_files": "model (its files differ)",
+                   "same_answer": "--same-answer judge (or --no-labels)"}
 
 
 #: The work directory's lock file: held by one calibrate run for its whole length.
@@ -809,10 +830,19 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                     bound: str = "auto", k: int = 3,
                     max_new_tokens: int = 32, limit: int | None = None,
                     threads: int | None = None, work_dir: Path | None = None,
-                    seed: int = 0) -> Any:
+                    seed: int = 0, no_labels: bool = False,
+                    same_answer: str = "exact") -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
     name and option, and the corpus (a Qdrant collection is opened and checked), is checked
-    before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``."""
+    before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``.
+    ``no_labels``: questions of ``data`` without gold answers are certified by whether
+    their two replies are the same answer under ``same_answer`` (``exact`` or ``f1:CUT``;
+    :mod:`rag_gates.calibration.judges`)."""
+    from rag_gates.calibration.judges import parse_same_answer
+
+    judge = parse_same_answer(same_answer) if no_labels else None
+    if not no_labels and same_answer != "exact":
+        raise ValueError("--same-answer judges unlabelled questions: pass it with --no-labels")
     if not 0 < max_loss < 1:
         raise ValueError(f"--max-loss must be in (0, 1), got {max_loss}")
     if not 0 < delta < 1:
@@ -822,7 +852,7 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     requested = parse_gate_list(gates)
     model = check_model_spec(model)
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
-    every = read_questions(data)
+    every = read_questions(data, labels_optional=no_labels)
     questions = every[:limit]
     from rag_gates.calibration import MIN_QUESTIONS
 
@@ -841,18 +871,20 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         collection = open_qdrant_corpus(source)
         try:
             return _calibrate(every, questions, data, collection, out, model, requested,
-                              max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed)
+                              max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed,
+                              judge=judge)
         finally:
             collection.client.close()
     return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
-                      bound, k, max_new_tokens, threads, work_dir, seed)
+                      bound, k, max_new_tokens, threads, work_dir, seed, judge=judge)
 
 
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
                data: Path, corpus: Path | QdrantCollection, out: Path, model: str,
                requested: list[str] | None, max_loss: float, delta: float,
                bound: str, k: int, max_new_tokens: int,
-               threads: int | None, work_dir: Path | None, seed: int) -> Any:
+               threads: int | None, work_dir: Path | None, seed: int, *,
+               judge: Any = None) -> Any:
     """:func:`run_calibration` once its input is checked: the work directory held (one
     run at a time) and checked, then load, answer, certify, write."""
     from rag_gates._io import append_locked
@@ -865,7 +897,8 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                 f"another rag-gates calibrate is using the work directory {work}: wait for it "
                 "to finish, or give this run another --work-dir")):
             return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
-                                 max_loss, delta, bound, k, max_new_tokens, threads, seed)
+                                 max_loss, delta, bound, k, max_new_tokens, threads, seed,
+                                 judge=judge)
     except BaseException:
         # A run refused before it wrote anything leaves no work directory behind.
         if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
@@ -878,7 +911,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                   questions: list[CalibrationQuestion], data: Path,
                   corpus: Path | QdrantCollection, out: Path, model: str,
                   requested: list[str] | None, max_loss: float, delta: float, bound: str,
-                  k: int, max_new_tokens: int, threads: int | None, seed: int) -> Any:
+                  k: int, max_new_tokens: int, threads: int | None, seed: int, *,
+                  judge: Any = None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
@@ -897,6 +931,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
     model_files = model_files_fingerprint(model)
     if model_files is not None:
         early["model_files"] = model_files
+    if judge is not None:  # agreement records depend on the judge
+        early["same_answer"] = judge.name
     data_bytes_sha = _sha(data)
     _check_work_dir(work, early, data_bytes_sha=data_bytes_sha, before_load=True)
     records_file = work / "records.jsonl"
@@ -944,7 +980,7 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
             questions, lm, retriever, built, work / "records.jsonl", k=k,
             max_new_tokens=max_new_tokens,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-            known={q.id for q in every}, unused=kept.append)
+            known={q.id for q in every}, unused=kept.append, same_answer=judge)
     if kept and kept[0]:
         console.print(f"{kept[0]} records of questions beyond --limit kept in the work dir, "
                       f"not used ({len(questions)} of the {len(every)} questions of --data "
@@ -966,6 +1002,11 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                f"questions, at least {100 * spec.skip_rate.lower:.1f}% on new ones like them"
                if spec.certified else f"{spec.gate}: no threshold certified: always retrieve")
     console.print(f"best: {verdict} -> {out}", highlight=False)
+    if report.labels != "gold":
+        unlabelled = sum(r.labels == "agreement" for r in records)
+        console.print(f"{unlabelled} of {len(records)} questions had no gold answers: certified "
+                      f"from the agreement of their two replies ({report.judge}), an upper "
+                      "bound on the accuracy a skip costs", highlight=False)
     needed = questions_needed(report.epsilon, report.delta / report.family)
     if not spec.certified and len(records) < needed:
         console.print(
@@ -1024,6 +1065,15 @@ def calibrate_command(
              "with -work.")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Order of the betting test and the "
                                            "composite's fit/certify split.")] = 0,
+    no_labels: Annotated[bool, typer.Option(
+        "--no-labels", help="--data may leave out 'answers': such a question is certified by "
+             "whether the closed-book reply and the reply with retrieval are the same answer "
+             "(a skip counts as a loss when they differ: an upper bound on the accuracy it "
+             "costs). Labelled questions still use their labels.")] = False,
+    same_answer: Annotated[str, typer.Option(
+        help="With --no-labels, the same-answer judge: 'exact' (equal after normalisation; "
+             "always valid) or 'f1:CUT' (token F1 >= CUT; saves more, valid only as far as it "
+             "never calls a right and a wrong reply the same).")] = "exact",
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,
@@ -1035,7 +1085,8 @@ def calibrate_command(
                         max_loss=max_loss, delta=delta,
                         bound=bound,  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
-                        work_dir=work_dir, seed=seed)
+                        work_dir=work_dir, seed=seed, no_labels=no_labels,
+                        same_answer=same_answer)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
             ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)
