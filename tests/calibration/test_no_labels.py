@@ -178,6 +178,39 @@ def test_calibrate_no_labels_writes_a_spec_both_frameworks_load(tiny_dir: Path,
     assert "30 of 40 questions had no gold answers" in " ".join(result.output.split())
     gate = load_gate(out, lm=load_lm(str(tiny_dir)))
     assert gate.decide("Who wrote Hamlet?").evidence["spec"]["labels"] == "mixed"
+    _both_frameworks_carry_the_labels(gate)
     # The judge is part of the work directory's identity: its records are another judge's.
     other = _run(tiny_dir, data, corpus, out, "--no-labels", "--same-answer", "f1:0.8")
     assert other.exit_code == 2 and "--same-answer judge" in " ".join(other.output.split())
+
+
+def _both_frameworks_carry_the_labels(gate: Any) -> None:
+    """A label-free spec's gate in LangChain's and LlamaIndex's GatedRetriever: each
+    decision they record names how the spec was certified."""
+    pytest.importorskip("langchain_rag_gates")
+    pytest.importorskip("llama_index.retrievers.rag_gates")
+    from langchain_core.documents import Document
+    from langchain_core.retrievers import BaseRetriever
+    from llama_index.core.retrievers import BaseRetriever as LIBaseRetriever
+    from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
+
+    import langchain_rag_gates
+    from llama_index.retrievers.rag_gates import GatedRetriever
+
+    class Shelf(BaseRetriever):
+        def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:
+            return [Document(page_content="Hamlet is a play by Shakespeare.")]
+
+    class LIShelf(LIBaseRetriever):
+        def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
+            return [NodeWithScore(node=TextNode(text="Hamlet is a play."), score=1.0)]
+
+    question = "Who wrote Hamlet?"
+    lc = langchain_rag_gates.GatedRetriever(retriever=Shelf(), gate=gate)
+    lc.invoke(question)
+    li = GatedRetriever(LIShelf(), gate=gate)
+    li.retrieve(question)
+    for decision in (lc.last_decision, li.last_decision):
+        assert decision is not None
+        assert decision.evidence["spec"]["labels"] == "mixed"
+        assert decision.evidence["spec"]["judge"] == "exact"
