@@ -30,10 +30,10 @@ that model (``rag-gates cbdr train-probe``).
 The probe is the one shipped for the embedded SmolLM2 (``load_default_probe``; set
 ``RAG_GATES_CBDR_PROBE=DIR`` for one you trained with ``rag-gates cbdr train-probe``).
 The gate's ``beta`` belongs to the probe and travels with it (``probe.json``'s
-``calibration``, ``probe.beta``): 0.57 for the shipped one, calibrated with ``rag-gates
-eval-gate --gate cbdr --dataset popqa --n 500 --out runs/gate-cbdr`` (best accuracy; ``beta = 1
-- threshold`` of ``runs/gate-cbdr/gate.json``). Recalibrate it the same way for your probe, or
-pass ``beta=`` to the gate.
+``calibration``, ``probe.beta``): 0.442 for the shipped one, certified with
+``rag_gates.calibration`` on calibration questions that are no evaluation rows
+(``benchmarks/cbdr_threshold.py``; docs/fidelity.md, row C17). Certify one for your probe
+with ``rag-gates calibrate``, or pass ``beta=`` to the gate (``beta=1.0`` always retrieves).
 """
 
 from __future__ import annotations
