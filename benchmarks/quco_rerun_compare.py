@@ -36,9 +36,8 @@ def compare(before: dict[tuple[str, str], dict[str, Any]],
     """Accuracy, retrievals per question and changed answers per QuCo method, paired."""
     result: dict[str, Any] = {}
     for method in METHODS:
-        ids = sorted({i for (i, m) in after if m == method} & {i for (i, m) in before
-                                                                if m == method},
-                     key=lambda i: int(i.rsplit("-", 1)[1]))
+        done = {i for (i, m) in before if m == method}
+        ids = [i for (i, m) in after if m == method and i in done]  # the run's order
         if not ids:
             continue
         b = [before[(i, method)] for i in ids]
