@@ -38,6 +38,7 @@ from rag_gates.calibration import (
     ModelIdentity,
     calibrate,
     parse_same_answer,
+    read_records,
 )
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -72,8 +73,7 @@ def _scores(dataset: str, gates: list[str]) -> dict[str, dict[str, float | None]
     return scores
 
 
-def records_for(dataset: str) -> tuple[list[CalibrationRecord], dict[str, list[
-        CalibrationRecord]], list[str]]:
+def _from_bench(dataset: str) -> tuple[list[CalibrationRecord], list[str]]:
     run, gates = SETS[dataset]
     pairs, scores = _pairs(run), _scores(dataset, gates)
     ids = [i for i in pairs if i in scores and len(scores[i]) == len(gates)]
@@ -87,6 +87,24 @@ def records_for(dataset: str) -> tuple[list[CalibrationRecord], dict[str, list[
             retrieved_correct=accuracy(p["single"]["prediction"], p["answers"]) > 0,
             closed_book_answer=p["no-rag"]["prediction"],
             retrieved_answer=p["single"]["prediction"]))
+    return gold, gates
+
+
+def _from_calibrate(path: Path) -> tuple[list[CalibrationRecord], list[str]]:
+    """The records a ``rag-gates calibrate`` work directory holds (both replies kept)."""
+    gold = read_records(path)
+    missing = [r.id for r in gold if r.retrieved_answer is None]
+    if missing:
+        raise SystemExit(f"{path}: {len(missing)} records keep no reply with retrieval "
+                         "(written before records kept it): calibrate again into a new "
+                         "--work-dir")
+    return gold, sorted({g for r in gold for g in r.scores})
+
+
+def records_for(dataset: str, calibrate_records: dict[str, Path]) -> tuple[
+        list[CalibrationRecord], dict[str, list[CalibrationRecord]], list[str]]:
+    gold, gates = (_from_calibrate(calibrate_records[dataset]) if dataset in calibrate_records
+                   else _from_bench(dataset))
     free = {name: [CalibrationRecord.from_agreement(
         id=r.id, question=r.question, closed_book_answer=r.closed_book_answer or "",
         retrieved_answer=r.retrieved_answer or "", judge=parse_same_answer(name),
@@ -120,13 +138,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--n-cal", type=int, default=200)
     parser.add_argument("--delta", type=float, default=0.1)
     parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--calibrate-records", action="append", default=[],
+                        metavar="NAME=PATH", help="Also a rag-gates calibrate work directory's "
+                        "records.jsonl (gold labels and both replies kept), as data set NAME.")
     args = parser.parse_args(argv)
+    extra = dict(item.split("=", 1) for item in args.calibrate_records)
+    calibrate_records = {name: Path(path) for name, path in extra.items()}
     rng = np.random.default_rng(args.seed)
     result: dict[str, Any] = {"command": "python benchmarks/calibration_no_labels.py --out "
-                              f"{args.out} --draws {args.draws} --n-cal {args.n_cal}",
+                              f"{args.out} --draws {args.draws} --n-cal {args.n_cal}" + "".join(
+                                  f" --calibrate-records {c}" for c in args.calibrate_records),
                               "delta": args.delta, "sets": {}}
-    for dataset in SETS:
-        gold, free, gates = records_for(dataset)
+    for dataset in [*SETS, *calibrate_records]:
+        gold, free, gates = records_for(dataset, calibrate_records)
         differ = [r.closed_book_correct != r.retrieved_correct for r in gold]
         entry: dict[str, Any] = {"questions": len(gold), "correctness_differs": sum(differ),
                                  "judges": {}, "gates": {}}
