@@ -317,6 +317,17 @@ def _first_line(text: str) -> str:
     return text.split("\n", 1)[0].strip()
 
 
+def _follow_up(text: str) -> StepText | str:
+    """A step's text after "Follow up:", or the step itself when it is a final answer or no
+    step at all (both readers begin alike)."""
+    body = text.lstrip()
+    if body.startswith(FINAL):
+        return StepText(kind="final", final=_first_line(body[len(FINAL):]))
+    if not body.startswith(FOLLOW_UP):
+        return StepText(kind="none")
+    return body[len(FOLLOW_UP):]
+
+
 def read_step(text: str) -> StepText:
     """Read the model's text at the start of a step (see :class:`StepText`).
 
@@ -328,12 +339,9 @@ def read_step(text: str) -> StepText:
         >>> st.kind, st.subquery, st.decision
         ('subquery', 'Who directed Jaws?', 'retrieve')
     """
-    body = text.lstrip()
-    if body.startswith(FINAL):
-        return StepText(kind="final", final=_first_line(body[len(FINAL):]))
-    if not body.startswith(FOLLOW_UP):
-        return StepText(kind="none")
-    rest = body[len(FOLLOW_UP):]
+    rest = _follow_up(text)
+    if isinstance(rest, StepText):
+        return rest
     ends = [i for i in (rest.find(m) for m in ("\n", _RETRIEVE_CUE, INTERMEDIATE, FINAL, CONTEXT))
             if i >= 0]
     cut = min(ends, default=len(rest))
@@ -374,12 +382,9 @@ def read_step_authors(text: str) -> StepText:
         >>> st.subquery, st.decision
         ('Who directed Jaws? Steven Spielberg', None)
     """
-    body = text.lstrip()
-    if body.startswith(FINAL):
-        return StepText(kind="final", final=_first_line(body[len(FINAL):]))
-    if not body.startswith(FOLLOW_UP):
-        return StepText(kind="none")
-    rest = body[len(FOLLOW_UP):]
+    rest = _follow_up(text)
+    if isinstance(rest, StepText):
+        return rest
     found = find_stop(rest, AUTHORS_STOP_WORDS)
     head = rest if found is None else rest[:found[0]]
     word = None if found is None else rest[found[0]:found[1]]
