@@ -43,7 +43,7 @@ _SERVER = ("serve it from a Qdrant server (e.g. docker run -p 6333:6333 qdrant/q
 _POLL_S = 0.05
 
 
-def server_error(exc: BaseException, client: Any = None, *, url: str | None = None,
+def server_error(exc: BaseException, client: Any = None, *,
                  api_key: str | None = None) -> str:
     """``TYPE: message`` of an exception raised by a Qdrant client, scrubbed of the API key
     sent (``api_key``, or the one ``client`` holds) and of URL credentials: a server may
