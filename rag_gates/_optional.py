@@ -8,7 +8,8 @@ from types import ModuleType
 __all__ = ["EXTRAS", "require"]
 
 # Every extra an error message may name; a test checks each exists in pyproject.toml.
-EXTRAS = frozenset({"hf", "corpus", "qdrant", "spacy", "train", "trl", "eval", "api", "all", "dev"})
+EXTRAS = frozenset({"hf", "corpus", "qdrant", "spacy", "train", "trl", "eval", "api", "all", "dev",
+                    "polygraph"})
 
 
 def require(module: str, extra: str) -> ModuleType:
