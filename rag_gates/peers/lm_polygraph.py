@@ -272,6 +272,18 @@ class PolygraphGate(BaseGate):
             if type(calculator).__name__ in _SAMPLERS:
                 calculator.samples_n = samples
 
+    @property
+    def calculators(self) -> tuple[str, ...]:
+        """The lm-polygraph stat calculators one decision runs, in order (their class names):
+        what a decision costs, besides the estimator itself."""
+        return tuple(type(c).__name__ for c in self._manager.stat_calculators)
+
+    @property
+    def manager(self) -> Any:
+        """The ``lm_polygraph.UEManager`` that holds the built stat calculators (built once,
+        with the gate; a decision runs them through its ``calculate``)."""
+        return self._manager
+
     def _needed(self, containers: list[Any]) -> frozenset[str]:
         """Every statistic the estimator needs, through the calculators' dependencies;
         ValueError for one that no calculator computes from the model alone."""
@@ -363,7 +375,7 @@ def register_polygraph_gate(estimator: Any, **options: Any) -> str:
         >>> name
         'polygraph-PTrue'
     """
-    from rag_gates.gate.registry import GateContext, register_gate
+    from rag_gates.registry import GateContext, register_gate
 
     name = _gate_name(polygraph_estimator(estimator))
 

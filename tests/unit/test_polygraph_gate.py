@@ -185,8 +185,8 @@ def test_arguments_are_checked_with_what_to_do(polygraph: Any, tiny: Any) -> Non
 
 
 def test_registered_gate_builds_from_an_expression(polygraph: Any, tiny: Any) -> None:
-    from rag_gates.gate.registry import GateContext, make_gate, unregister_gate
     from rag_gates.peers import PolygraphGate, register_polygraph_gate
+    from rag_gates.registry import GateContext, make_gate, unregister_gate
 
     name = register_polygraph_gate("Perplexity", samples=3)
     try:
