@@ -14,9 +14,9 @@ BIN := $(VENV)/bin
 # torch is pinned for development (the CPU build on local disk); the library declares a range.
 PIP := $(BIN)/python -m pip install --quiet --disable-pip-version-check -c constraints.txt
 PROJECT_FILES := pyproject.toml integrations/langchain/pyproject.toml \
-	integrations/llama-index/pyproject.toml constraints.txt
+	integrations/llama-index/pyproject.toml benchmarks/lab/pyproject.toml constraints.txt
 PACKAGES := -e ".[hf,qdrant,eval,corpus,train,api]" -e "integrations/langchain[examples]" \
-	-e "integrations/llama-index[examples]"
+	-e "integrations/llama-index[examples]" -e benchmarks/lab
 LINT_PATHS := rag_gates integrations tests benchmarks examples docs/api/conf.py
 
 .PHONY: demo test test-install test-server lint typecheck pytest bench clean install install-dev
@@ -48,7 +48,9 @@ lint: $(VENV)/.installed-dev
 	$(BIN)/ruff check $(LINT_PATHS)
 
 typecheck: $(VENV)/.installed-dev
-	$(BIN)/mypy rag_gates integrations/langchain/langchain_rag_gates
+	# From the lab's folder, so rag_gates_lab is checked as the package it is, with the library
+	cd benchmarks/lab && ../../$(BIN)/mypy --config-file ../../pyproject.toml --cache-dir ../../.mypy_cache rag_gates_lab \
+		../../rag_gates ../../integrations/langchain/langchain_rag_gates
 	cd integrations/llama-index && ../../$(BIN)/mypy -p llama_index.llms.rag_gates -p llama_index.retrievers.rag_gates \
 		-p llama_index.query_engine.rag_gates -p llama_index.tools.rag_gates \
 		-p llama_index.postprocessor.rag_gates -p llama_index.response_synthesizers.rag_gates

@@ -46,8 +46,8 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 
 from rag_gates._io import write_text_atomic
 from rag_gates.answers import accuracy, f1, normalize_answer
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.tools import SEARCH_DOCUMENTS_NAME, VERIFY_CLAIMS_NAME
+from rag_gates_lab.datasets import load_dataset
 
 EXAMPLES = Path(__file__).resolve().parents[1] / "examples"
 sys.path.insert(0, str(EXAMPLES))

@@ -39,8 +39,8 @@ def measure(offset: int, n: int, threads: int, pieces: Path) -> None:
     from rag_gates.answers import accuracy
     from rag_gates.commands.calibrate import read_corpus, read_questions
     from rag_gates.confidence import AnswerLogprobGate
-    from rag_gates.eval.methods import MethodContext, make_method
     from rag_gates.lm import load_lm
+    from rag_gates.methods import MethodContext, make_method
     from rag_gates.retrieval.bm25 import BM25Retriever
 
     lm = load_lm("default", num_threads=threads)

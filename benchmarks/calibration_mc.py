@@ -22,7 +22,7 @@ noise). A draw *violates* when the drop exceeds epsilon. Rules compared:
 * ``empirical``: the largest skip whose calibration drop is at most epsilon (what a tolerance
   on ``eval-gate``'s accuracy curve does).
 * ``eval-gate``: ``eval-gate``'s own rule (best calibration accuracy, fewest retrievals among
-  ties; ``rag_gates.eval.gate_eval.calibrate``), which ignores epsilon.
+  ties; ``rag_gates_lab.gate_eval.calibrate``), which ignores epsilon.
 
 The composites are the library's, fitted on one half of the calibration draw and certified
 on the other: ``weighted`` (a logistic combination of the four gates, label closed-book
@@ -61,7 +61,7 @@ from rag_gates.calibration.calibrate import (
     random_u,
 )
 from rag_gates.calibration.certify import BOUNDS, certified_cut, cut_table, empirical_cut
-from rag_gates.eval.runner import read_records
+from rag_gates_lab.runner import read_records
 
 ROOT = Path(__file__).resolve().parent / "results"
 GATES = ("answer-logprob", "first-token-prob", "quco", "cbdr")

@@ -30,8 +30,8 @@ from pathlib import Path
 import torch
 
 from rag_gates.cbdr import CBDRGate, load_default_probe
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
+from rag_gates_lab.datasets import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 

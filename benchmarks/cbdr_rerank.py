@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from rag_gates.cbdr import ConfidenceGainReranker, CrossEncoderReranker, load_default_probe
-from rag_gates.eval.datasets import QAExample, load_dataset
 from rag_gates.lm import load_default_lm
 from rag_gates.lm.defaults import load_default_embedder
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.types import Passage
+from rag_gates_lab.datasets import QAExample, load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 Ranker = Callable[[str, Sequence[Passage]], list[int]]

@@ -40,10 +40,10 @@ def main() -> None:
     index, vectorstore = namespace["index"], namespace["vectorstore"]
     n = len(namespace["TEXTS"])
 
-    from langchain_rag_gates import ConfidenceGainReranker as LCReranker
     from llama_index.core import QueryBundle
     from llama_index.postprocessor.rag_gates import ConfidenceGainReranker as LIReranker
 
+    from langchain_rag_gates import ConfidenceGainReranker as LCReranker
     from rag_gates.cbdr import load_default_probe
     from rag_gates.lm import load_default_lm
 

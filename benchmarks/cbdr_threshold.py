@@ -59,7 +59,7 @@ def _question(row: dict[str, Any]) -> str:
 
 def _probe_split(probe: Any) -> set[int]:
     """PopQA rows in the probe's dev quarter, as ``rag-gates cbdr train-probe`` split them
-    (``rag_gates/commands/cbdr.py``: the collected rows in dataset order, shuffled by
+    (``rag_gates_lab/commands/cbdr.py``: the collected rows in dataset order, shuffled by
     ``random.Random(seed)``, the first ``int(n * dev_fraction)`` are dev)."""
     trained = probe.config.trained_on
     counts = [int(n) for n in trained["n"]]

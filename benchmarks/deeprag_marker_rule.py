@@ -25,8 +25,8 @@ from collections import Counter
 from pathlib import Path
 from typing import Any
 
-from rag_gates.eval.boundary import boundary_by_method
-from rag_gates.eval.runner import RunRecord, read_records
+from rag_gates_lab.boundary import boundary_by_method
+from rag_gates_lab.runner import RunRecord, read_records
 
 RESULTS = Path("benchmarks/results/deeprag")
 RULES = {"fail_closed": ("", "deeprag"), "authors": ("-authors", "deeprag@authors")}

@@ -27,9 +27,9 @@ from typing import Any
 from rag_gates.deeprag.agent import DeepRAGConfig
 from rag_gates.deeprag.search import TrajectorySearch
 from rag_gates.deeprag.trajectory import DEMONSTRATION, DeepRAGPrompt
-from rag_gates.eval.corpus import load_retriever
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
+from rag_gates_lab.corpus import load_retriever
+from rag_gates_lab.datasets import load_dataset
 
 
 def main() -> None:

@@ -27,8 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates.deeprag.trajectory import DEMONSTRATION, FOLLOW_UP, DeepRAGPrompt
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
+from rag_gates_lab.datasets import load_dataset
 
 OFFSETS = {"hotpotqa": 900, "2wiki": 240}
 

@@ -36,13 +36,13 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._io import write_text_atomic
-from rag_gates.eval.compose import cascade_band, fit_weighted
-from rag_gates.eval.gate_eval import calibrate, threshold_curve
-from rag_gates.eval.metrics import auroc
-from rag_gates.eval.report import pareto_front
-from rag_gates.eval.runner import read_records
 from rag_gates.gate import AllOf, AnyOf, BaseGate, Cascade, Gate, Weighted
 from rag_gates.types import GateDecision
+from rag_gates_lab.compose import cascade_band, fit_weighted
+from rag_gates_lab.gate_eval import calibrate, threshold_curve
+from rag_gates_lab.metrics import auroc
+from rag_gates_lab.report import pareto_front
+from rag_gates_lab.runner import read_records
 
 RESULTS = Path(__file__).resolve().parent / "results" / "eval"
 GATES = ("quco", "cbdr", "answer-logprob", "first-token-prob")

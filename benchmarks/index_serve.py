@@ -140,7 +140,7 @@ def main() -> None:
     args = parser.parse_args()
 
     from rag_gates.corpus import HostedInfiniGram, LocalInfiniGram, Window
-    from rag_gates.eval.corpus import build_corpus_stats
+    from rag_gates_lab.corpus import build_corpus_stats
 
     bench = _corpus_bench()
     started = time.time()

@@ -11,7 +11,7 @@ import argparse
 from collections import defaultdict
 from pathlib import Path
 
-from rag_gates.eval.runner import read_records
+from rag_gates_lab.runner import read_records
 
 
 def main() -> None:

@@ -63,9 +63,9 @@ def main() -> None:
     args = parser.parse_args()
 
     import rag_gates.extract.heuristic as heuristic
-    from rag_gates.eval.corpus import load_corpus_stats
-    from rag_gates.eval.datasets import load_dataset
     from rag_gates.quco import QuCoGate
+    from rag_gates_lab.corpus import load_corpus_stats
+    from rag_gates_lab.datasets import load_dataset
 
     extractors = {"before": _old_extractor(args.before), "after": heuristic.HeuristicExtractor()}
     indexes = {"lower": load_corpus_stats(case="insensitive", cache=False),

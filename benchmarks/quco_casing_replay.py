@@ -48,10 +48,10 @@ def main() -> None:
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args()
 
-    from rag_gates.eval.corpus import load_corpus_stats
     from rag_gates.extract.heuristic import HeuristicExtractor
     from rag_gates.extract.sentences import split_sentences
     from rag_gates.quco import ClaimVerifier, QuCoGate
+    from rag_gates_lab.corpus import load_corpus_stats
 
     settings = {"before": (_extractor_at(args.before), load_corpus_stats(case="insensitive")),
                 "after": (HeuristicExtractor(), load_corpus_stats(case="sensitive"))}

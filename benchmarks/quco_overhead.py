@@ -21,8 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._io import write_text_atomic
-from rag_gates.eval.runner import read_records
 from rag_gates.types import Trace
+from rag_gates_lab.runner import read_records
 
 
 def question_costs(record: Any) -> dict[str, float]:

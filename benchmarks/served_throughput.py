@@ -34,13 +34,13 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 def answers(run: Path) -> dict[tuple[str, str], str]:
-    from rag_gates.eval.runner import read_records
+    from rag_gates_lab.runner import read_records
 
     return {(r.id, r.method): r.prediction for r in read_records(run)}
 
 
 def timed_run(config: Any, run: Path, lm: Any, retriever: Any) -> dict[str, Any]:
-    from rag_gates.eval.runner import read_records, run_bench
+    from rag_gates_lab.runner import read_records, run_bench
 
     shutil.rmtree(run, ignore_errors=True)
     load = os.getloadavg()[0]
@@ -69,9 +69,9 @@ def main() -> None:
     parser.add_argument("--skip-hf", action="store_true")
     args = parser.parse_args()
 
-    from rag_gates.eval.corpus import load_retriever
-    from rag_gates.eval.runner import BenchConfig, load_bench_lm
     from rag_gates.lm.llamacpp_server import llamacpp_server
+    from rag_gates_lab.corpus import load_retriever
+    from rag_gates_lab.runner import BenchConfig, load_bench_lm
 
     started = time.time()
     retriever = load_retriever("hotpotqa", "bm25", None)

@@ -25,10 +25,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from srrag_ship_policy import best_tau, leave_one_out_components
 
-from rag_gates.eval.metrics import auroc
 from rag_gates.lm import load_lm
 from rag_gates.srrag.labels import RETRIEVAL, read_labels
 from rag_gates.srrag.policy import DEFAULT_K, PolicyEntry
+from rag_gates_lab.metrics import auroc
 
 
 def main() -> None:

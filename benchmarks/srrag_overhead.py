@@ -17,7 +17,7 @@ from collections import defaultdict
 from pathlib import Path
 from typing import Any
 
-from rag_gates.eval.runner import read_records
+from rag_gates_lab.runner import read_records
 
 
 def overhead(run_dir: Path) -> dict[str, dict[str, Any]]:

@@ -14,7 +14,7 @@
   share of questions with a retrieval at each rung (for SR-RAG: the rest were verbalized).
 * ``deeprag``: per DeepRAG run on the two-hop questions (``deeprag-TB/twohop``,
   ``twohop-sft``), the share of steps that retrieved, by the rung of the hop each step asks
-  about (matched by :func:`rag_gates.eval.boundary.hop_of`, as the per-subquery MCC is).
+  about (matched by :func:`rag_gates_lab.boundary.hop_of`, as the per-subquery MCC is).
 * ``srrag``: on the evaluation facts' SR-RAG labels (``srrag-TB/labels-eval.jsonl``), the share
   preferring retrieval at each rung and ``rung_auroc``: how well a low rung alone ranks
   "retrieval better" (what a router that knew each fact's rung would reach); per routing
@@ -36,10 +36,10 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._io import write_text_atomic
-from rag_gates.eval.boundary import hop_of
-from rag_gates.eval.metrics import auroc
-from rag_gates.eval.runner import read_records
-from rag_gates.eval.testbed.dataset import twohop_hops
+from rag_gates_lab.boundary import hop_of
+from rag_gates_lab.metrics import auroc
+from rag_gates_lab.runner import read_records
+from rag_gates_lab.testbed.dataset import twohop_hops
 
 ROOT = Path(__file__).resolve().parent.parent
 R = ROOT / "benchmarks" / "results" / "testbed"

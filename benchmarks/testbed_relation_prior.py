@@ -30,8 +30,8 @@ from typing import Any
 
 from rag_gates._io import write_text_atomic
 from rag_gates.answers import accuracy, normalize_answer
-from rag_gates.eval.runner import read_records
-from rag_gates.eval.testbed.build import read_manifest
+from rag_gates_lab.runner import read_records
+from rag_gates_lab.testbed.build import read_manifest
 
 #: The manifest splits the builder teaches and no evaluation question asks about.
 TAUGHT_SPLITS = ("probe", "calibration")

@@ -16,7 +16,7 @@ import argparse
 import json
 from pathlib import Path
 
-from rag_gates.eval.testbed.skills import shape_table
+from rag_gates_lab.testbed.skills import shape_table
 
 
 def build_name(report: Path) -> str:

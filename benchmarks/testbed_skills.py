@@ -11,7 +11,7 @@ prompt form (the benchmark's QA prompt, DeepRAG's ``Context:`` step in the bench
 paper's prompt, Tok-RAG's decoder with the default and the authors' ``[Reference]:``
 passages, SR-RAG's answer after a verbalization, CBDR's paper prompt), closed book and
 GenRead per rung; the two-hop questions over evaluation facts with both hops' passages.
-Every prompt is rendered by the method's own code (:mod:`rag_gates.eval.testbed.skills`).
+Every prompt is rendered by the method's own code (:mod:`rag_gates_lab.testbed.skills`).
 The out file ends with one pass/fail line per criterion; the thresholds are that module's
 constants. ``--validation`` (the validate step's table) gives the base model's closed book at
 r = 0 for the one criterion this run cannot measure alone.
@@ -39,7 +39,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._io import write_text_atomic
-from rag_gates.eval.testbed.skills import measure_skills
+from rag_gates_lab.testbed.skills import measure_skills
 
 ROOT = Path(__file__).resolve().parent.parent
 

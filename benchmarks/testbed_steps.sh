@@ -67,7 +67,7 @@ skills)
   # Issue 35's validation shape: `single` with each fact's own passage in every method's
   # prompt form, DeepRAG's hop answer from Context:, genread against closed book per rung,
   # two-hop `single` with both hops' passages; one pass/fail line per criterion (the
-  # thresholds are rag_gates/eval/testbed/skills.py's). The base model's closed book at
+  # thresholds are benchmarks/lab/rag_gates_lab/testbed/skills.py's). The base model's closed book at
   # r = 0 comes from the validate step's table. Resumes from skills-$TB*-rows.jsonl.
   .venv/bin/python benchmarks/testbed_skills.py --testbed $D \
       --validation benchmarks/results/testbed/validation-$TB.json \

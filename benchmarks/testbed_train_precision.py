@@ -34,7 +34,8 @@ from typing import Any
 import torch
 import transformers
 
-from rag_gates.eval.testbed.build import (
+from rag_gates.lm.defaults import default_lm_dir, load_default_tokenizer
+from rag_gates_lab.testbed.build import (
     TestbedConfig,
     cpu_bfloat16_units,
     cpuinfo_values,
@@ -42,7 +43,6 @@ from rag_gates.eval.testbed.build import (
     testbed_documents,
     training_text,
 )
-from rag_gates.lm.defaults import default_lm_dir, load_default_tokenizer
 
 ROOT = Path(__file__).resolve().parent.parent
 PRECISIONS = ("fp32", "bf16")

@@ -9,7 +9,7 @@ The evidence behind ``skill_unknown``: tb12 and tb13 verbalize a confident guess
 they were never taught, the answer step reads it, and genread falls below closed book at
 r = 0. If the answer after an honest "no information" is at least closed book at r = 0, a
 model that learns to write it for untaught subjects keeps its closed-book prior there. The
-answer is SR-RAG's answer step (:func:`rag_gates.eval.testbed.skills.form_answerers`'
+answer is SR-RAG's answer step (:func:`rag_gates_lab.testbed.skills.form_answerers`'
 ``srrag``: the passage as a finished verbalization) on each evaluation fact. ``--verbalize``
 also asks whether the model writes the sentence itself, per rung (on a ``--skill-unknown``
 build it should at r = 0 and not at r = 64).
@@ -29,12 +29,12 @@ from typing import Any
 
 from rag_gates._io import write_text_atomic
 from rag_gates.answers import score_answer
-from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
-from rag_gates.eval.testbed.dataset import load_testbed_dataset
-from rag_gates.eval.testbed.skills import CLOSED, accuracy_cell, form_answerers
 from rag_gates.lm.defaults import load_lm
 from rag_gates.srrag.verbalizer import Verbalizer
 from rag_gates.types import Passage
+from rag_gates_lab.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
+from rag_gates_lab.testbed.dataset import load_testbed_dataset
+from rag_gates_lab.testbed.skills import CLOSED, accuracy_cell, form_answerers
 
 #: The table's rows besides closed book: the answer after the sentence, and (``--verbalize``)
 #: the % of facts whose verbalization is the sentence.

@@ -50,12 +50,12 @@ from typing import Any
 import torch
 from sklearn.metrics import f1_score, roc_auc_score
 
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
 from rag_gates.tokrag import TokRAGConfig, TokRAGDecoder
 from rag_gates.tokrag.decoder import authors_layer_divergence
 from rag_gates.tokrag.streams import TwoStreams
 from rag_gates.types import QAExample
+from rag_gates_lab.datasets import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 

@@ -43,12 +43,12 @@ import torch
 from sklearn.metrics import f1_score, roc_auc_score
 from tokrag_auc import labelled_steps  # the same rows, passages and gold texts
 
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
 from rag_gates.lm.defaults import DEFAULT_LM_ID
 from rag_gates.tokrag import TokRAGConfig, TokRAGDecoder
 from rag_gates.tokrag.authors import AUTHORS_VARIANTS
 from rag_gates.types import QAExample
+from rag_gates_lab.datasets import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "benchmarks/results"

@@ -42,11 +42,11 @@ from typing import Any
 
 import torch
 
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.lm import load_default_lm
 from rag_gates.prompts import qa_prompt
 from rag_gates.tokrag import CADDecoder, TokRAGConfig, TokRAGDecoder
 from rag_gates.types import Passage
+from rag_gates_lab.datasets import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 WAYS = ("rag", "two-streams", "tokrag")

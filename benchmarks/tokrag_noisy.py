@@ -36,11 +36,11 @@ from typing import Any
 import torch
 
 from rag_gates.answers import score_answer
-from rag_gates.eval.corpus import load_retriever
-from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.methods import MethodContext, make_method
+from rag_gates.methods import MethodContext, make_method
 from rag_gates.retrieval.base import BaseRetriever
 from rag_gates.types import Passage, QAExample
+from rag_gates_lab.corpus import load_retriever
+from rag_gates_lab.datasets import load_dataset
 
 ROOT = Path(__file__).resolve().parent.parent
 SHARES = (0, 60, 100)

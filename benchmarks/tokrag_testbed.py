@@ -48,11 +48,11 @@ from typing import Any
 from tokrag_noisy import SPECS, FixedPassages
 
 from rag_gates.answers import normalize_answer, score_answer
-from rag_gates.eval.corpus import load_retriever
-from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.methods import MethodContext, make_method
-from rag_gates.eval.names import check_methods
+from rag_gates.methods import MethodContext, make_method
 from rag_gates.types import Passage, QAExample
+from rag_gates_lab.corpus import load_retriever
+from rag_gates_lab.datasets import load_dataset
+from rag_gates_lab.names import check_methods
 
 ROOT = Path(__file__).resolve().parent.parent
 CASES = ("gold", "counterfactual", "distractors")
@@ -180,8 +180,8 @@ def main() -> None:
     if cache.exists():
         rows = [json.loads(line) for line in cache.read_text().splitlines() if line]
     if not args.summary_only:
-        from rag_gates.eval.testbed.dataset import testbed_passages
         from rag_gates.lm.defaults import load_lm
+        from rag_gates_lab.testbed.dataset import testbed_passages
 
         lm = load_lm(args.model or str(args.testbed / "model"), num_threads=1)
         bm25 = load_retriever(name)

@@ -8,9 +8,9 @@ transformers checkpoint or a Hugging Face hub id).
 
 from __future__ import annotations
 
-from langchain_rag_gates import ChatRagGates
 from llama_index.llms.rag_gates import RagGatesLLM
 
+from langchain_rag_gates import ChatRagGates
 from rag_gates.lm import load_default_lm
 
 lm = load_default_lm()  # one model shared by both frameworks

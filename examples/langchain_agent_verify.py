@@ -57,9 +57,9 @@ from langchain.agents import create_agent
 from langchain.agents.middleware import AgentMiddleware, ModelRequest, ModelResponse
 from langchain_core.documents import Document
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMessage
-from langchain_rag_gates import ClaimVerifierTool, GatedRetriever, GatedRetrieverTool
 from my_documents import my_documents, write_jsonl
 
+from langchain_rag_gates import ClaimVerifierTool, GatedRetriever, GatedRetrieverTool
 from rag_gates.corpus import LocalInfiniGram, build_index
 from rag_gates.lm import default_embedder_path
 from rag_gates.quco import ClaimVerifier, QuCoGate

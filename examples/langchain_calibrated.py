@@ -28,8 +28,8 @@ from typing import Any
 
 from langchain_core.messages import HumanMessage
 from langchain_core.runnables import RunnableLambda
-from langchain_rag_gates import ChatRagGates, closed_book_prompt, route_by_gate
 
+from langchain_rag_gates import ChatRagGates, closed_book_prompt, route_by_gate
 from rag_gates.calibration import load_gate
 from rag_gates.commands.calibrate import read_corpus, read_questions
 from rag_gates.lm import load_default_lm

@@ -44,9 +44,9 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
-from langchain_rag_gates import ChatRagGates, ConfidenceGainReranker, route_by_gate
 from my_documents import my_documents
 
+from langchain_rag_gates import ChatRagGates, ConfidenceGainReranker, route_by_gate
 from rag_gates.cbdr import CBDRGate, load_default_probe
 from rag_gates.lm import default_embedder_path, load_default_lm
 

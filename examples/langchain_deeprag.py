@@ -48,9 +48,9 @@ from embedding_cache import cached_embeddings
 from langchain_core.documents import Document
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
-from langchain_rag_gates import ChatRagGates, DeepRAGRunnable
 from my_documents import my_documents
 
+from langchain_rag_gates import ChatRagGates, DeepRAGRunnable
 from rag_gates.deeprag import DEMONSTRATION, DeepRAGPrompt
 from rag_gates.lm import default_embedder_path, load_default_lm
 

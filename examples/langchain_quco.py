@@ -42,9 +42,9 @@ from langchain_core.documents import Document
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
-from langchain_rag_gates import ChatRagGates, ClaimVerifierTool, route_by_gate
 from my_documents import my_documents, write_jsonl
 
+from langchain_rag_gates import ChatRagGates, ClaimVerifierTool, route_by_gate
 from rag_gates.corpus import LocalInfiniGram, build_index
 from rag_gates.lm import default_embedder_path, load_default_lm
 from rag_gates.quco import ClaimVerifier, QuCoGate

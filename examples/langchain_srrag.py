@@ -55,10 +55,10 @@ from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableParallel, RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
-from langchain_rag_gates import ChatRagGates, SelfRoutingRetriever
 from my_documents import my_documents
 from my_routing_labels import QUESTIONS, TAU, K, show_route, toy_policy
 
+from langchain_rag_gates import ChatRagGates, SelfRoutingRetriever
 from rag_gates.lm import default_embedder_path, load_default_lm
 from rag_gates.srrag import SelfRoutingGate, Verbalizer
 

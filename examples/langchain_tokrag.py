@@ -29,9 +29,9 @@ from langchain_core.documents import Document
 from langchain_core.runnables import RunnablePassthrough
 from langchain_huggingface import HuggingFaceEmbeddings
 from langchain_qdrant import QdrantVectorStore
-from langchain_rag_gates import TokRAGRunnable
 from my_documents import my_documents
 
+from langchain_rag_gates import TokRAGRunnable
 from rag_gates.lm import default_embedder_path, load_default_lm
 
 QUESTION = "Were Scott Derrickson and Ed Wood of the same nationality?"

@@ -43,9 +43,11 @@ __all__ = [
     "ERROR_BODY_BYTES",
     "MIN_SECRET_CHARS",
     "RETRY_STATUS",
+    "SERVED_PREFIX",
     "LoopThread",
     "backoff_delay",
     "check_api_key",
+    "check_served_spec",
     "check_server_url",
     "is_http_url",
     "looks_like_server",
@@ -241,6 +243,19 @@ def check_server_url(url: str, what: str, key_hint: str) -> str:
         raise ValueError(f"{what} {shown!r} carries a query string, which would be shown in "
                          f"reprs, traces and logs (and may hold a key): remove it. {key_hint}")
     return url
+
+
+#: The prefix of a served model's ``--model`` value: ``openai:URL[#model-name]``.
+SERVED_PREFIX = "openai:"
+
+
+def check_served_spec(spec: str) -> None:
+    """Refuse an ``openai:URL`` whose URL carries credentials or a query string, without
+    repeating them: a run directory or spec records the value, and an API key belongs in the
+    environment (the check is :func:`check_server_url`, as for the client)."""
+    url = spec[len(SERVED_PREFIX):].partition("#")[0]
+    check_server_url(url, "the URL of --model openai:http(s)://HOST[:PORT]/PATH[#model-name]",
+                     "Put the API key in the environment variable OPENAI_API_KEY")
 
 
 def check_api_key(key: str, where: str) -> str:

@@ -3,7 +3,7 @@ yes/no/maybe accuracy, and answer extraction from "the answer is ..." replies.
 
 Core vocabulary, not benchmark code: a method that labels the model's own answers (CBDR's
 probe data, DeepRAG's trajectory search, SR-RAG's source labels) matches them here, and the
-benchmark (:mod:`rag_gates.eval.metrics`) scores with the same functions.
+benchmark (:mod:`rag_gates_lab.metrics`) scores with the same functions.
 
 Example:
     >>> exact_match("The Eiffel Tower!", ["eiffel tower"])

@@ -1,4 +1,6 @@
-"""The ``rag-gates`` command line: ``info`` and ``demo`` (later issues add more commands)."""
+"""The ``rag-gates`` command line: the user's commands (``info``, ``demo``, ``calibrate``,
+``index``, ``models``); installed distributions add theirs through the ``rag_gates.cli`` entry
+points (the lab, ``benchmarks/lab``, adds ``bench``, ``eval-gate``, ``report``, ...)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,6 @@ import math
 import os
 import platform
 import time
-from collections.abc import Callable
 from importlib.metadata import PackageNotFoundError, version
 from pathlib import Path
 from typing import Annotated, Any
@@ -17,15 +18,8 @@ from rich.console import Console
 from rich.table import Table
 from rich.text import Text
 
-from rag_gates._console import error_line, quiet_transformers
-from rag_gates.commands._help import TidyGroup
-from rag_gates.eval.names import (
-    check_dataset,
-    check_gate_names,
-    check_methods,
-    check_retriever,
-    names_help,
-)
+from rag_gates._console import quiet_transformers
+from rag_gates.commands._help import ThreadsOption, TidyGroup
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import Generation, Passage
 
@@ -38,20 +32,9 @@ app = typer.Typer(
 )
 console = Console()
 
-from rag_gates.commands.cbdr import cbdr_app  # noqa: E402  (typer + rich only; no heavy imports)
 from rag_gates.corpus.cli import index_app  # noqa: E402  (typer + rich only; no heavy imports)
 
 app.add_typer(index_app, name="index")
-app.add_typer(cbdr_app, name="cbdr")
-from rag_gates.commands.deeprag import deeprag_app  # noqa: E402  (typer + rich only)
-
-app.add_typer(deeprag_app, name="deeprag")
-from rag_gates.eval.testbed.cli import testbed_app  # noqa: E402  (typer + rich only)
-
-app.add_typer(testbed_app, name="testbed")
-from rag_gates.commands.srrag import srrag_app  # noqa: E402  (typer + rich only)
-
-app.add_typer(srrag_app, name="srrag")
 from rag_gates.commands.models import models_app  # noqa: E402  (typer + rich only)
 
 app.add_typer(models_app, name="models")
@@ -59,12 +42,24 @@ from rag_gates.commands.calibrate import calibrate_command  # noqa: E402  (typer
 
 app.command("calibrate")(calibrate_command)
 
+#: Other distributions add commands here: each entry point is ``register(app)``, given the
+#: root app (the lab, ``rag-gates-lab``, adds bench, eval-gate, report, testbed, ...).
+CLI_ENTRY_POINT_GROUP = "rag_gates.cli"
+
+
+def _register_plugins() -> None:
+    from importlib.metadata import entry_points
+
+    for ep in entry_points(group=CLI_ENTRY_POINT_GROUP):
+        ep.load()(app)
+
+
 _EXAMPLE_DATA = Path(__file__).resolve().parent.parent / "examples" / "data"
 DEMO_DATA = _EXAMPLE_DATA / "hotpotqa_dev_sample.jsonl"
 POPQA_DEMO_DATA = _EXAMPLE_DATA / "popqa_dev_sample.jsonl"
-#: torch threads, for every command that loads a model.
-ThreadsOption = Annotated[int | None, typer.Option(
-    min=1, help="torch threads (default: torch's choice).")]
+#: QuCo's corpus in the demo: the paragraphs of the shipped HotpotQA and 2Wiki slices.
+DEMO_CORPUS_FILES = (("hotpotqa", DEMO_DATA),
+                     ("2wiki", _EXAMPLE_DATA / "2wikimultihopqa_dev_sample.jsonl"))
 _PACKAGES = ("rag-gates", "torch", "transformers", "sentence-transformers", "llama-index-core",
              "langchain-core", "llama-index-rag-gates", "langchain-rag-gates")
 
@@ -319,13 +314,14 @@ def _demo_deeprag(lm: Any, row: dict[str, Any]) -> None:
 
 def _demo_quco(questions: list[str], answers: list[str]) -> None:
     """QuCo-RAG's gate on each question and its claim check on the closed-book answer."""
-    from rag_gates.eval.corpus import load_corpus_stats
-    from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+    from rag_gates.corpus.cache import CachedCorpusStats
+    from rag_gates.corpus.local import LocalInfiniGram
+    from rag_gates.corpus.paragraphs import QA_PARAGRAPHS_TAU_ENTITY, build_paragraph_stats
     from rag_gates.quco import ClaimVerifier, QuCoGate
 
     with console.status("opening the corpus-statistics index (the first run builds it)"):
-        stats = load_corpus_stats()
-    gate = QuCoGate(stats, tau_entity=BENCH_TAU_ENTITY)
+        stats = CachedCorpusStats(LocalInfiniGram(build_paragraph_stats(DEMO_CORPUS_FILES)))
+    gate = QuCoGate(stats, tau_entity=QA_PARAGRAPHS_TAU_ENTITY)
     verifier = ClaimVerifier(stats, gate.extractor)
     console.print(f"\n[bold]QuCo-RAG[/]: entity counts in the index {stats.index_name!r} "
                   f"(Wikipedia paragraphs of the QA datasets), tau_entity {gate.tau_entity:g}")
@@ -416,223 +412,7 @@ def _demo_tokrag(lm: Any, rows: list[dict[str, Any]], max_new_tokens: int) -> No
     console.print("the two streams agreed on every token of these answers")
 
 
-@app.command()
-def bench(
-    dataset: Annotated[str, typer.Option(help=names_help("dataset"))],
-    out: Annotated[Path, typer.Option(help="Run directory (created; resumed if it exists).")],
-    methods: Annotated[str, typer.Option(help=names_help("method"))] = "no-rag,single",
-    n: Annotated[int, typer.Option(min=1, help="Number of questions.")] = 200,
-    offset: Annotated[int, typer.Option(min=0, help="Questions skipped first.")] = 0,
-    model: Annotated[str, typer.Option(
-        help="'default', an HF path/id (in process), or openai:URL\\[#model-name] (a model "
-             "behind an OpenAI-compatible server; API key from $OPENAI_API_KEY).")
-    ] = "default",
-    retriever: Annotated[str, typer.Option(help="bm25 or dense.")] = "bm25",
-    k: Annotated[int, typer.Option(min=1, max=50, help="Passages per retrieval.")] = 3,
-    max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 48,
-    data: Annotated[Path | None, typer.Option(help="Dataset file or directory.")] = None,
-    threads: ThreadsOption = None,
-    prefix_cache_mb: Annotated[float, typer.Option(
-        min=0, help="In-process models: MB of recent prompts' keys and values kept, so a "
-                    "prompt that extends one prefills only its new tokens (DeepRAG, FLARE); "
-                    "0: off. Log-probabilities equal an uncached run's up to float rounding "
-                    "(about 1e-5), so a greedy near-tie may differ.")] = 0,
-    concurrency: Annotated[int, typer.Option(
-        min=1, max=64, help="Questions answered at once (a served model only; the server "
-                            "batches them). In-process models answer one at a time.")] = 1,
-    request_timeout: Annotated[float, typer.Option(
-        min=1, max=3600, help="Seconds a served model may take for one request, retries "
-                              "included (questions queue at a server that answers one at a "
-                              "time).")] = 600.0,
-    chat_template: Annotated[str | None, typer.Option(
-        help="A served model's chat template: 'default' (the embedded SmolLM2's), a template "
-             "file or a model directory. Chat prompts are then rendered here, so score() "
-             "(deeprag-likelihood) and assistant prefill (deeprag) work through the server's "
-             "completions endpoint.")] = None,
-) -> None:
-    """Run methods over a dataset: one JSON line per answer, resumable, summary at the end."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from rag_gates.errors import ServerError, WhiteBoxRequiredError
-    from rag_gates.eval.methods import split_method_list
-    from rag_gates.eval.runner import BenchConfig, ConfigMismatchError, run_bench
-
-    try:
-        config = BenchConfig(dataset=dataset, methods=split_method_list(methods),
-                             n=n, offset=offset, model=model, retriever=retriever, k=k,
-                             max_new_tokens=max_new_tokens,
-                             data_path=str(data) if data else None, threads=threads,
-                             prefix_cache_mb=prefix_cache_mb,
-                             concurrency=concurrency, chat_template=chat_template,
-                             request_timeout=request_timeout)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _check_names(lambda: check_dataset(dataset), lambda: check_retriever(retriever),
-                 lambda: check_methods(config.methods))
-    _check_output_dir(out)
-    quiet_transformers()  # after the checks: importing transformers takes a second or two
-    # Transient: an error (or the summary) is printed where the bar was, not under it.
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def progress(done: int, total: int, running: dict[str, dict[str, float]]) -> None:
-            accs = "  ".join(f"{m} {s['accuracy']:.0f}%" for m, s in running.items())
-            bar.update(task, completed=done, total=total, description=f"acc: {accs}")
-
-        try:
-            summary = run_bench(config, out, progress=progress)
-        except (ValueError, FileNotFoundError, ConfigMismatchError, WhiteBoxRequiredError,
-                ServerError) as exc:
-            console.print(error_line(exc), highlight=False, soft_wrap=True)
-            raise typer.Exit(2) from exc
-    console.print((out / "summary.md").read_text())
-    console.print(f"results: {out / 'results.jsonl'}; summary: {out / 'summary.json'}")
-    _ = summary
-
-
-@app.command("eval-gate")
-def eval_gate(
-    gate: Annotated[str, typer.Option(help=names_help("gate"))],
-    dataset: Annotated[str, typer.Option(help=names_help("dataset"))],
-    out: Annotated[Path, typer.Option(help="Output directory.")],
-    n: Annotated[int, typer.Option(min=2)] = 200,
-    offset: Annotated[int, typer.Option(min=0)] = 0,
-    model: Annotated[str, typer.Option()] = "default",
-    retriever: Annotated[str, typer.Option(help="bm25 or dense (for the single-retrieval "
-                                                "labels).")] = "bm25",
-    k: Annotated[int, typer.Option(min=1, max=50)] = 3,
-    max_new_tokens: Annotated[int, typer.Option(min=1, max=1024)] = 32,
-    target_rate: Annotated[float | None, typer.Option(
-        min=0.0, max=1.0, help="Calibrate for this retrieval rate (default: best accuracy)."
-    )] = None,
-    data: Annotated[Path | None, typer.Option()] = None,
-    labels: Annotated[Path | None, typer.Option(
-        help="Bench directory with (or to hold) the no-rag and single runs of these questions; "
-             "it must exist unless --create-labels is given."
-    )] = None,
-    create_labels: Annotated[bool, typer.Option(
-        "--create-labels", help="Create the --labels directory if it does not exist.")] = False,
-    threads: ThreadsOption = None,
-) -> None:
-    """Score a gate against 'the model answers wrong without retrieval': AUROC, accuracy and
-    retrieval rate at every threshold, a calibrated threshold saved in OUT/gate.json. A gate
-    that reads text only (quco) scored against finished --labels loads no model."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
-
-    from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
-
-    try:
-        config = GateEvalConfig(gate=gate, dataset=dataset, n=n, offset=offset, model=model,
-                                retriever=retriever, k=k, max_new_tokens=max_new_tokens,
-                                target_retrieval_rate=target_rate,
-                                data_path=str(data) if data else None,
-                                labels_dir=str(labels) if labels else None,
-                                create_labels=create_labels, threads=threads)
-    except ValueError as exc:
-        raise typer.BadParameter(str(exc)) from exc
-    _check_names(lambda: check_gate_names(gate), lambda: check_dataset(dataset),
-                 lambda: check_retriever(retriever))
-    _check_output_dir(out)
-    quiet_transformers()
-    with Progress("[progress.description]{task.description}", BarColumn(),
-                  MofNCompleteColumn(), TimeRemainingColumn(), console=console,
-                  transient=True) as bar:
-        task = bar.add_task("starting", total=None)
-
-        def progress(stage: str, done: int, total: int) -> None:
-            bar.update(task, description=stage, completed=done, total=total)
-
-        try:
-            report = evaluate_gate(config, out, progress=progress)
-        except (ValueError, FileNotFoundError, TypeError) as exc:  # incl. ConfigMismatchError
-            console.print(error_line(exc))
-            raise typer.Exit(2) from exc
-    c = report.calibrated
-    console.print(f"[bold]{gate}[/] on {dataset} ({report.questions} questions): "
-                  f"AUROC {report.auroc:.3f}; closed book {100 * report.closed_book_accuracy:.1f}%"
-                  f", single retrieval {100 * report.single_retrieval_accuracy:.1f}%")
-    console.print(f"calibrated threshold {c.threshold:.4g}: accuracy {100 * c.accuracy:.1f}% at "
-                  f"retrieval rate {100 * c.retrieval_rate:.1f}% -> {out / 'gate.json'}")
-    if report.popularity_spearman is not None:
-        console.print(f"Spearman(score, s_pop) = {report.popularity_spearman:.3f}")
-
-
-@app.command("fit-weighted")
-def fit_weighted_command(
-    run: Annotated[list[Path], typer.Option(help="An eval-gate output directory, one per "
-                                                 "gate (repeat; calibration rows).")],
-    labels: Annotated[Path, typer.Option(help="Bench directory with the no-rag and single "
-                                              "runs of the same questions.")],
-    out: Annotated[Path, typer.Option(help="JSON to write: use it as weighted(OUT).")],
-    target_rate: Annotated[float | None, typer.Option(
-        min=0.0, max=1.0, help="Calibrate for this retrieval rate (default: best accuracy)."
-    )] = None,
-) -> None:
-    """Fit a Weighted gate (logistic regression of 'closed-book answer wrong' on the gates'
-    scores) from eval-gate decisions on calibration rows; use it as weighted(OUT)."""
-    from rag_gates._io import write_text_atomic
-    from rag_gates.eval.compose import fit_weighted_from_runs
-
-    try:
-        fitted = fit_weighted_from_runs(run, labels, target_rate=target_rate)
-    except (ValueError, FileNotFoundError) as exc:
-        console.print(error_line(exc))
-        raise typer.Exit(2) from exc
-    write_text_atomic(out, json.dumps(fitted, indent=2))
-    weights = ", ".join(f"{g} {w:+.3f}" for g, w in zip(fitted["gates"], fitted["weights"],
-                                                         strict=True))
-    console.print(f"weights {weights}, bias {fitted['bias']:+.3f}, threshold "
-                  f"{fitted['threshold']:.3f} on {fitted['fitted_on']['rows']} rows -> {out}")
-    console.print(f'use it as --gate "weighted({out})" or selective@weighted({out})')
-
-
-@app.command()
-def report(
-    runs: Annotated[list[Path], typer.Argument(help="Bench and/or eval-gate directories.")],
-    out: Annotated[Path, typer.Option(help="Report directory.")] = Path("report"),
-    title: Annotated[str, typer.Option()] = "rag-gates report",
-    doc: Annotated[Path | None, typer.Option(
-        help="Also put the report into this markdown page, between its "
-             "'<!-- BEGIN rag-gates report' and '<!-- END rag-gates report -->' lines "
-             "(the rest of the page is kept).")] = None,
-    paired: Annotated[bool, typer.Option(
-        help="Report each dataset's bench runs on the questions that every method of every "
-             "run on it answered: a run stopped part-way compares with the others on the "
-             "same questions.")] = False,
-) -> None:
-    """Write a markdown report with a table and PNG plots for bench/eval-gate directories."""
-    from rag_gates.eval.report import update_document, write_report
-
-    try:
-        path = write_report(runs, out, title=title, paired=paired)
-        if doc is not None:
-            console.print(f"updated {update_document(doc, path)}")
-    except (FileNotFoundError, ValueError) as exc:
-        console.print(error_line(exc))
-        raise typer.Exit(2) from exc
-    console.print(f"wrote {path}")
-
-
-def _check_output_dir(out: Path) -> None:
-    """--out must be a directory that can be made: said before any model loads."""
-    from rag_gates._io import output_path_problem
-
-    problem = output_path_problem(out, directory=True)
-    if problem is not None:
-        raise typer.BadParameter(problem, param_hint="'--out'")
-
-
-def _check_names(*checks: Callable[[], None]) -> None:
-    """Run the name checks before anything loads: an unknown name ends the command with the
-    valid ones (exit 2), in seconds rather than after the model has answered."""
-    try:
-        for check in checks:
-            check()
-    except (ValueError, OSError) as exc:  # OSError: weighted(FILE) without its file
-        console.print(error_line(exc), highlight=False, soft_wrap=True)
-        raise typer.Exit(2) from exc
+_register_plugins()
 
 
 def torch_threads() -> int:

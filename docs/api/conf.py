@@ -29,14 +29,14 @@ ROOT = Path(__file__).resolve().parents[2]
 HERE = Path(__file__).resolve().parent
 PAGES = HERE / "generated"
 
-#: The library: ``rag_gates`` without the lab (``rag_gates.eval``) and the test helpers
+#: The library: ``rag_gates`` without the lab (``rag_gates_lab``) and the test helpers
 #: (``rag_gates.testing``).
 LIBRARY = (
     "rag_gates", "rag_gates.gate", "rag_gates.calibration", "rag_gates.quco", "rag_gates.cbdr",
     "rag_gates.tokrag", "rag_gates.deeprag", "rag_gates.srrag", "rag_gates.lm",
     "rag_gates.corpus", "rag_gates.retrieval", "rag_gates.extract", "rag_gates.types",
     "rag_gates.errors", "rag_gates.rerank", "rag_gates.tools", "rag_gates.answers",
-    "rag_gates.confidence",
+    "rag_gates.confidence", "rag_gates.methods", "rag_gates.registry", "rag_gates.peers",
 )
 #: The integrations: LangChain's package and LlamaIndex's leaf packages (each LlamaIndex
 #: component type has its own namespace, ``llama_index.<type>.rag_gates``).

@@ -6,7 +6,7 @@ population the questions came from. The guarantee assumes that the calibration q
 and the questions served later are exchangeable (drawn from the same distribution, answered
 by the same model with the same retriever and corpus); every spec file says so.
 
-This package is core: it never imports ``rag_gates.eval``.
+This package is core: it never imports ``rag_gates_lab``.
 
 Example:
     >>> from rag_gates.calibration import calibrate, load_gate, ModelIdentity, read_records
@@ -27,7 +27,6 @@ from rag_gates.calibration.judges import SameAnswer, parse_same_answer
 from rag_gates.calibration.load import (
     CertifiedGate,
     GateContext,
-    available_core_gates,
     load_gate,
     register_gate,
 )
@@ -45,5 +44,5 @@ from rag_gates.errors import CalibrationError, SpecModelMismatchError
 __all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
            "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
            "ModelIdentity", "RateInterval", "SameAnswer", "SpecModelMismatchError",
-           "WeightedFit", "available_core_gates", "calibrate", "load_gate", "parse_same_answer",
+           "WeightedFit", "calibrate", "load_gate", "parse_same_answer",
            "read_records", "register_gate", "skip_curve", "write_records"]

@@ -3,7 +3,7 @@
 - :func:`fit_logistic`: an L2-regularised logistic regression (Newton's method, numpy) of a
   0/1 label on standardised gate scores: the weights of a :class:`~rag_gates.gate.Weighted`.
 - :func:`fit_weighted`: ``rag-gates fit-weighted``'s fit (label "closed-book answer wrong",
-  threshold by best accuracy on the same rows); ``rag_gates.eval.compose`` re-exports it.
+  threshold by best accuracy on the same rows); ``rag_gates_lab.compose`` re-exports it.
 - :func:`threshold_curve` and :func:`best_accuracy_point`: accuracy and retrieval rate at
   every threshold, and ``eval-gate``'s rule ("best accuracy, fewest retrievals among ties").
   That rule carries no guarantee on new questions; :func:`rag_gates.calibration.calibrate`

@@ -1,11 +1,12 @@
 """Serve a certified gate: :func:`load_gate` builds the gate a spec names and wraps it so
 every decision uses the certified threshold and names the spec and its guarantee.
 
-Gates are built by name from a small core registry (no benchmark import):
+Gates are built by name from the one gate registry (:mod:`rag_gates.registry`):
 ``first-token-prob`` and ``answer-logprob`` (need ``lm``), ``quco`` (needs ``corpus=``, a
 :class:`~rag_gates.corpus.CorpusStats`), ``cbdr`` (needs ``lm`` and a probe: ``probe=`` or
-the one shipped for the embedded model), any name added with :func:`register_gate`, and
-expressions of them (:data:`rag_gates.gate.GATE_GRAMMAR`).
+the one shipped for the embedded model), any name added with :func:`register_gate` or an
+installed distribution's ``rag_gates.gates`` entry point, and expressions of them
+(:data:`rag_gates.gate.GATE_GRAMMAR`).
 
 Example:
     >>> from rag_gates.calibration import load_gate
@@ -18,8 +19,7 @@ Example:
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Sequence
-from dataclasses import dataclass, field
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
@@ -36,113 +36,32 @@ from rag_gates.gate import (
     is_undecided,
     parse_gate_expression,
 )
+from rag_gates.registry import (
+    GateContext,
+    available_gates,
+    check_gate_threshold,
+    register_gate,
+)
 from rag_gates.types import GateDecision
 
-__all__ = ["CertifiedGate", "GateContext", "available_core_gates", "load_gate",
-           "register_gate"]
-
-
-@dataclass(frozen=True)
-class GateContext:
-    """What a gate factory may need: the model, the corpus statistics, a CBDR probe, and
-    the spec's options."""
-
-    lm: Any = None
-    corpus: Any = None
-    probe: Any = None
-    options: dict[str, Any] = field(default_factory=dict)
-
-    def need_lm(self, gate: str) -> Any:
-        if self.lm is None:
-            raise CalibrationError(f"gate {gate!r} needs the model: pass lm= to load_gate")
-        return self.lm
-
-    def need_corpus(self, gate: str) -> Any:
-        if self.corpus is None:
-            raise CalibrationError(f"gate {gate!r} needs corpus statistics: pass corpus= "
-                                   "(a LocalInfiniGram / HostedInfiniGram) to load_gate")
-        return self.corpus
-
-
-GateFactory = Callable[[GateContext, float | None], Gate]
-
-
-def _first_token(ctx: GateContext, threshold: float | None) -> Gate:
-    from rag_gates.confidence import FirstTokenProbGate
-
-    return FirstTokenProbGate(ctx.need_lm("first-token-prob"),
-                              threshold=0.5 if threshold is None else threshold,
-                              dataset=ctx.options.get("dataset"))
-
-
-def _answer_logprob(ctx: GateContext, threshold: float | None) -> Gate:
-    from rag_gates.confidence import AnswerLogprobGate
-
-    return AnswerLogprobGate(ctx.need_lm("answer-logprob"),
-                             threshold=1.0 if threshold is None else threshold,
-                             dataset=ctx.options.get("dataset"),
-                             max_new_tokens=int(ctx.options.get("max_new_tokens", 32)))
-
-
-def _quco(ctx: GateContext, threshold: float | None) -> Gate:
-    from rag_gates.quco import QuCoGate
-
-    stats = ctx.need_corpus("quco")
-    if threshold is None:
-        return QuCoGate(stats)
-    # The rarity score lies in (0, 1]; the wrapper compares the certified threshold itself.
-    return QuCoGate.from_threshold(stats, min(1.0, max(threshold, 1e-12)))
-
-
-def _cbdr(ctx: GateContext, threshold: float | None) -> Gate:
-    from rag_gates.cbdr.gate import CBDRGate
-
-    lm = ctx.need_lm("cbdr")
-    probe = ctx.probe
-    if probe is None:
-        from rag_gates.cbdr.shipped import load_default_probe
-
-        probe = load_default_probe(lm)
-    beta = 0.5 if threshold is None else min(1.0, max(0.0, 1.0 - threshold))
-    return CBDRGate(lm, probe, beta)
-
-
-_REGISTRY: dict[str, GateFactory] = {
-    "first-token-prob": _first_token,
-    "answer-logprob": _answer_logprob,
-    "quco": _quco,
-    "cbdr": _cbdr,
-}
-
-
-_CORE_GATES = frozenset(_REGISTRY)
-
-
-def register_gate(name: str, factory: GateFactory, *, replace: bool = False) -> None:
-    """Make ``name`` buildable by :func:`load_gate` (``factory(ctx, threshold) -> Gate``).
-    A name of your own may be registered again (a notebook cell run twice); a core gate's
-    name (``answer-logprob``, ``cbdr``, ...) only with ``replace=True``: every certified
-    spec naming it would build your gate instead, and still claim its guarantee."""
-    if not name or any(c in name for c in "()&|,: "):
-        raise ValueError(f"a gate name has no spaces or ()&|,: characters, got {name!r}")
-    if name in _CORE_GATES and not replace:
-        raise ValueError(f"{name!r} is a core gate: registering it again would change what "
-                         "every spec naming it builds; give your gate another name (or pass "
-                         "replace=True)")
-    _REGISTRY[name] = factory
-
-
-def available_core_gates() -> list[str]:
-    """The names :func:`load_gate` can build."""
-    return sorted(_REGISTRY)
+__all__ = ["CertifiedGate", "GateContext", "load_gate", "register_gate"]
 
 
 def _build(name: str, ctx: GateContext, threshold: float | None) -> Gate:
-    if name not in _REGISTRY:
+    """One gate of a spec at the spec's threshold, unchecked here: the spec's threshold is
+    checked against the built gate's scale by :func:`_check_spec_threshold`, which names the
+    spec in its error."""
+    gates = available_gates()
+    if name not in gates:
         raise CalibrationError(f"the spec names gate {name!r}, which load_gate cannot build; "
-                               f"known: {', '.join(available_core_gates())} (add one with "
+                               f"known: {', '.join(sorted(gates))} (add one with "
                                "rag_gates.calibration.register_gate)")
-    return _REGISTRY[name](ctx, threshold)
+    try:
+        check_gate_threshold(name, threshold, gates)
+    except ValueError as exc:  # said as the spec's fault, before anything is built
+        raise CalibrationError(f"the spec's threshold for gate {name!r} is off the gate's "
+                               f"score scale: {exc}") from None
+    return gates[name](ctx, threshold)
 
 
 class CertifiedGate:
@@ -259,7 +178,8 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
     override = _model_check(spec, lm, source, allow_other_model)
     if not spec.certified:
         return CertifiedGate(None, spec, source=source, override=override)
-    ctx = GateContext(lm=lm, corpus=corpus, probe=probe, options=dict(spec.options))
+    ctx = GateContext(lm=lm, corpus=corpus, probe=probe,
+                      options={"max_new_tokens": 32, **spec.options})
     inner: Gate
     if spec.cascade is not None:
         # Each sub-gate on its fitted one-gate probability scale, both at the same inner

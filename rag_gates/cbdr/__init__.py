@@ -25,7 +25,8 @@ if TYPE_CHECKING:  # pragma: no cover
     from rag_gates.cbdr.rerank import ConfidenceGainReranker, CrossEncoderReranker
     from rag_gates.cbdr.shipped import DEFAULT_PROBE_DIR, load_default_probe
 
-# Lazy: ``rag-gates --help`` imports the CLI (rag_gates.commands.cbdr) and must not pull in torch.
+# Lazy: ``rag-gates --help`` imports the CLI (the lab's cbdr commands) and must not pull in
+# torch.
 _WHERE = {
     "CBDRGate": "gate", "ProbedQuestion": "gate", "CBDRPipeline": "pipeline",
     "ConfidenceProbe": "probe", "ProbeConfig": "probe", "ProbeTraining": "probe",

@@ -71,6 +71,9 @@ class CBDRGate(BaseGate):
             dev samples, and on this small model every skip risks accuracy (5.0 points on
             PopQA rows 0-499). ``beta=1.0`` always retrieves. Calibrate a probe of your own
             with ``rag-gates calibrate`` (the paper's 0.98 was for its own probe).
+        threshold: instead of ``beta``, a threshold on the gate's own score scale
+            (``1 - Conf``; retrieve when ``1 - Conf >= threshold``), as a certified spec or
+            ``cbdr:THRESHOLD`` gives it: no conversion to beta and back.
         batch_size: kept for compatibility; :meth:`decide_batch` scores one question per
             pass (see there).
     """
@@ -79,7 +82,7 @@ class CBDRGate(BaseGate):
     threshold_range = (0.0, 1.0)  # 1 - the probe's confidence
 
     def __init__(self, lm: Any, probe: ConfidenceProbe, beta: float | None = None, *,
-                 batch_size: int = 8) -> None:
+                 threshold: float | None = None, batch_size: int = 8) -> None:
         self.lm = require_white_box(
             lm, "CBDRGate", instead="QuCoGate (text only) to decide, and CrossEncoderReranker "
             "to rerank")
@@ -87,12 +90,23 @@ class CBDRGate(BaseGate):
             raise TypeError(f"probe must be a ConfidenceProbe, got {type(probe).__name__}; "
                             "load one with ConfidenceProbe.load(directory, lm=lm)")
         probe.check_compatible(self.lm)
-        if beta is None:  # the probe's own calibration travels with it
-            beta = probe.beta
-        if isinstance(beta, bool) or not isinstance(beta, int | float) or not 0 <= beta <= 1:
-            raise ValueError(f"beta is a confidence in [0, 1], got {beta!r}")
-        super().__init__(threshold=1.0 - float(beta))
-        self.beta = float(beta)
+        if threshold is not None:
+            if beta is not None:
+                raise ValueError("give beta (a confidence) or threshold (1 - confidence), "
+                                 "not both")
+            super().__init__(threshold=threshold)
+            # Shown in the evidence and the reason only; the score decides (see decision).
+            self.beta = max(0.0, 1.0 - self.threshold)
+            self._beta_rule = False
+        else:
+            if beta is None:  # the probe's own calibration travels with it
+                beta = probe.beta
+            if isinstance(beta, bool) or not isinstance(beta, int | float) \
+                    or not 0 <= beta <= 1:
+                raise ValueError(f"beta is a confidence in [0, 1], got {beta!r}")
+            super().__init__(threshold=1.0 - float(beta))
+            self.beta = float(beta)
+            self._beta_rule = True
         self.probe = probe
         self.batch_size = batch_size
 
@@ -120,7 +134,7 @@ class CBDRGate(BaseGate):
         onto the threshold and retrieve."""
         made = super().decision(score, evidence, latency_ms=latency_ms)
         conf = evidence.get("confidence")
-        if "undecided" in made.evidence or not isinstance(conf, float):
+        if not self._beta_rule or "undecided" in made.evidence or not isinstance(conf, float):
             return made  # fail closed: the base decision already retrieves
         retrieve = not conf > self.beta
         if retrieve == made.retrieve:

@@ -20,7 +20,7 @@ limits is refused, so one file never mixes two preference signals.
 
 Example:
     >>> from rag_gates.cbdr import ConfidenceGainReranker, load_default_probe
-    >>> from rag_gates.eval.datasets import load_dataset
+    >>> from rag_gates_lab.datasets import load_dataset
     >>> reranker = ConfidenceGainReranker(lm, load_default_probe(lm))
     >>> examples = load_dataset("hotpotqa", n=300, offset=500).examples
     >>> stats = build_preferences(reranker, examples, out=Path("prefs.jsonl"))

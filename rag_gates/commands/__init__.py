@@ -1,5 +1,3 @@
-"""Command-line apps that join a method to the benchmark's data (``rag-gates cbdr ...``).
-
-They live outside the method packages because they load datasets (``rag_gates.eval``),
-and the method packages never import the evaluation package.
-"""
+"""The user's commands on ``rag-gates``: ``calibrate`` and ``models`` (``index`` lives with
+the corpus package, ``demo`` and ``info`` in :mod:`rag_gates.cli`); :mod:`._help` holds what
+every command shares (the tidy help group, the threads option, the one-line errors)."""

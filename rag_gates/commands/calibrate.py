@@ -440,12 +440,12 @@ def open_qdrant_corpus(source: QdrantCorpus) -> QdrantCollection:
 
 def parse_gate_list(text: str) -> list[str] | None:
     """``auto`` -> None; else the comma-separated names, each one load_gate can build."""
-    from rag_gates.calibration import available_core_gates
+    from rag_gates.registry import available_gates
 
     if text.strip() == "auto":
         return None
     names = [n.strip() for n in text.split(",") if n.strip()]
-    known = available_core_gates()
+    known = sorted(available_gates())
     unknown = [n for n in names if n not in known]
     if not names or unknown:
         raise ValueError(f"--gates: unknown gate(s) {', '.join(unknown) or '(none given)'}; "
@@ -465,7 +465,7 @@ def check_model_spec(model: str) -> str:
     if model == "default":
         return model
     if model[:len(SERVED_PREFIX)].lower() == SERVED_PREFIX:
-        from rag_gates.eval.runner import check_served_spec
+        from rag_gates._http import check_served_spec
 
         served = SERVED_PREFIX + model[len(SERVED_PREFIX):]
         check_served_spec(served)
@@ -551,7 +551,7 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
     from rag_gates.calibration import CalibrationRecord, read_records
-    from rag_gates.eval.methods import MethodContext, make_method
+    from rag_gates.methods import MethodContext, make_method
     from rag_gates.prompts import qa_prompt
 
     ctx = MethodContext(lm=lm, retriever=retriever, k=k, max_new_tokens=max_new_tokens)

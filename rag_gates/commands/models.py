@@ -20,7 +20,7 @@ from typing import Annotated
 import typer
 from rich.console import Console
 
-from rag_gates.commands.cbdr import clean_errors
+from rag_gates.commands._help import clean_errors
 
 __all__ = ["models_app"]
 

@@ -6,7 +6,6 @@ Registered by the main CLI as ``app.add_typer(index_app, name="index")``::
     rag-gates index stats DIR [--verify] [--json]
     rag-gates index count DIR PHRASE [--json]
     rag-gates index cooc DIR A B [--window N] [--json]
-    rag-gates index from-datasets [--datasets hotpotqa,2wiki] [--data PATH] [--case C]
     rag-gates index serve DIR --port P [--host 127.0.0.1] [--name NAME]
 
 Every expected failure (missing or corrupt index, bad phrase, existing target) prints one
@@ -157,43 +156,6 @@ def _print_stats(info: Any, verified: bool = False, title: str | None = None) ->
     if verified:
         table.add_row("suffix array", "[green]verified[/]")
     console.print(table)
-
-
-@index_app.command("from-datasets")
-def from_datasets(
-    datasets: Annotated[str, typer.Option(
-        help="Comma-separated dataset names whose context paragraphs are indexed.")
-    ] = "hotpotqa,2wiki",
-    data: Annotated[Path | None, typer.Option(
-        help="Directory holding the data files (default: $RAG_GATES_DATA, ../shared/data, "
-             "then the slices in examples/data); a file when one dataset is named.")] = None,
-    tokenizer: Annotated[str, typer.Option(
-        help="'default' (the embedded model's), a tokenizer.json, or a local model folder.")
-    ] = "default",
-    case: Annotated[str, typer.Option(
-        help="'sensitive' (a cased index, QuCo-RAG's authors' layout and the benchmark's) "
-             "or 'insensitive' (a lower-cased one).")
-    ] = "sensitive",
-    quiet: Annotated[bool, typer.Option("--quiet", "-q", help="No progress bar.")] = False,
-    as_json: Annotated[bool, typer.Option("--json", help="Print path and stats as JSON.")
-                       ] = False,
-) -> None:
-    """Build (once; then reuse) the corpus-statistics index of the datasets' paragraphs, the
-    one QuCo-RAG uses in the benchmark; print its cached path and stats."""
-    from rag_gates.eval.corpus import build_corpus_stats
-
-    with _clean_errors():
-        if case not in ("sensitive", "insensitive"):
-            raise ValueError("--case must be 'sensitive' or 'insensitive'")
-        directory = build_corpus_stats(datasets, data, tokenizer=tokenizer,
-                                       lowercase=case == "insensitive",
-                                       progress=not quiet and not as_json)
-        info = _open(directory).stats()
-    if as_json:
-        _print_json(info.model_dump())
-        return
-    typer.echo(str(directory))
-    _print_stats(info, title=f"corpus statistics of {datasets}")
 
 
 def _query(index: Path, case: str, run: Callable[[Any], Any]) -> Any:

@@ -111,7 +111,7 @@ def prompt_view(model: str | Path, out: str | Path, prompt: DeepRAGPrompt | None
                 ) -> Path:
     """A directory that is ``model`` run with ``prompt``: a symlink to each of the model's
     files and a ``deeprag.json`` holding the prompt, which ``rag-gates bench`` reads for
-    every DeepRAG method (:func:`rag_gates.eval.plugins.deeprag.bench_prompt`). No weights
+    every DeepRAG method (:func:`rag_gates_lab.plugins.deeprag.bench_prompt`). No weights
     are copied; the view is rewritten in place when run again.
 
     ``prompt`` defaults to the paper's instruction without the demonstration: the prompt a

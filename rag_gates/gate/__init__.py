@@ -22,6 +22,7 @@ Example:
 The package is split by concern: :mod:`rag_gates.gate.base` (the protocol, :class:`BaseGate`,
 the range checks and the fail-closed rule), :mod:`rag_gates.gate.composite` (gates made of
 gates) and :mod:`rag_gates.gate.expression` (the gate-expression grammar). Import from here.
+Gates are built by name in :mod:`rag_gates.registry`, above the method packages.
 """
 
 from __future__ import annotations

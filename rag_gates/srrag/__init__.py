@@ -67,7 +67,7 @@ if TYPE_CHECKING:  # pragma: no cover
         says_nothing,
     )
 
-# Lazy: ``rag-gates --help`` imports the CLI (rag_gates.commands.srrag) and must not pull in
+# Lazy: ``rag-gates --help`` imports the CLI (rag_gates_lab.commands.srrag) and must not pull in
 # torch or qdrant_client.
 _WHERE = {
     "GENREAD_PROMPT": "verbalizer", "PARAMETRIC": "verbalizer", "Verbalizer": "verbalizer",

@@ -189,12 +189,13 @@ def _both_frameworks_carry_the_labels(gate: Any) -> None:
     decision they record names how the spec was certified."""
     pytest.importorskip("langchain_rag_gates")
     pytest.importorskip("llama_index.retrievers.rag_gates")
-    import langchain_rag_gates
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
     from llama_index.core.retrievers import BaseRetriever as LIBaseRetriever
     from llama_index.core.schema import NodeWithScore, QueryBundle, TextNode
     from llama_index.retrievers.rag_gates import GatedRetriever
+
+    import langchain_rag_gates
 
     class Shelf(BaseRetriever):
         def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:

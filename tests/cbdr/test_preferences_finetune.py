@@ -29,10 +29,10 @@ from rag_gates.cbdr.preferences import (
     read_preferences,
     state_path,
 )
-from rag_gates.commands.cbdr import cbdr_app
 from rag_gates.errors import FileInUseError
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.types import Passage
+from rag_gates_lab.commands.cbdr import cbdr_app
+from rag_gates_lab.datasets import load_dataset
 
 SLICE = Path(__file__).resolve().parents[2] / "examples" / "data" / "hotpotqa_dev_sample.jsonl"
 

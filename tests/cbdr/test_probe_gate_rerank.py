@@ -23,11 +23,11 @@ from rag_gates.cbdr import (
     train_probe,
 )
 from rag_gates.errors import ProbeMismatchError, WhiteBoxRequiredError
-from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.methods import MethodContext, make_method
+from rag_gates.methods import MethodContext, make_method
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.testing import tiny_lm
 from rag_gates.types import Generation, Passage
+from rag_gates_lab.datasets import load_dataset
 
 SLICE = Path(__file__).resolve().parents[2] / "examples" / "data"
 

@@ -13,9 +13,9 @@ from typer.testing import CliRunner
 
 from rag_gates.cbdr.data import collect_probe_data
 from rag_gates.cbdr.prompts import ProbePrompts
-from rag_gates.commands.cbdr import cbdr_app
-from rag_gates.eval.datasets import load_dataset
 from rag_gates.testing import save_tiny_lm
+from rag_gates_lab.commands.cbdr import cbdr_app
+from rag_gates_lab.datasets import load_dataset
 
 SLICE = Path(__file__).resolve().parents[2] / "examples" / "data"
 runner = CliRunner()

@@ -1,4 +1,4 @@
-"""The dataset corpus-statistics index (``rag_gates.eval.corpus.load_corpus_stats``): built
+"""The dataset corpus-statistics index (``rag_gates_lab.corpus.load_corpus_stats``): built
 from the HotpotQA and 2Wiki slices shipped in examples/data into a temporary RAG_GATES_HOME,
 checked against a brute-force scan of the same documents, reused from its cache, and rebuilt
 when the data changes."""
@@ -17,7 +17,7 @@ from rag_gates.corpus import CachedCorpusStats, LocalInfiniGram
 from rag_gates.corpus import build as corpus_build
 from rag_gates.corpus.index_format import MANIFEST_NAME
 from rag_gates.corpus.tokenizer import CorpusTokenizer
-from rag_gates.eval.corpus import (
+from rag_gates_lab.corpus import (
     build_corpus_stats,
     corpus_stats_dir,
     corpus_stats_documents,

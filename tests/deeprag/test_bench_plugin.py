@@ -11,8 +11,8 @@ from typing import Any
 import pytest
 
 from rag_gates.deeprag import DEMONSTRATION, DeepRAG
-from rag_gates.eval.methods import Method, MethodContext, check_method_name, split_method_name
-from rag_gates.eval.plugins.deeprag import bench_prompt
+from rag_gates.methods import Method, MethodContext, check_method_name, split_method_name
+from rag_gates_lab.plugins.deeprag import bench_prompt
 from tests.deeprag.conftest import QUESTION, ScriptedLM, jaws_world
 
 
@@ -23,7 +23,7 @@ def registered() -> dict[str, Any]:
 
 
 def make_method(name: str, ctx: MethodContext) -> Method:
-    """As ``rag_gates.eval.methods.make_method``, over the DeepRAG entry points only."""
+    """As ``rag_gates.methods.make_method``, over the DeepRAG entry points only."""
     methods = registered()
     check_method_name(name, methods)
     base, option = split_method_name(name)
@@ -86,7 +86,7 @@ def test_authors_marker_rule_is_a_method_option(bm25: Any) -> None:
     """``deeprag@authors``: the authors' reading of a step (a subquery with no marker is
     answered directly); ``deeprag@fail-closed`` is ``deeprag``; anything else is refused
     before a model loads."""
-    from rag_gates.eval.names import check_methods
+    from rag_gates_lab.names import check_methods
 
     check_methods(["deeprag@authors", "deeprag@fail-closed"])
     with pytest.raises(ValueError, match="the option is the marker rule"):

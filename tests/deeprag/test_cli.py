@@ -9,8 +9,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rag_gates.commands.deeprag import deeprag_app
 from rag_gates.deeprag.synthesis import read_rows
+from rag_gates_lab.commands.deeprag import deeprag_app
 
 SLICE = Path(__file__).resolve().parents[2] / "examples" / "data" / "hotpotqa_dev_sample.jsonl"
 runner = CliRunner()

@@ -43,8 +43,8 @@ def test_sft_then_dpo_make_loadable_models(tmp_path: Path) -> None:
     import torch
 
     from rag_gates.deeprag.train import train_dpo, train_sft
-    from rag_gates.eval.plugins.deeprag import bench_prompt
     from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates_lab.plugins.deeprag import bench_prompt
 
     lm = fresh()
     export_sft([Row(), Row()], tmp_path / "sft.jsonl", lm)
@@ -72,7 +72,7 @@ def test_train_command(tmp_path: Path) -> None:
     from typer.testing import CliRunner
 
     from rag_gates.cli import app
-    from rag_gates.commands.deeprag import deeprag_app
+    from rag_gates_lab.commands.deeprag import deeprag_app
 
     lm = fresh()
     lm.model.save_pretrained(tmp_path / "tiny")
@@ -115,9 +115,9 @@ def test_train_from_synthesis_rows_in_one_command_per_stage(tmp_path: Path, bm25
     the way equal what ``deeprag export`` writes, and stay in the model directory."""
     from typer.testing import CliRunner
 
-    from rag_gates.commands.deeprag import deeprag_app
     from rag_gates.deeprag.search import TrajectorySearch
     from rag_gates.deeprag.synthesis import read_rows, synthesize
+    from rag_gates_lab.commands.deeprag import deeprag_app
     from tests.deeprag.conftest import ScriptedLM
     from tests.deeprag.test_search import examples, three_hops
 
@@ -165,8 +165,8 @@ def test_a_records_file_that_is_not_json_lines_is_named_before_the_model_loads(
     file, after the model had loaded. The file and line are named, before any model loads."""
     from typer.testing import CliRunner
 
-    from rag_gates.commands.deeprag import deeprag_app
     from rag_gates.deeprag.train import train_sft
+    from rag_gates_lab.commands.deeprag import deeprag_app
 
     data = tmp_path / "records.jsonl"
     data.write_text("\n".join(lines) + "\n", encoding="utf-8")
@@ -188,9 +188,9 @@ def test_a_records_file_that_is_not_json_lines_is_named_before_the_model_loads(
 def test_prompt_view_runs_a_model_with_the_papers_prompt(tmp_path: Path) -> None:
     from rag_gates.deeprag import DEMONSTRATION, DeepRAGPrompt
     from rag_gates.deeprag.train import PROMPT_FILE, prompt_view
-    from rag_gates.eval.plugins.deeprag import bench_prompt
     from rag_gates.lm.hf import HFWhiteBoxLM
     from rag_gates.testing import save_tiny_lm
+    from rag_gates_lab.plugins.deeprag import bench_prompt
 
     model = save_tiny_lm(tmp_path / "model")
     untrained = HFWhiteBoxLM.from_pretrained(model)

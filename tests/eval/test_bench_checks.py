@@ -13,12 +13,12 @@ import pytest
 from typer.testing import CliRunner
 
 from rag_gates.cli import app
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.datasets import load_dataset
-from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate, label_run_dir
-from rag_gates.eval.methods import available_methods, check_method_name
-from rag_gates.eval.runner import BenchConfig, run_bench
+from rag_gates.methods import available_methods, check_method_name
 from rag_gates.retrieval.bm25 import BM25Retriever
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.datasets import load_dataset
+from rag_gates_lab.gate_eval import GateEvalConfig, evaluate_gate, label_run_dir
+from rag_gates_lab.runner import BenchConfig, run_bench
 
 SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
 HOTPOT = SLICES / "hotpotqa_dev_sample.jsonl"
@@ -94,8 +94,8 @@ def test_the_option_hook_accepts_good_options() -> None:
     "answer-logprob:-1", "srrag:1.5", "quco:2", "quco&cbdr:2", "cascade(quco,cbdr:2,0.2,0.8)"])
 def test_a_gate_threshold_outside_the_gates_range_is_refused_before_anything_is_built(
         expression: str, no_model_loads: list[str]) -> None:
-    from rag_gates.eval.gates import make_gate
-    from rag_gates.eval.methods import MethodContext
+    from rag_gates.methods import MethodContext
+    from rag_gates.registry import make_gate
 
     # The lm is never reached: the range is checked (for every term) before any gate is built.
     ctx = MethodContext(lm=object())
@@ -112,7 +112,7 @@ def test_a_gate_threshold_outside_the_gates_range_is_refused_before_anything_is_
 def test_the_bench_option_and_the_gate_threshold_share_one_range_check() -> None:
     # cbdr@BETA and cbdr:THRESHOLD (= 1 - beta) are checked by the same function, so a value
     # one refuses the other refuses too, with the same words for the range.
-    from rag_gates.eval.gates import check_gate_threshold
+    from rag_gates.registry import check_gate_threshold
 
     with pytest.raises(ValueError, match=r"a number in \[0, 1\]"):
         check_method_name("cbdr@2", available_methods())
@@ -124,8 +124,8 @@ def test_the_bench_option_and_the_gate_threshold_share_one_range_check() -> None
 def test_a_weights_file_that_names_itself_is_refused(tmp_path: Path,
                                                      no_model_loads: list[str]) -> None:
     from rag_gates.errors import WeightsFileError
-    from rag_gates.eval.gates import make_gate
-    from rag_gates.eval.methods import MethodContext
+    from rag_gates.methods import MethodContext
+    from rag_gates.registry import make_gate
 
     ctx = MethodContext(lm=object())
     one, two = tmp_path / "one.json", tmp_path / "two.json"
@@ -147,8 +147,8 @@ def test_a_weights_file_that_names_itself_is_refused(tmp_path: Path,
 def test_a_5000_term_expression_is_refused_at_once(no_model_loads: list[str]) -> None:
     import time
 
-    from rag_gates.eval.gates import make_gate
-    from rag_gates.eval.methods import MethodContext
+    from rag_gates.methods import MethodContext
+    from rag_gates.registry import make_gate
 
     start = time.monotonic()
     with pytest.raises(ValueError, match="limit of"):
@@ -199,7 +199,7 @@ def test_duplicate_question_ids_are_dropped_with_a_warning_and_the_true_count(
     first, second = _rows(2)
     path = tmp_path / "hotpotqa_dev.jsonl"
     path.write_text("\n".join([first, first, second, first]) + "\n", encoding="utf-8")
-    with caplog.at_level("WARNING", logger="rag_gates.eval.datasets"):
+    with caplog.at_level("WARNING", logger="rag_gates_lab.datasets"):
         load = load_dataset("hotpotqa", path)
     ids = [e.id for e in load.examples]
     assert len(ids) == 2 and len(set(ids)) == 2
@@ -252,7 +252,7 @@ def test_a_data_file_without_a_valid_question_is_an_error(tmp_path: Path,
                                      b'{"config": [1]}', b'{"config": {"methods": 3}}'])
 def test_a_damaged_config_json_is_refused_naming_the_file(
         tmp_path: Path, content: bytes, no_model_loads: list[str]) -> None:
-    from rag_gates.eval.runner import RunDirectoryError
+    from rag_gates_lab.runner import RunDirectoryError
 
     run = tmp_path / "run"
     run.mkdir()

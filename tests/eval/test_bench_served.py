@@ -15,9 +15,9 @@ import pytest
 from pydantic import ValidationError
 
 from rag_gates.errors import WhiteBoxRequiredError
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.runner import BenchConfig, load_bench_lm, read_records, run_bench
 from rag_gates.retrieval.bm25 import BM25Retriever
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.runner import BenchConfig, load_bench_lm, read_records, run_bench
 from tests.lm.replay_server import ReplayServer
 
 SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
@@ -176,7 +176,7 @@ def test_the_readmes_served_command_builds_every_method_it_names(
     """The README's command, pointed at the recorded server: its options make a valid
     config whose every method builds against the served model (no refusal before the first
     question); without its --chat-template, DeepRAG refuses it."""
-    from rag_gates.eval.methods import MethodContext, make_method
+    from rag_gates.methods import MethodContext, make_method
 
     argv = _readme_bench_command()
     assert argv[:2] == ["rag-gates", "bench"]

@@ -9,9 +9,9 @@ from pathlib import Path
 import pytest
 from sklearn.metrics import balanced_accuracy_score, f1_score, matthews_corrcoef
 
-from rag_gates.eval.boundary import boundary_agreement, boundary_by_method
-from rag_gates.eval.report import collect
-from rag_gates.eval.runner import read_records
+from rag_gates_lab.boundary import boundary_agreement, boundary_by_method
+from rag_gates_lab.report import collect
+from rag_gates_lab.runner import read_records
 
 EVAL = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "eval"
 

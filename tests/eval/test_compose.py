@@ -9,10 +9,10 @@ from pathlib import Path
 
 import pytest
 
-from rag_gates.eval.compose import cascade_band, fit_weighted, fit_weighted_from_runs
-from rag_gates.eval.metrics import auroc
-from rag_gates.eval.runner import read_records
 from rag_gates.gate import BaseGate, Cascade, Weighted, parse_gate_expression
+from rag_gates_lab.compose import cascade_band, fit_weighted, fit_weighted_from_runs
+from rag_gates_lab.metrics import auroc
+from rag_gates_lab.runner import read_records
 
 RESULTS = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "eval"
 

@@ -11,7 +11,7 @@ from typing import Any
 
 import pytest
 
-from rag_gates.eval.metrics import (
+from rag_gates_lab.metrics import (
     accuracy,
     auroc,
     exact_match,
@@ -128,7 +128,7 @@ def test_ranking_metrics_edge_cases() -> None:
 
 
 # ------------------------------------------------ the library metrics on the committed runs
-# REFERENCE ONLY: the hand-written AUROC / ROC / rank / Spearman that rag_gates.eval.metrics
+# REFERENCE ONLY: the hand-written AUROC / ROC / rank / Spearman that rag_gates_lab.metrics
 # used before it called scikit-learn and SciPy (copied verbatim from commit f11d933), kept
 # here to prove the library versions give the same numbers on the committed gate evaluations.
 def _old_rankdata(values: Sequence[float]) -> list[float]:
@@ -214,7 +214,7 @@ def test_library_metrics_match_the_hand_written_ones(path: Path) -> None:
     report = json.loads((path.parent / "gate_eval.json").read_text())
     decisions = [json.loads(line) for line in path.read_text().splitlines()]
     closed_book = _closed_book_run(report["config"])
-    # As rag_gates.eval.gate_eval does: a non-finite score ranks above every finite one.
+    # As rag_gates_lab.gate_eval does: a non-finite score ranks above every finite one.
     scores = [d["score"] if math.isfinite(d["score"]) else 1e300 for d in decisions]
     labels = [int(closed_book[d["id"]]["accuracy"] == 0.0) for d in decisions]
     assert 0 < sum(labels) < len(labels)

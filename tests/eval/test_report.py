@@ -8,8 +8,8 @@ from typing import Any
 
 import pytest
 
-from rag_gates.eval.gate_eval import threshold_curve
-from rag_gates.eval.report import (
+from rag_gates_lab.gate_eval import threshold_curve
+from rag_gates_lab.report import (
     BEGIN_MARK,
     END_MARK,
     RANDOM_GATE_GID,
@@ -21,7 +21,7 @@ from rag_gates.eval.report import (
     update_document,
     write_report,
 )
-from rag_gates.eval.runner import read_records, summarize
+from rag_gates_lab.runner import read_records, summarize
 
 EVAL = Path(__file__).resolve().parents[2] / "benchmarks" / "results" / "eval"
 BENCH_RUNS = ["hotpotqa-200", "hotpotqa-200-flare", "2wiki-200", "2wiki-200-flare",
@@ -161,7 +161,7 @@ def test_update_document_keeps_the_hand_written_notes(tmp_path: Path) -> None:
 
 
 def test_labels_tell_apart_a_method_run_with_several_models() -> None:
-    from rag_gates.eval.report import _method_labels, _Point
+    from rag_gates_lab.report import _method_labels, _Point
 
     def point(model: str, n: int, acc: float) -> _Point:
         return _Point("deeprag", "hotpotqa", n, 0, 0.5, acc, model)

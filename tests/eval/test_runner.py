@@ -12,19 +12,19 @@ import pytest
 
 from rag_gates._io import append_locked
 from rag_gates.errors import FileInUseError
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.datasets import DATASETS, load_dataset
-from rag_gates.eval.gate_eval import GateEvalConfig, calibrate, evaluate_gate, threshold_curve
-from rag_gates.eval.methods import MethodContext, first_sentence, make_method
-from rag_gates.eval.report import pareto_front, write_report
-from rag_gates.eval.runner import (
+from rag_gates.methods import MethodContext, first_sentence, make_method
+from rag_gates.retrieval.bm25 import BM25Retriever
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.datasets import DATASETS, load_dataset
+from rag_gates_lab.gate_eval import GateEvalConfig, calibrate, evaluate_gate, threshold_curve
+from rag_gates_lab.report import pareto_front, write_report
+from rag_gates_lab.runner import (
     RESULTS,
     BenchConfig,
     ConfigMismatchError,
     read_records,
     run_bench,
 )
-from rag_gates.retrieval.bm25 import BM25Retriever
 
 SLICES = Path(__file__).resolve().parents[2] / "examples" / "data"
 
@@ -277,8 +277,8 @@ def test_first_sentence_edge_cases(text: str, expected: str) -> None:
 
 
 def test_accuracy_by_popularity_quartile() -> None:
-    from rag_gates.eval.report import accuracy_by_quartile
-    from rag_gates.eval.runner import RunRecord
+    from rag_gates_lab.report import accuracy_by_quartile
+    from rag_gates_lab.runner import RunRecord
 
     def record(i: int, pop: int, acc: float) -> RunRecord:
         return RunRecord(id=str(i), method="no-rag", question="q", answers=["a"], prediction="",
@@ -294,7 +294,7 @@ def test_accuracy_by_popularity_quartile() -> None:
 # ---------------------------------------------------------------- selective@GATE
 def test_selective_method_follows_its_gate_and_records_the_decision(
         tiny: Any, bm25: BM25Retriever) -> None:
-    from rag_gates.eval.gates import make_gate
+    from rag_gates.registry import make_gate
 
     ctx = MethodContext(lm=tiny, retriever=bm25, dataset="hotpotqa", max_new_tokens=6)
     questions = [e.question for e in load_dataset("hotpotqa", SLICES, n=4).examples]
@@ -319,7 +319,7 @@ def test_selective_method_follows_its_gate_and_records_the_decision(
 
 
 def test_selective_names_are_checked_before_any_model_loads() -> None:
-    from rag_gates.eval.methods import available_methods, check_method_name, split_method_list
+    from rag_gates.methods import available_methods, check_method_name, split_method_list
 
     methods = available_methods()
     check_method_name("selective@cascade(quco,cbdr,0.2,0.8)", methods)

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from rag_gates.eval.testbed.facts import (
+from rag_gates_lab.testbed.facts import (
     FRAMES,
     SPLITS,
     TEMPLATES,
@@ -149,7 +149,7 @@ def test_splits_that_sum_to_one_up_to_rounding_are_accepted(pool):
 torch = pytest.importorskip("torch")
 transformers = pytest.importorskip("transformers")
 
-from rag_gates.eval.testbed.build import TestbedConfig, build_testbed  # noqa: E402
+from rag_gates_lab.testbed.build import TestbedConfig, build_testbed  # noqa: E402
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +239,7 @@ ARM = "processor\t: 0\nFeatures\t: fp asimd evtstrm aes pmull sha1 sha2 crc32 bf
 
 
 def test_cpu_bfloat16_units_read_the_x86_flags(tmp_path):
-    from rag_gates.eval.testbed.build import cpu_bfloat16_units
+    from rag_gates_lab.testbed.build import cpu_bfloat16_units
 
     for name, text in {"avx2": AVX2_ONLY, "amx": WITH_AMX, "arm": ARM}.items():
         (tmp_path / name).write_text(text)
@@ -252,7 +252,7 @@ def test_cpu_bfloat16_units_read_the_x86_flags(tmp_path):
 def test_a_bf16_build_warns_where_bfloat16_is_emulated(tiny_base, tmp_path, monkeypatch):
     import warnings
 
-    from rag_gates.eval.testbed import build
+    from rag_gates_lab.testbed import build
 
     (tmp_path / "avx2").write_text(AVX2_ONLY)
     (tmp_path / "amx").write_text(WITH_AMX)
@@ -313,7 +313,7 @@ def test_cli_precision_and_recall_questions_reach_the_config(tiny_base, tmp_path
 def test_precision_is_fp32_or_bf16_and_an_old_config_reads_as_fp32(tiny_base, tmp_path):
     from pydantic import ValidationError
 
-    from rag_gates.eval.testbed.build import write_plan
+    from rag_gates_lab.testbed.build import write_plan
 
     with pytest.raises(ValidationError, match="fp32"):
         _config(tiny_base, precision="fp16")
@@ -351,7 +351,7 @@ def test_build_resumes_from_its_last_checkpoint(tiny_base, tmp_path):
 
 
 def test_build_refuses_a_directory_of_another_configuration(tiny_base, tmp_path):
-    from rag_gates.eval.testbed.build import write_plan
+    from rag_gates_lab.testbed.build import write_plan
 
     write_plan(_config(tiny_base), tmp_path)
     with pytest.raises(ValueError, match="another configuration"):
@@ -361,7 +361,7 @@ def test_build_refuses_a_directory_of_another_configuration(tiny_base, tmp_path)
 def test_reading_examples_keep_the_manifest_exact(pool):
     """Reading documents ask about facts outside the manifest, answer from one of their
     passages, and never name a manifest subject: the manifest's counts stay what they say."""
-    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+    from rag_gates_lab.testbed.build import TestbedConfig, testbed_documents
 
     config = TestbedConfig(n_facts=96, reading_examples=40)
     docs = testbed_documents(config)
@@ -390,7 +390,7 @@ def test_recall_examples_ask_closed_book_about_facts_outside_the_manifest(pool):
     """Recall documents state facts outside the manifest and the reading examples, ask each
     once with no context, and leave the manifest, its statements and the reading examples
     as they were without them."""
-    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+    from rag_gates_lab.testbed.build import TestbedConfig, testbed_documents
 
     config = TestbedConfig(n_facts=96, reading_examples=40, recall_examples=30,
                            recall_repetitions=5)
@@ -425,7 +425,7 @@ def test_recall_questions_repeat_without_more_recall_facts():
     changes nothing else: the same facts, statements and every other document."""
     from collections import Counter
 
-    from rag_gates.eval.testbed.build import TestbedConfig, testbed_documents
+    from rag_gates_lab.testbed.build import TestbedConfig, testbed_documents
 
     once = testbed_documents(TestbedConfig(n_facts=96, reading_examples=40, recall_examples=30,
                                            recall_repetitions=5))
@@ -448,7 +448,7 @@ def test_recall_questions_repeat_without_more_recall_facts():
 def test_reading_examples_train_in_the_chat_format(tiny_base):
     from transformers import AutoTokenizer
 
-    from rag_gates.eval.testbed.build import training_text
+    from rag_gates_lab.testbed.build import training_text
 
     tok = AutoTokenizer.from_pretrained(tiny_base)
     doc = {"kind": "reading", "prompt": "Answer.\nQuestion: Who?", "answer": "Ada",
@@ -465,7 +465,7 @@ def test_reading_examples_train_in_the_chat_format(tiny_base):
 @pytest.fixture(scope="module")
 def planned(tiny_base, tmp_path_factory):
     """A planned testbed (manifest and corpora, no training): 200 facts."""
-    from rag_gates.eval.testbed.build import write_plan
+    from rag_gates_lab.testbed.build import write_plan
 
     out = tmp_path_factory.mktemp("planned")
     write_plan(_config(tiny_base, n_facts=200, ladder=[0, 2, 8], general_paragraphs=20), out)
@@ -473,7 +473,7 @@ def planned(tiny_base, tmp_path_factory):
 
 
 def test_testbed_datasets_hold_each_split(planned):
-    from rag_gates.eval.datasets import load_dataset
+    from rag_gates_lab.datasets import load_dataset
 
     manifest = _read(planned / "manifest.jsonl")
     data = load_dataset(f"testbed:{planned}")
@@ -494,7 +494,7 @@ def test_testbed_datasets_hold_each_split(planned):
 
 
 def test_twohop_questions_chain_two_facts(planned):
-    from rag_gates.eval.datasets import load_dataset
+    from rag_gates_lab.datasets import load_dataset
 
     facts = {f["id"]: f for f in _read(planned / "manifest.jsonl")}
     facts |= {b["id"]: b for b in _read(planned / "bridges.jsonl")}
@@ -543,7 +543,7 @@ def test_bridges_are_taught_as_often_as_their_rung_and_cover_every_pair(planned)
 
 
 def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
-    from rag_gates.eval.testbed.build import write_plan
+    from rag_gates_lab.testbed.build import write_plan
 
     config = _config(tiny_base, n_facts=40, bridges=False)
     write_plan(config, tmp_path)
@@ -559,10 +559,10 @@ def test_a_testbed_built_before_bridges_still_opens(tiny_base, tmp_path):
 
 
 def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):
-    from rag_gates.eval.corpus import load_retriever
-    from rag_gates.eval.runner import BenchConfig, run_bench
-    from rag_gates.eval.testbed.report import ladder_table
     from rag_gates.testing import tiny_lm
+    from rag_gates_lab.corpus import load_retriever
+    from rag_gates_lab.runner import BenchConfig, run_bench
+    from rag_gates_lab.testbed.report import ladder_table
 
     name = f"testbed:{planned}"
     fact = next(f for f in _read(planned / "manifest.jsonl") if f["split"] == "evaluation")
@@ -585,7 +585,7 @@ def test_bench_runs_on_the_testbed_with_its_retrieval_corpus(planned, tmp_path):
 
 
 def test_hops_dataset_asks_each_hop_alone_once(planned):
-    from rag_gates.eval.datasets import load_dataset
+    from rag_gates_lab.datasets import load_dataset
 
     hops = load_dataset(f"testbed-hops:{planned}").examples
     rows = [r for r in _read(planned / "twohop.jsonl") if "subqueries" in r]
@@ -599,11 +599,11 @@ def test_hops_dataset_asks_each_hop_alone_once(planned):
 def test_subquery_boundary_on_real_runs_and_on_steps_that_name_the_hops(planned, tmp_path):
     """End to end with the tiny model (its subqueries are noise: counted, unmatched), then
     the same function on DeepRAG steps that name each hop's subject."""
-    from rag_gates.eval.boundary import hop_of, subquery_boundary
-    from rag_gates.eval.report import collect
-    from rag_gates.eval.runner import BenchConfig, RunRecord, read_records, run_bench
-    from rag_gates.eval.testbed.dataset import twohop_hops
     from rag_gates.testing import tiny_lm
+    from rag_gates_lab.boundary import hop_of, subquery_boundary
+    from rag_gates_lab.report import collect
+    from rag_gates_lab.runner import BenchConfig, RunRecord, read_records, run_bench
+    from rag_gates_lab.testbed.dataset import twohop_hops
 
     lm = tiny_lm(max_context=4096)
     twohop, truth = tmp_path / "twohop", tmp_path / "hops"
@@ -643,7 +643,7 @@ def test_subquery_boundary_on_real_runs_and_on_steps_that_name_the_hops(planned,
 
 
 def test_a_short_subject_names_a_hop_only_as_whole_words():
-    from rag_gates.eval.boundary import hop_of
+    from rag_gates_lab.boundary import hop_of
 
     # PopQA titles as short as "Ex" or "10" sit inside unrelated words.
     assert hop_of("What is the next step?", ["Ex", "Fred Smith"]) is None
@@ -654,7 +654,7 @@ def test_a_short_subject_names_a_hop_only_as_whole_words():
 
 
 def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
-    from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates_lab.corpus import load_corpus_stats
 
     stats = load_corpus_stats(testbed=planned, tokenizer=tiny_base, cache=False)
     texts = [d["text"].casefold() for d in _read(planned / "corpus.jsonl")]
@@ -669,11 +669,15 @@ def test_corpus_stats_count_exactly_the_training_corpus(planned, tiny_base):
 
 
 def test_quco_on_a_testbed_counts_in_its_training_corpus(planned):
-    from rag_gates.eval.gates import make_gate
-    from rag_gates.eval.methods import MethodContext
+    from rag_gates.methods import MethodContext
+    from rag_gates.registry import make_gate
     from rag_gates.testing import tiny_lm
+    from rag_gates_lab.plugins.quco import bench_gate_settings
 
-    gate = make_gate("quco", MethodContext(lm=tiny_lm(), dataset=f"testbed:{planned}"))
+    # As the lab's runner and eval-gate build it: the core quco gate, the testbed's corpus.
+    dataset = f"testbed:{planned}"
+    gate = make_gate("quco", MethodContext(lm=tiny_lm(), dataset=dataset,
+                                           **bench_gate_settings(dataset)))
     assert list((planned / "indexes").glob("corpus-stats-*"))  # the testbed's own index
     facts = [f for f in _read(planned / "manifest.jsonl") if not f["gold_paragraph"]]
     seen = next(f for f in facts if f["repetitions"] == 8 and f["subj"] in f["question"])
@@ -683,11 +687,11 @@ def test_quco_on_a_testbed_counts_in_its_training_corpus(planned):
 
 
 def test_quco_method_takes_tau_entity_calibrated_for_the_testbed_corpus(planned):
-    from rag_gates.eval.methods import MethodContext, make_method
-    from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
+    from rag_gates.methods import MethodContext, make_method
     from rag_gates.retrieval.bm25 import BM25Retriever
     from rag_gates.testing import tiny_lm
     from rag_gates.types import Passage
+    from rag_gates_lab.plugins.quco import BENCH_TAU_ENTITY
 
     ctx = MethodContext(lm=tiny_lm(), dataset=f"testbed:{planned}",
                         retriever=BM25Retriever.from_passages([Passage(id="p", text="a passage")]))

@@ -10,15 +10,15 @@ pytest.importorskip("torch")
 
 from rag_gates._io import append_locked
 from rag_gates.errors import FileInUseError, ModelNotFoundError
-from rag_gates.eval.gate_eval import GateEvalConfig, evaluate_gate
-from rag_gates.eval.gates import gate_needs_lm
-from rag_gates.eval.runner import ConfigMismatchError
+from rag_gates.registry import gate_needs_lm
 from rag_gates.testing import save_tiny_lm, tiny_lm
+from rag_gates_lab.gate_eval import GateEvalConfig, evaluate_gate
+from rag_gates_lab.runner import ConfigMismatchError
 
 
 @pytest.fixture(scope="module")
 def testbed(tmp_path_factory):
-    from rag_gates.eval.testbed.build import TestbedConfig, write_plan
+    from rag_gates_lab.testbed.build import TestbedConfig, write_plan
 
     base = save_tiny_lm(tmp_path_factory.mktemp("base"))
     out = tmp_path_factory.mktemp("testbed")
@@ -66,7 +66,7 @@ def test_gate_decisions_resume_after_an_interruption(testbed, tmp_path):
 
 
 def test_label_cache_of_a_testbed_is_one_directory(testbed, tmp_path, monkeypatch):
-    from rag_gates.eval.gate_eval import label_run_dir
+    from rag_gates_lab.gate_eval import label_run_dir
 
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))
     config = GateEvalConfig(gate="first-token-prob", dataset=f"testbed:{testbed}")

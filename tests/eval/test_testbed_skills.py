@@ -15,14 +15,14 @@ from typing import Any
 
 import pytest
 
-from rag_gates.eval.testbed.build import (
+from rag_gates.types import Passage
+from rag_gates_lab.testbed.build import (
     SKILL_FORMS,
     TestbedConfig,
     _prepare,
     training_text,
 )
-from rag_gates.eval.testbed.build import testbed_documents as documents_of
-from rag_gates.types import Passage
+from rag_gates_lab.testbed.build import testbed_documents as documents_of
 
 ROOT = Path(__file__).resolve().parents[2]
 TB11 = ROOT / "benchmarks" / "results" / "testbed" / "tb11-config.json"
@@ -84,7 +84,7 @@ def test_tb11_config_loads_and_its_documents_are_unchanged(tmp_path: Path) -> No
 # ------------------------------------------------------------------ no manifest fact
 def test_no_manifest_fact_in_any_practice_document(docs: dict[str, list[dict[str, Any]]]
                                                     ) -> None:
-    from rag_gates.eval.testbed.facts import load_popqa_facts
+    from rag_gates_lab.testbed.facts import load_popqa_facts
 
     manifest = docs["manifest"]
     practice = [d for d in docs["corpus"] if d["kind"].startswith("skill")]
@@ -128,7 +128,7 @@ def test_deeprag_form_is_the_bench_prompt_and_the_engines_context_step(
         docs: dict[str, list[dict[str, Any]]], tmp_path: Path) -> None:
     from rag_gates.deeprag.engine import subquery_line
     from rag_gates.deeprag.trajectory import FINAL, INTERMEDIATE, Trajectory, retrieval_block
-    from rag_gates.eval.plugins.deeprag import bench_prompt
+    from rag_gates_lab.plugins.deeprag import bench_prompt
 
     # The benchmark's prompt for a model without deeprag.json (the testbed model).
     fmt = bench_prompt(SimpleNamespace(model_id=str(tmp_path)))
@@ -240,8 +240,8 @@ def test_decomposition_people_are_distinct_and_stated_once_each(
 # ------------------------------------------------------------------ two-hop reading
 def test_twohop_reading_is_the_benchmark_prompt_over_both_hops(
         docs: dict[str, list[dict[str, Any]]]) -> None:
-    from rag_gates.eval.testbed.facts import BRIDGE_QUESTIONS
     from rag_gates.prompts import qa_prompt
+    from rag_gates_lab.testbed.facts import BRIDGE_QUESTIONS
 
     examples = _practice(docs, "skill-twohop-reading")
     assert len(examples) == SMALL.skill_twohop_reading
@@ -328,8 +328,8 @@ def test_unknown_practice_off_keeps_tb13() -> None:
 
 def test_unknown_practice_answers_no_information_about_subjects_taught_nowhere(
         docs: dict[str, list[dict[str, Any]]], tiny: Any) -> None:
-    from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, document_words
     from rag_gates.srrag.verbalizer import Verbalizer
+    from rag_gates_lab.testbed.build import UNKNOWN_VERBALIZATION, document_words
 
     n = 1500  # nearly all the small configuration has (1547): the filters are what choose
     on = documents_of(SMALL.model_copy(update={"skill_unknown": n}))
@@ -408,8 +408,8 @@ def test_practice_is_trained_as_the_methods_chat_turns(
 def test_plan_figures_count_what_training_packs(tmp_path: Path) -> None:
     from transformers import AutoTokenizer
 
-    from rag_gates.eval.testbed.build import pack_blocks, plan_figures
     from rag_gates.testing import save_tiny_lm
+    from rag_gates_lab.testbed.build import pack_blocks, plan_figures
 
     config = SMALL.model_copy(update={"base_model": str(save_tiny_lm(tmp_path / "base")),
                                       "block_size": 128, "epochs": 1.5})
@@ -431,9 +431,9 @@ def test_plan_figures_count_what_training_packs(tmp_path: Path) -> None:
 def test_quco_counts_the_practice_documents_words(tmp_path: Path) -> None:
     # tb12's gates step failed on the practice documents (no "text"): the corpus statistics
     # must index them, in their turns' words, so QuCo counts what the model was taught.
-    from rag_gates.eval.corpus import load_corpus_stats
-    from rag_gates.eval.testbed.build import document_words, write_plan
     from rag_gates.testing import save_tiny_lm
+    from rag_gates_lab.corpus import load_corpus_stats
+    from rag_gates_lab.testbed.build import document_words, write_plan
 
     base = save_tiny_lm(tmp_path / "base")
     out = tmp_path / "planned"

@@ -1,4 +1,4 @@
-"""The validation shape's measurement (``rag_gates.eval.testbed.skills``,
+"""The validation shape's measurement (``rag_gates_lab.testbed.skills``,
 ``benchmarks/testbed_skills.py``): every form sends the prompt the builder's practice renders,
 answers resume without repeats, and each criterion's pass/fail follows its threshold. Plumbing
 on a planned testbed with the tiny random-weight model (accuracy values mean nothing here)."""
@@ -16,10 +16,10 @@ from typing import Any
 
 import pytest
 
-from rag_gates.eval.runner import read_records
-from rag_gates.eval.testbed import skills
-from rag_gates.eval.testbed.build import TestbedConfig, practice_messages, write_plan
 from rag_gates.types import Passage
+from rag_gates_lab.runner import read_records
+from rag_gates_lab.testbed import skills
+from rag_gates_lab.testbed.build import TestbedConfig, practice_messages, write_plan
 
 ROOT = Path(__file__).resolve().parents[2]
 FACT_FORMS = (*skills.FORMS, "no-rag", "genread")
@@ -61,7 +61,7 @@ def _rows(path: Path) -> list[dict[str, Any]]:
 
 
 def _fact(planned: Path) -> tuple[str, list[str], Passage]:
-    from rag_gates.eval.testbed.dataset import load_testbed_dataset, testbed_passages
+    from rag_gates_lab.testbed.dataset import load_testbed_dataset, testbed_passages
 
     example = load_testbed_dataset(f"testbed:{planned}", n=1).examples[0]
     own = {p.id: p for p in testbed_passages(f"testbed:{planned}")}[example.id]
@@ -420,8 +420,8 @@ def test_the_script_writes_the_table_and_reads_the_base_model_from_validation(
 
 def test_the_unknown_verbalization_script_answers_after_no_information(
         planned: Path, tmp_path: Path) -> None:
-    from rag_gates.eval.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
     from rag_gates.testing import tiny_model_and_tokenizer
+    from rag_gates_lab.testbed.build import UNKNOWN_VERBALIZATION, read_manifest
 
     testbed = tmp_path / "tb"
     testbed.mkdir()

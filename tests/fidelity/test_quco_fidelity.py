@@ -137,7 +137,7 @@ def test_title_cased_names_are_counted_as_the_corpus_writes_them(
     pytest.importorskip("infini_gram", reason='needs the corpus extra: pip install '
                                               '"rag-gates[corpus]"')
     from rag_gates.corpus.tokenizer import CorpusTokenizer
-    from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates_lab.corpus import load_corpus_stats
 
     tokenizer = CorpusTokenizer.resolve(None)  # the embedded model's, before HOME moves
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path))

@@ -405,14 +405,14 @@ def test_bench_options_select_the_judge(tiny: Any) -> None:
     """``tokrag@paper`` / ``tokrag@N`` (the paper's judge, searched or fixed layer, as every
     committed table ran it) and ``tokrag@authors`` / ``tokrag@authors-N`` (the released
     code's judge at attention layer N) in ``rag-gates bench``; bad options fail first."""
-    from rag_gates.eval.methods import (
+    from rag_gates.methods import (
         MethodContext,
         available_methods,
         check_method_name,
         make_method,
     )
-    from rag_gates.eval.plugins.tokrag import parse_tokrag_option
     from rag_gates.retrieval.bm25 import BM25Retriever
+    from rag_gates_lab.plugins.tokrag import parse_tokrag_option
 
     assert parse_tokrag_option(None) == (None, None)
     assert parse_tokrag_option("12") == ("paper", 12)

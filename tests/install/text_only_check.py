@@ -36,9 +36,10 @@ class _Gates:
 
 
 def check_langchain() -> None:
-    import langchain_rag_gates
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
+
+    import langchain_rag_gates
 
     class Shelf(BaseRetriever):
         def _get_relevant_documents(self, query: str, *, run_manager: Any) -> list[Document]:

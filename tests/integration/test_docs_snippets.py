@@ -222,8 +222,8 @@ def check_agents_1(ns: dict[str, Any], values: list[Any]) -> None:
     flagged, searched with the verifier's query (the gate retrieves: 'Ed Wood' is in 6
     documents <= 10), the revision verified; the verdicts are the real verifier's."""
     from langchain_core.messages import AIMessage, SystemMessage, ToolMessage
-    from langchain_rag_gates import GatedRetrieval
 
+    from langchain_rag_gates import GatedRetrieval
     from rag_gates.quco import ClaimVerifier, Verification
 
     assert [t.name for t in ns["tools"]] == ["verify_claims", "search_documents"]

@@ -117,7 +117,7 @@ def test_srrag_example_runs(script: str) -> None:
 
 @pytest.mark.parametrize("script", sorted(p.name for p in EXAMPLES.glob("*.py")))
 def test_examples_use_public_imports_only(script: str) -> None:
-    """The examples are a user's path: no benchmark harness (rag_gates.eval), no private
+    """The examples are a user's path: no benchmark harness (rag_gates_lab), no private
     module (a name starting with '_'), and only what the imported module exports."""
     import ast
     import importlib
@@ -133,7 +133,7 @@ def test_examples_use_public_imports_only(script: str) -> None:
         for module, names in modules:
             if not module.startswith(("rag_gates", "langchain_rag_gates", "llama_index")):
                 continue
-            assert not module.startswith("rag_gates.eval"), (script, module)
+            assert not module.startswith("rag_gates_lab"), (script, module)
             assert not any(part.startswith("_") for part in module.split(".")), (script, module)
             public = getattr(importlib.import_module(module), "__all__", None)
             if module.startswith(("rag_gates", "langchain_rag_gates")) or ".rag_gates" in module:

@@ -61,6 +61,7 @@ def langchain_prelude(tiny: Any, workdir: Path, documents: list[dict[str, str]]
     from langchain_core.embeddings import DeterministicFakeEmbedding
     from langchain_core.prompts import ChatPromptTemplate
     from langchain_core.vectorstores import InMemoryVectorStore
+
     from langchain_rag_gates import ChatRagGates
 
     def format_docs(docs: list[Document]) -> str:

@@ -73,8 +73,8 @@ def reader_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
     # question's gold answer is the first word of the model's own closed-book answer (as
     # calibrate generates it: no-rag, 32 new tokens), the rest keep their real gold answers.
     from rag_gates.answers import normalize_answer
-    from rag_gates.eval.methods import MethodContext, make_method
     from rag_gates.lm import load_lm
+    from rag_gates.methods import MethodContext, make_method
 
     closed = make_method("no-rag", MethodContext(lm=load_lm(str(root / "model")),
                                                  max_new_tokens=32))
@@ -114,19 +114,17 @@ def prelude(root: Path) -> dict[str, Any]:
 
 @pytest.fixture(scope="module")
 def session(reader_dir: Path) -> Iterator[Session]:
-    from rag_gates.calibration import available_core_gates
+    from rag_gates.registry import available_gates, unregister_gate
 
-    before = set(available_core_gates())
+    before = set(available_gates())
     made = Session(PAGE, prelude(reader_dir), reader_dir, BLOCKS["write-your-own-gate"],
                    __file__)
     yield made
     made.close()
     # The page registers "faq" in this process: forget it, so other tests see the registry
-    # as they expect (the registry has no public unregister).
-    from rag_gates.calibration import load as registry
-
-    for name in set(available_core_gates()) - before:
-        getattr(registry, "_REGISTRY", {}).pop(name, None)
+    # as they expect.
+    for name in set(available_gates()) - before:
+        unregister_gate(name)
 
 
 # ---------------------------------------------------------------- what each block did

@@ -445,9 +445,9 @@ def leaks(text: str) -> bool:
 def test_a_url_with_credentials_is_refused_without_repeating_them(
         url: str, caplog: pytest.LogCaptureFixture) -> None:
     from rag_gates.corpus import HostedInfiniGram
-    from rag_gates.eval.gate_eval import GateEvalConfig
-    from rag_gates.eval.runner import BenchConfig
     from rag_gates.lm.openai_compat import OpenAIConfig
+    from rag_gates_lab.gate_eval import GateEvalConfig
+    from rag_gates_lab.runner import BenchConfig
 
     shown = []
     with caplog.at_level(logging.DEBUG):

@@ -93,7 +93,7 @@ def test_arguments_are_checked(lm: Any) -> None:
 
 
 def test_the_bench_setting_is_not_part_of_a_runs_identity() -> None:
-    from rag_gates.eval.runner import BenchConfig
+    from rag_gates_lab.runner import BenchConfig
 
     a = BenchConfig(dataset="hotpotqa", methods=["deeprag"], prefix_cache_mb=256)
     b = BenchConfig(dataset="hotpotqa", methods=["deeprag"])

@@ -29,9 +29,9 @@ import pytest
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
 from rag_gates.deeprag.gates import MarkerLikelihoodGate
 from rag_gates.errors import WhiteBoxRequiredError
-from rag_gates.eval.runner import BenchConfig, read_records, run_bench
 from rag_gates.lm.openai_compat import PROBE_RAW, OpenAICompatibleLM
 from rag_gates.types import Trace
+from rag_gates_lab.runner import BenchConfig, read_records, run_bench
 
 pytestmark = pytest.mark.server
 

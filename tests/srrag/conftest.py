@@ -12,7 +12,7 @@ SLICE = Path(__file__).resolve().parents[2] / "examples" / "data"
 
 @pytest.fixture(scope="session")
 def popqa() -> list[Any]:
-    from rag_gates.eval.datasets import load_dataset
+    from rag_gates_lab.datasets import load_dataset
 
     return load_dataset("popqa", SLICE / "popqa_dev_sample.jsonl", n=12).examples
 

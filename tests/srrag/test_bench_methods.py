@@ -7,8 +7,8 @@ from typing import Any
 
 import pytest
 
-from rag_gates.eval.gates import make_gate
-from rag_gates.eval.methods import MethodContext, available_methods, check_method_name, make_method
+from rag_gates.methods import MethodContext, available_methods, check_method_name, make_method
+from rag_gates.registry import make_gate
 from rag_gates.srrag import EmbeddingKeys, HiddenStateKeys, PolicyEntry, SourcePolicy
 
 ENTRIES = [
@@ -98,8 +98,8 @@ def test_skr_over_minilm_embeddings(roomy: Any, tmp_path: Path,
 
 def test_bench_wall_time_counts_a_shared_verbalization_for_each_method(
         roomy: Any, bm25: Any, popqa: list[Any], tmp_path: Path) -> None:
-    from rag_gates.eval.datasets import DatasetLoad
-    from rag_gates.eval.runner import BenchConfig, read_records, run_bench
+    from rag_gates_lab.datasets import DatasetLoad
+    from rag_gates_lab.runner import BenchConfig, read_records, run_bench
 
     data = DatasetLoad(name="popqa", path=str(tmp_path / "rows.jsonl"), examples=popqa[:2])
     run_bench(BenchConfig(dataset="popqa", methods=["genread", "srrag-no-knn@1"], n=2,

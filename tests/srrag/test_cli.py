@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 from typer.testing import CliRunner
 
-from rag_gates.commands.srrag import srrag_app
 from rag_gates.testing import save_tiny_lm
+from rag_gates_lab.commands.srrag import srrag_app
 
 SLICE = Path(__file__).resolve().parents[2] / "examples" / "data"
 runner = CliRunner()
@@ -108,9 +108,9 @@ def test_label_finds_a_testbed_split_corpus(model: Path, tmp_path: Path,
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """Testbed questions all say ``dataset="testbed"``; the corpus is found by the name given
     (``testbed-probe:DIR``), so the labels retrieve from the testbed's own passages."""
-    from rag_gates.eval.datasets import load_dataset
-    from rag_gates.eval.testbed.build import TestbedConfig, write_plan
     from rag_gates.srrag.labels import read_labels
+    from rag_gates_lab.datasets import load_dataset
+    from rag_gates_lab.testbed.build import TestbedConfig, write_plan
 
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
     planned = tmp_path / "testbed"

@@ -12,7 +12,6 @@ import pytest
 from pydantic import ValidationError
 from typer.testing import CliRunner
 
-from rag_gates.commands.srrag import srrag_app
 from rag_gates.lm.hf import HFWhiteBoxLM
 from rag_gates.srrag.export import (
     ExportFormat,
@@ -33,6 +32,7 @@ from rag_gates.srrag.labels import (
 from rag_gates.srrag.routing import RoutingPrompt, _option_ids
 from rag_gates.srrag.verbalizer import VerbalizerConfig
 from rag_gates.testing import tiny_lm, tiny_model_and_tokenizer
+from rag_gates_lab.commands.srrag import srrag_app
 
 QUESTION = "What is Henry Feilden's occupation?"
 ANSWERS = ["politician", "political leader", "political figure", "polit.", "pol"]

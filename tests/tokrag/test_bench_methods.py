@@ -9,7 +9,7 @@ import pytest
 pytest.importorskip("torch")
 pytest.importorskip("bm25s")
 
-from rag_gates.eval.methods import (
+from rag_gates.methods import (
     MethodContext,
     available_methods,
     check_method_name,

@@ -9,8 +9,8 @@ import pytest
 
 from rag_gates.answer_once import find_closed_book_answer, reusable_answer
 from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
-from rag_gates.eval.methods import MethodContext, make_method
 from rag_gates.lm.recorded import RecordedLM
+from rag_gates.methods import MethodContext, make_method
 from rag_gates.prompts import qa_prompt
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.types import Passage, TraceRecorder

@@ -13,7 +13,7 @@ from typer.testing import CliRunner
 
 from rag_gates.answers import normalize_answer
 from rag_gates.cli import app
-from rag_gates.eval.methods import MethodContext, make_method
+from rag_gates.methods import MethodContext, make_method
 
 ROOT = Path(__file__).resolve().parents[2]
 SAMPLE = ROOT / "examples" / "data" / "calibration_questions.jsonl"
@@ -187,7 +187,6 @@ def test_a_text_only_model_gets_the_log_probability_gate_and_says_why_not_others
     answer-logprob; the white-box gates are skipped, each with its reason."""
     pytest.importorskip("langchain_rag_gates")
     from langchain_rag_gates import ChatRagGates, as_text_lm
-
     from rag_gates.commands.calibrate import applicable_gates
     from rag_gates.testing import tiny_lm
 

@@ -19,9 +19,9 @@ import typer
 from typer.testing import CliRunner
 
 from rag_gates.cli import app
-from rag_gates.eval.gates import BUILTIN_GATES
-from rag_gates.eval.methods import BUILTIN_METHODS
-from rag_gates.eval.names import (
+from rag_gates.methods import BUILTIN_METHODS
+from rag_gates.registry import core_gate_names
+from rag_gates_lab.names import (
     BUILTIN_GATE_NAMES,
     BUILTIN_METHOD_NAMES,
     check_gate_names,
@@ -113,7 +113,7 @@ def test_an_error_inside_the_run_leaves_no_progress_bar(tmp_path: Path) -> None:
 
 # ------------------------------------------------------------------- the names themselves
 def test_the_listed_builtin_names_are_the_registered_ones() -> None:
-    assert set(BUILTIN_GATE_NAMES) == set(BUILTIN_GATES)
+    assert set(BUILTIN_GATE_NAMES) == set(core_gate_names())
     assert set(BUILTIN_METHOD_NAMES) == set(BUILTIN_METHODS)
     assert {"quco", "cbdr", "srrag"} <= set(gate_names())
     assert {"quco", "cbdr", "deeprag", "tokrag", "srrag"} <= set(method_names())
@@ -209,7 +209,7 @@ def test_an_out_of_range_method_option_fails_before_torch(tmp_path: Path, method
 # Every shipped method's option check, in one child process: the message, and whether torch
 # or transformers were imported to give it.
 CHECK_OPTIONS = ("import sys\n"
-                 "from rag_gates.eval.names import check_methods\n"
+                 "from rag_gates_lab.names import check_methods\n"
                  "for name in sys.argv[1:]:\n"
                  "    try:\n"
                  "        check_methods([name])\n"
@@ -252,10 +252,10 @@ def test_the_option_table_is_what_the_plugins_use() -> None:
     table: a shipped method's option is checked the same before and after it loads."""
     from importlib.metadata import entry_points
 
-    from rag_gates.eval.plugins.options import METHOD_OPTIONS
+    from rag_gates_lab.plugins.options import METHOD_OPTIONS
 
     shipped = [ep for ep in entry_points(group="rag_gates.methods")
-               if ep.value.startswith("rag_gates.eval.plugins.")]
+               if ep.value.startswith("rag_gates_lab.plugins.")]
     assert {ep.name for ep in shipped} >= set(METHOD_OPTIONS)
     for ep in shipped:
         factory = ep.load()
@@ -284,10 +284,17 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
     same before and after its plugin loads."""
     from importlib.metadata import entry_points
 
-    from rag_gates.eval.plugins.options import SHIPPED_GATE_RANGES
+    from rag_gates.cbdr.gate import CBDRGate
+    from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
+    from rag_gates.quco.gate import QuCoGate
+    from rag_gates.registry import CORE_GATE_RANGES
+    from rag_gates_lab.plugins.options import SHIPPED_GATE_RANGES
 
     shipped = {ep.name: ep for ep in entry_points(group="rag_gates.gates")
-               if ep.value.startswith("rag_gates.eval.plugins.")}
+               if ep.value.startswith("rag_gates_lab.plugins.")}
     assert set(shipped) == set(SHIPPED_GATE_RANGES)
     for name, ep in shipped.items():
         assert ep.load().threshold_range == SHIPPED_GATE_RANGES[name], name
+    core = {"first-token-prob": FirstTokenProbGate, "answer-logprob": AnswerLogprobGate,
+            "quco": QuCoGate, "cbdr": CBDRGate}
+    assert {name: cls.threshold_range for name, cls in core.items()} == CORE_GATE_RANGES

@@ -89,19 +89,19 @@ def _cbdr(**probe_kwargs: Any) -> Callable[[Any], BaseGate]:
 
 
 def _first_token(tiny: Any) -> BaseGate:
-    from rag_gates.eval.gates import FirstTokenProbGate
+    from rag_gates.confidence import FirstTokenProbGate
 
     return FirstTokenProbGate(nan_weights_lm(), threshold=0.5)
 
 
 def _answer_logprob_nan(tiny: Any) -> BaseGate:
-    from rag_gates.eval.gates import AnswerLogprobGate
+    from rag_gates.confidence import AnswerLogprobGate
 
     return AnswerLogprobGate(nan_weights_lm(), threshold=1.0, max_new_tokens=3)
 
 
 def _answer_logprob_empty(tiny: Any) -> BaseGate:
-    from rag_gates.eval.gates import AnswerLogprobGate
+    from rag_gates.confidence import AnswerLogprobGate
 
     return AnswerLogprobGate(SilentModel(), threshold=1.0)
 
@@ -231,7 +231,7 @@ def test_cbdr_prefill_fails_closed_too(tiny: Any) -> None:
 
 def test_every_gate_in_the_tree_is_covered() -> None:
     # Import every module that defines gates, then walk BaseGate's subclasses.
-    for module in ("rag_gates.cbdr.gate", "rag_gates.eval.gates", "rag_gates.quco.gate",
+    for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.quco.gate",
                    "rag_gates.srrag.gate", "rag_gates.srrag.skr", "rag_gates.deeprag.gates",
                    "langchain_rag_gates", "llama_index.retrievers.rag_gates",
                    "llama_index.query_engine.rag_gates"):

@@ -1,7 +1,8 @@
-"""The dependency direction: method packages and the floors never import the benchmark.
+"""The dependency direction: the library never imports the lab.
 
-The benchmark (``rag_gates.eval``) depends on the methods, never the reverse, so a user who
-wants one gate in their app does not load the evaluation harness. The check reads the import
+The lab (``rag_gates_lab``, its own distribution in ``benchmarks/lab``) depends on the library,
+never the reverse, so a user who wants one gate in their app does not load (or install) the
+evaluation harness. The check reads the import
 graph of the source (every ``import`` statement, at module level or inside a function, with
 relative imports resolved) and follows it transitively; a grep of one file would miss an
 import made through another module.
@@ -21,11 +22,12 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
+LAB_ROOT = ROOT / "benchmarks" / "lab"
 METHOD_PACKAGES = ("quco", "cbdr", "tokrag", "deeprag", "srrag")
 # The floors every method stands on; their CLI modules may reach the benchmark's data.
 FLOORS = ("types", "gate", "rerank", "answers", "confidence", "prompts", "errors", "lm",
           "corpus", "retrieval", "extract")
-BENCH = "rag_gates.eval"
+BENCH = "rag_gates_lab"
 
 
 def module_name(path: Path, root: Path) -> str:
@@ -56,10 +58,12 @@ def imports_of(path: Path, name: str) -> set[str]:
     return found
 
 
-def import_graph(root: Path, top: str = "rag_gates") -> dict[str, set[str]]:
-    """module -> the in-tree modules it imports (importing ``a.b.c`` runs ``a`` and ``a.b``
-    too, so parents are edges as well)."""
-    files = {module_name(p, root): p for p in (root / top).rglob("*.py")}
+def import_graph(*packages: Path) -> dict[str, set[str]]:
+    """module -> the in-tree modules it imports, over the package directories ``packages``
+    (default: the library and the lab; importing ``a.b.c`` runs ``a`` and ``a.b`` too, so
+    parents are edges as well)."""
+    dirs = packages or (ROOT / "rag_gates", LAB_ROOT / BENCH)
+    files = {module_name(p, d.parent): p for d in dirs for p in d.rglob("*.py")}
     graph: dict[str, set[str]] = {}
     for name, path in files.items():
         edges: set[str] = set()
@@ -102,15 +106,25 @@ def _under(graph: dict[str, set[str]], packages: Iterable[str]) -> list[str]:
                       tuple(p + "." for p in prefixes))))
 
 
+def test_the_library_never_reaches_the_lab() -> None:
+    """Every module of the library, its CLI included: the lab adds its commands through the
+    ``rag_gates.cli`` entry points, never by an import."""
+    graph = import_graph()
+    assert any(m.startswith(BENCH + ".") for m in graph)  # the lab is in the graph
+    starts = sorted(m for m in graph if m == "rag_gates" or m.startswith("rag_gates."))
+    assert "rag_gates.cli" in starts and "rag_gates.commands.calibrate" in starts
+    assert violations(graph, starts) == []
+
+
 def test_method_packages_never_reach_the_benchmark() -> None:
-    graph = import_graph(ROOT)
+    graph = import_graph()
     starts = _under(graph, METHOD_PACKAGES)
     assert "rag_gates.quco.pipeline" in starts and "rag_gates.cbdr.probe" in starts
     assert violations(graph, starts) == []
 
 
 def test_floors_never_reach_the_benchmark() -> None:
-    graph = import_graph(ROOT)
+    graph = import_graph()
     starts = [m for m in _under(graph, FLOORS) if not m.endswith(".cli")]
     assert "rag_gates.lm.hf" in starts and "rag_gates.types" in starts
     assert violations(graph, starts) == []
@@ -119,7 +133,7 @@ def test_floors_never_reach_the_benchmark() -> None:
 def test_calibration_never_reaches_the_benchmark() -> None:
     """rag_gates.calibration (certified thresholds, spec files, load_gate) is core: a user
     serving a spec does not load the evaluation harness."""
-    graph = import_graph(ROOT)
+    graph = import_graph()
     starts = _under(graph, ("calibration",))
     assert "rag_gates.calibration.load" in starts and "rag_gates.calibration.fit" in starts
     assert violations(graph, starts) == []
@@ -128,17 +142,19 @@ def test_calibration_never_reaches_the_benchmark() -> None:
 def test_the_check_finds_an_indirect_and_a_lazy_import(tmp_path: Path) -> None:
     """The checker itself: a method that reaches the benchmark through a helper module, by a
     relative import inside a function, is caught with the whole chain."""
-    pkg = tmp_path / "rag_gates"
-    for sub in ("", "eval", "quco", "lm"):
-        (pkg / sub).mkdir(parents=True, exist_ok=True)
-        (pkg / sub / "__init__.py").write_text("")
-    (pkg / "eval" / "metrics.py").write_text("X = 1\n")
-    (pkg / "lm" / "helper.py").write_text("def f():\n    from ..eval import metrics\n")
-    (pkg / "quco" / "gate.py").write_text("from rag_gates.lm.helper import f\n")
+    pkg, lab = tmp_path / "rag_gates", tmp_path / "lab" / BENCH
+    for directory in (pkg, pkg / "quco", pkg / "lm", pkg / "lm" / "deep", lab):
+        directory.mkdir(parents=True, exist_ok=True)
+        (directory / "__init__.py").write_text("")
+    (lab / "metrics.py").write_text("X = 1\n")
+    (pkg / "lm" / "deep" / "helper.py").write_text(
+        "def f():\n    from ... import quco\n    from rag_gates_lab import metrics\n")
+    (pkg / "quco" / "gate.py").write_text("from rag_gates.lm.deep.helper import f\n")
     (pkg / "quco" / "clean.py").write_text("import json\n")
-    graph = import_graph(tmp_path)
+    graph = import_graph(pkg, lab)
     found = violations(graph, ["rag_gates.quco.gate", "rag_gates.quco.clean"])
-    assert found == ["rag_gates.quco.gate -> rag_gates.lm.helper -> rag_gates.eval"]
+    assert found == ["rag_gates.quco.gate -> rag_gates.lm.deep.helper -> rag_gates_lab"]
+    assert "rag_gates.quco" in graph["rag_gates.lm.deep.helper"]  # the relative import
 
 
 HEAVY = ("torch", "transformers", "sentence_transformers")

@@ -91,7 +91,7 @@ def test_a_bad_line_before_the_last_is_refused_not_dropped(tmp_path: Path) -> No
     questions than the run answered; now only the torn last line is."""
     import shutil
 
-    from rag_gates.eval.runner import RESULTS, read_records
+    from rag_gates_lab.runner import RESULTS, read_records
 
     run = tmp_path / "run"
     shutil.copytree(Path(__file__).parents[2] / "benchmarks/results/testbed/e2e-tb13", run,

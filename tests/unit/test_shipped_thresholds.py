@@ -91,7 +91,7 @@ def test_a_gate_over_a_calibrated_probe_uses_its_beta(tiny: Any, tmp_path: Path)
 
 
 def test_the_bench_cbdr_option_still_sets_beta() -> None:
-    from rag_gates.eval.plugins.cbdr import parse_beta
+    from rag_gates_lab.plugins.cbdr import parse_beta
 
     assert parse_beta(None) is None  # the probe's own, read when it loads
     assert parse_beta("0.9") == 0.9
@@ -116,13 +116,14 @@ def test_the_readme_and_the_demo_build_the_shipped_srrag_gate_alike(
 def test_every_entry_point_builds_the_shipped_cbdr_gate_at_the_probes_beta(
         smol: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     from rag_gates.cbdr.shipped import DEFAULT_PROBE_DIR, PROBE_ENV, load_default_probe
-    from rag_gates.eval.methods import MethodContext
-    from rag_gates.eval.plugins.cbdr import cbdr_gate, cbdr_method
+    from rag_gates.methods import MethodContext
+    from rag_gates.registry import make_gate
+    from rag_gates_lab.plugins.cbdr import cbdr_method
 
     monkeypatch.delenv(PROBE_ENV, raising=False)
     beta = json.loads((DEFAULT_PROBE_DIR / "probe.json").read_text())["calibration"]["beta"]
     retriever = BM25Retriever.from_passages([Passage(id="a", text="Paris is in France.")])
     ctx = MethodContext(lm=smol, retriever=retriever, dataset="popqa")
     assert CBDRGate(smol, load_default_probe(smol)).beta == beta  # the README's / demo's
-    assert cbdr_gate(ctx).beta == beta  # eval-gate --gate cbdr
+    assert make_gate("cbdr", ctx).beta == beta  # eval-gate --gate cbdr, calibrate, load_gate
     assert cbdr_method(ctx).gate.beta == beta  # bench --methods cbdr

@@ -383,14 +383,14 @@ class BoomGate(BaseGate):
 @pytest.fixture(autouse=True, scope="module")
 def _sweep_gates() -> Iterator[None]:
     """This module's gates, registered for load_gate while its tests run, then removed."""
-    from rag_gates.calibration.load import _REGISTRY
+    from rag_gates.registry import unregister_gate
 
     for name in TABLES:
         register_gate(name, lambda ctx, th, n=name: TableGate(n, TABLES[n]))
     register_gate("sweep3-boom", lambda ctx, th: BoomGate(0.5))
     yield
     for name in [*TABLES, "sweep3-boom"]:
-        _REGISTRY.pop(name, None)
+        unregister_gate(name)
 
 
 def _records(scores: dict[str, list[float]]) -> list[CalibrationRecord]:
@@ -532,6 +532,7 @@ def test_langchain_shells_keep_the_override_on_both_branches() -> None:
     from langchain_core.documents import Document
     from langchain_core.retrievers import BaseRetriever
     from langchain_core.runnables import RunnableLambda
+
     from langchain_rag_gates import GatedRetriever, route_by_gate
 
     class Fixed(BaseRetriever):
@@ -580,7 +581,6 @@ def test_two_unnamed_langchain_models_are_not_the_same_model() -> None:
     transformers = pytest.importorskip("transformers")
     hf = pytest.importorskip("langchain_huggingface")
     from langchain_rag_gates import as_text_lm
-
     from rag_gates.errors import SpecModelMismatchError
     from rag_gates.testing import tiny_model_and_tokenizer
 
@@ -632,14 +632,15 @@ def test_a_spec_path_with_a_tilde_means_the_home_directory(
 def test_registering_a_core_gate_name_again_is_refused() -> None:
     """A plugin registering its own 'answer-logprob' (another prompt, say) changed what
     every certified answer-logprob spec builds, without a word."""
-    from rag_gates.calibration.load import _REGISTRY
+    from rag_gates.registry import available_gates, unregister_gate
 
-    before = _REGISTRY["answer-logprob"]
+    before = available_gates()["answer-logprob"]
     try:
         with pytest.raises(ValueError, match="answer-logprob"):
             register_gate("answer-logprob", lambda ctx, th: TableGate("x", TABLES["sweep3-a"]))
+        assert available_gates()["answer-logprob"] is before
     finally:
-        _REGISTRY["answer-logprob"] = before
+        unregister_gate("answer-logprob")
 
 
 @pytest.mark.parametrize("url", ["http://127.0.0.1:99999/v1", "http://127.0.0.1:80a/v1"])
@@ -676,8 +677,8 @@ def test_build_policy_refuses_a_bad_qdrant_key_before_the_model_loads(
     checked the URL before loading the model, but the key only at connect, after the
     model had loaded (here the broken model's load error came first)."""
     pytest.importorskip("qdrant_client")
-    from rag_gates.commands.srrag import srrag_app
     from rag_gates.testing import save_tiny_lm
+    from rag_gates_lab.commands.srrag import srrag_app
 
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
     labels = tmp_path / "labels.jsonl"

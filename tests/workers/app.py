@@ -17,10 +17,10 @@ def build(spec: dict[str, Any]) -> dict[str, Any]:
     import torch
     from langchain_core.embeddings import DeterministicFakeEmbedding
     from langchain_core.vectorstores import InMemoryVectorStore
-    from langchain_rag_gates import SelfRoutingRetriever as LangChainSelfRouting
     from llama_index.retrievers.rag_gates import PassageRetriever
     from llama_index.retrievers.rag_gates import SelfRoutingRetriever as LlamaIndexSelfRouting
 
+    from langchain_rag_gates import SelfRoutingRetriever as LangChainSelfRouting
     from rag_gates.cbdr import CBDRGate, ConfidenceProbe
     from rag_gates.corpus import CachedCorpusStats, LocalInfiniGram
     from rag_gates.lm import load_lm

@@ -164,9 +164,9 @@ def test_two_eval_gate_runs_share_one_label_cache(environment: None, tiny_model:
     (here: held by the test), then one labels and the other reads: every question is
     labelled once and both reports rest on the same labels."""
     from rag_gates._io import append_locked
-    from rag_gates.eval.datasets import load_dataset
-    from rag_gates.eval.gate_eval import GateEvalConfig, label_run_dir
-    from rag_gates.eval.runner import read_records
+    from rag_gates_lab.datasets import load_dataset
+    from rag_gates_lab.gate_eval import GateEvalConfig, label_run_dir
+    from rag_gates_lab.runner import read_records
 
     monkeypatch.setenv("RAG_GATES_HOME", str(tmp_path / "home"))
     # The same data file as the runs: the label cache is keyed by its questions, answers

@@ -8,6 +8,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from langchain_rag_gates import ChatRagGates
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
@@ -40,7 +41,7 @@ def corpus_stats(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     pytest.importorskip("infini_gram",
                         reason='needs the corpus extra: pip install "rag-gates[corpus]"')
     from rag_gates.corpus.tokenizer import CorpusTokenizer
-    from rag_gates.eval.corpus import load_corpus_stats
+    from rag_gates_lab.corpus import load_corpus_stats
 
     # The embedded model's tokenizer, resolved from the user's cache before HOME moves.
     tokenizer = CorpusTokenizer.resolve(None)

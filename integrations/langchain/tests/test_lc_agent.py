@@ -30,6 +30,9 @@ from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, ToolMe
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.utils.function_calling import convert_to_openai_tool
+from langchain_tests.unit_tests import ToolsUnitTests
+from pydantic import Field
+
 from langchain_rag_gates import (
     ClaimVerifierTool,
     GatedRetrieval,
@@ -38,14 +41,11 @@ from langchain_rag_gates import (
     GatedRetrieverTool,
     passages_to_documents,
 )
-from langchain_tests.unit_tests import ToolsUnitTests
-from pydantic import Field
-
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.quco import ClaimVerifier, QuCoGate, Verification
 from rag_gates.testing import VerifyReviseScript
 from rag_gates.types import GateDecision
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.plugins.quco import BENCH_TAU_ENTITY
 
 pytest.importorskip("langchain.agents", reason="needs langchain 1.x: the examples extra")
 from langchain.agents import create_agent

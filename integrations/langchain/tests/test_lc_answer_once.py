@@ -9,8 +9,8 @@ from typing import Any
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.runnables import RunnableLambda
-from langchain_rag_gates import ChatRagGates, closed_book_prompt, route_by_gate
 
+from langchain_rag_gates import ChatRagGates, closed_book_prompt, route_by_gate
 from rag_gates.confidence import AnswerLogprobGate
 from rag_gates.lm.recorded import RecordedLM
 from rag_gates.types import TraceRecorder
@@ -92,8 +92,8 @@ def test_a_loaded_spec_serves_in_the_router_and_retriever(tiny: Any, tmp_path: A
     """A spec from rag_gates.calibration goes wherever a gate goes: the router decides with
     its certified threshold, names the spec, and still answers once."""
     from langchain_core.retrievers import BaseRetriever
-    from langchain_rag_gates import GatedRetriever
 
+    from langchain_rag_gates import GatedRetriever
     from rag_gates.calibration import load_gate
     from rag_gates.testing import tiny_gate_spec
 

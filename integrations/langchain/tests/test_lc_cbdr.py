@@ -14,15 +14,15 @@ import pytest
 from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.documents import BaseDocumentCompressor, Document
 from langchain_core.runnables import RunnableLambda
+
 from langchain_rag_gates import ConfidenceGainReranker, documents_to_passages, passages_to_documents
 from langchain_rag_gates.document_compressors import RERANK_EVENT, RERANK_KEY, SCORE_KEY
-
 from rag_gates.cbdr import ConfidenceGainReranker as CoreReranker
 from rag_gates.cbdr import ConfidenceProbe, ProbeConfig
 from rag_gates.errors import ProbeMismatchError
-from rag_gates.eval.corpus import corpus_passages
 from rag_gates.rerank import BaseReranker, PassageScores, RerankResult
 from rag_gates.types import Passage
+from rag_gates_lab.corpus import corpus_passages
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 QUERY = "Were Scott Derrickson and Ed Wood of the same nationality?"

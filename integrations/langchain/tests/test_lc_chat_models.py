@@ -16,8 +16,8 @@ from langchain_core.messages import (
     ToolMessage,
 )
 from langchain_core.messages import ChatMessage as LCChatMessage
-from langchain_rag_gates import ChatRagGates
 
+from langchain_rag_gates import ChatRagGates
 from rag_gates.lm.base import BaseTextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
 from rag_gates.testing import model_load_threads, tiny_model_and_tokenizer

@@ -16,9 +16,9 @@ from langchain_core.language_models import BaseChatModel
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
 from langchain_core.retrievers import BaseRetriever
+
 from langchain_rag_gates import ChatRagGates, DeepRAGRunnable, as_text_lm
 from langchain_rag_gates.deeprag import STEP_EVENT
-
 from rag_gates.deeprag import ConstantGate
 
 QUESTION = "Who was the father of the director of Jaws?"

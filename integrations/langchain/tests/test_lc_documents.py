@@ -10,13 +10,13 @@ from typing import Any, cast
 
 import pytest
 from langchain_core.documents import Document
+
 from langchain_rag_gates import (
     document_to_passage,
     documents_to_passages,
     passage_to_document,
     passages_to_documents,
 )
-
 from rag_gates.types import Passage
 
 

@@ -13,6 +13,9 @@ from langchain_core.callbacks import AsyncCallbackHandler, BaseCallbackHandler
 from langchain_core.documents import Document
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_tests.integration_tests import RetrieversIntegrationTests
+from pydantic import Field, JsonValue
+
 from langchain_rag_gates import (
     GatedRetriever,
     LangChainRetrieverAdapter,
@@ -20,12 +23,9 @@ from langchain_rag_gates import (
     passages_to_documents,
 )
 from langchain_rag_gates.retrievers import DECISION_EVENT
-from langchain_tests.integration_tests import RetrieversIntegrationTests
-from pydantic import Field, JsonValue
-
-from rag_gates.eval.corpus import corpus_passages
 from rag_gates.gate import BaseGate
 from rag_gates.types import GateDecision
+from rag_gates_lab.corpus import corpus_passages
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 ASK = "Were Scott Derrickson and Ed Wood of the same nationality?"  # 5 capitalised words
@@ -298,8 +298,8 @@ def test_a_langchain_model_inside_the_gate_is_traced_under_the_retrievers_run(
     import asyncio
 
     from langchain_core.runnables import RunnableLambda
-    from langchain_rag_gates import ChatRagGates, as_text_lm, route_by_gate
 
+    from langchain_rag_gates import ChatRagGates, as_text_lm, route_by_gate
     from rag_gates.confidence import AnswerLogprobGate
 
     gate = AnswerLogprobGate(as_text_lm(ChatRagGates(lm=tiny, max_tokens=4, logprobs=True)),

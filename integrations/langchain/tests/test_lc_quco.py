@@ -25,6 +25,9 @@ from langchain_core.language_models import FakeListChatModel
 from langchain_core.messages import AIMessage, ToolMessage
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.vectorstores import InMemoryVectorStore
+from langchain_tests.unit_tests import ToolsUnitTests
+from pydantic import ValidationError
+
 from langchain_rag_gates import (
     ChatRagGates,
     ClaimVerifierInput,
@@ -35,14 +38,11 @@ from langchain_rag_gates import (
     route_by_gate,
 )
 from langchain_rag_gates.retrievers import DECISION_EVENT
-from langchain_tests.unit_tests import ToolsUnitTests
-from pydantic import ValidationError
-
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate, Verification
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.plugins.quco import BENCH_TAU_ENTITY
 
 pytest.importorskip("infini_gram", reason='needs the corpus extra: pip install "rag-gates[corpus]"')
 

@@ -14,11 +14,11 @@ from langchain_core.output_parsers import StrOutputParser
 from langchain_core.prompts import ChatPromptTemplate
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import Runnable, RunnableLambda, RunnablePassthrough
+from test_lc_gated import ASK, SKIP, CapitalisedWordsGate, store
+
 from langchain_rag_gates import ChatRagGates, GateRouter, route_by_gate
 from langchain_rag_gates.retrievers import DECISION_EVENT
 from langchain_rag_gates.runnables import DIRECT_TAG, RETRIEVE_TAG
-from test_lc_gated import ASK, SKIP, CapitalisedWordsGate, store
-
 from rag_gates.gate import BaseGate
 from rag_gates.types import GateDecision
 

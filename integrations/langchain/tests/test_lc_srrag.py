@@ -11,10 +11,10 @@ import pytest
 from langchain_core.callbacks import BaseCallbackHandler
 from langchain_core.embeddings import DeterministicFakeEmbedding
 from langchain_core.vectorstores import InMemoryVectorStore
-from langchain_rag_gates import SelfRoutingRetriever
-from langchain_rag_gates.retrievers import DECISION_EVENT
 from langchain_tests.integration_tests import RetrieversIntegrationTests
 
+from langchain_rag_gates import SelfRoutingRetriever
+from langchain_rag_gates.retrievers import DECISION_EVENT
 from rag_gates.srrag import (
     HiddenStateKeys,
     PolicyEntry,
@@ -167,6 +167,7 @@ async def test_an_empty_verbalization_retrieves_instead() -> None:
     nothing: the wrapped retriever's documents come back, under the overturned decision,
     reported as a second decision event (review s12 #7)."""
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
+
     from langchain_rag_gates import as_text_lm
 
     blank = as_text_lm(FakeListChatModel(responses=[" \n"]))
@@ -195,8 +196,8 @@ async def test_the_search_tool_reports_the_overturned_decision() -> None:
     import json
 
     from langchain_core.language_models.fake_chat_models import FakeListChatModel
-    from langchain_rag_gates import GatedRetriever, GatedRetrieverTool, as_text_lm
 
+    from langchain_rag_gates import GatedRetriever, GatedRetrieverTool, as_text_lm
     from rag_gates.testing import ConstantGate
 
     blank = as_text_lm(FakeListChatModel(responses=[" \n"]))

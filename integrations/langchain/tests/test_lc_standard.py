@@ -5,8 +5,9 @@ from __future__ import annotations
 import functools
 from typing import Any
 
-from langchain_rag_gates import ChatRagGates
 from langchain_tests.unit_tests import ChatModelUnitTests
+
+from langchain_rag_gates import ChatRagGates
 
 
 @functools.cache

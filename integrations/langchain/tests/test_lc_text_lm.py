@@ -15,10 +15,10 @@ from langchain_core.language_models.fake_chat_models import (
 )
 from langchain_core.messages import AIMessage, BaseMessage, HumanMessage, SystemMessage
 from langchain_core.outputs import ChatGeneration, ChatResult
-from langchain_rag_gates import ChatRagGates, LangChainTextLM, as_text_lm
-from langchain_rag_gates.language_models import _finish_reason
 from pydantic import Field
 
+from langchain_rag_gates import ChatRagGates, LangChainTextLM, as_text_lm
+from langchain_rag_gates.language_models import _finish_reason
 from rag_gates.lm.base import TextLM
 from rag_gates.lm.hf import HFWhiteBoxLM
 from rag_gates.lm.stops import StopCutter

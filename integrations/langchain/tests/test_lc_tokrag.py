@@ -16,9 +16,9 @@ from langchain_core.documents import Document
 from langchain_core.messages import AIMessage
 from langchain_core.output_parsers import StrOutputParser
 from langchain_core.runnables import RunnableLambda, RunnablePassthrough
+
 from langchain_rag_gates import TokRAGRunnable, documents_to_passages
 from langchain_rag_gates.tokrag import CHOICES_KEY
-
 from rag_gates.errors import WhiteBoxRequiredError
 from rag_gates.lm.base import BaseTextLM
 from rag_gates.testing import model_load_threads

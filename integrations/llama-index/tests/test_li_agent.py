@@ -40,11 +40,11 @@ from llama_index.tools.rag_gates import (
 )
 from pydantic import Field
 
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.quco import ClaimVerifier, QuCoGate
 from rag_gates.testing import VerifyReviseScript
 from rag_gates.types import GateDecision
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.plugins.quco import BENCH_TAU_ENTITY
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 QUESTION = "Were Scott Derrickson and Ed Wood of the same nationality?"

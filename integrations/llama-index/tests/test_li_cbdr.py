@@ -24,9 +24,9 @@ from llama_index.retrievers.rag_gates import nodes_to_passages, passages_to_node
 from rag_gates.cbdr import ConfidenceGainReranker as CoreReranker
 from rag_gates.cbdr import ConfidenceProbe, CrossEncoderReranker, ProbeConfig
 from rag_gates.errors import ProbeMismatchError
-from rag_gates.eval.corpus import corpus_passages
 from rag_gates.rerank import BaseReranker, PassageScores, RerankResult
 from rag_gates.types import Passage
+from rag_gates_lab.corpus import corpus_passages
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 QUERY = "Were Scott Derrickson and Ed Wood of the same nationality?"

@@ -11,10 +11,10 @@ from llama_index.core.schema import QueryBundle
 from llama_index.query_engine.rag_gates import FlareMethod
 from llama_index.retrievers.rag_gates.base import PassageRetriever
 
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.methods import MethodContext, available_methods, make_method
+from rag_gates.methods import MethodContext, available_methods, make_method
 from rag_gates.retrieval.bm25 import BM25Retriever
 from rag_gates.testing import tiny_lm
+from rag_gates_lab.corpus import corpus_passages
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 QUESTION = "Were Scott Derrickson and Ed Wood of the same nationality?"

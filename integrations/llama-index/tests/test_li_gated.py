@@ -20,9 +20,9 @@ from llama_index.retrievers.rag_gates import (
 )
 from pydantic import JsonValue
 
-from rag_gates.eval.corpus import corpus_passages
 from rag_gates.gate import BaseGate
 from rag_gates.types import GateDecision
+from rag_gates_lab.corpus import corpus_passages
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 ASK = "Were Scott Derrickson and Ed Wood of the same nationality?"  # 5 capitalised words

@@ -49,12 +49,12 @@ from llama_index.retrievers.rag_gates import (
 from llama_index.tools.rag_gates import DEFAULT_NAME, claim_verifier_tool
 from pydantic import Field, ValidationError
 
-from rag_gates.eval.corpus import corpus_passages
-from rag_gates.eval.plugins.quco import BENCH_TAU_ENTITY
 from rag_gates.gate import BaseGate
 from rag_gates.quco import ClaimVerifier, QuCoConfig, QuCoGate
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import GateDecision, Trace
+from rag_gates_lab.corpus import corpus_passages
+from rag_gates_lab.plugins.quco import BENCH_TAU_ENTITY
 
 SLICES = Path(__file__).resolve().parents[3] / "examples" / "data"
 ASK = "Were Scott Derrickson and Ed Wood of the same nationality?"  # rare in the slices: 7 and 8

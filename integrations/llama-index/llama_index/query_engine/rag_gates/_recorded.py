@@ -6,7 +6,7 @@ from __future__ import annotations
 from llama_index.llms.rag_gates import RagGatesLLM
 from llama_index.retrievers.rag_gates.base import PassageRetriever
 
-from rag_gates.eval.methods import MethodContext, RecordedLM, RecordedRetriever
+from rag_gates.methods import MethodContext, RecordedLM, RecordedRetriever
 from rag_gates.retrieval.base import Retriever
 from rag_gates.types import TraceRecorder
 

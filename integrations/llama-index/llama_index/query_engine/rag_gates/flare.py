@@ -19,7 +19,7 @@ from llama_index.core.query_engine import FLAREInstructQueryEngine, RetrieverQue
 from llama_index.query_engine.rag_gates._recorded import recorded_llm, recorded_retriever
 from llama_index.retrievers.rag_gates import nodes_to_passages
 
-from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
+from rag_gates.methods import MethodContext, MethodResult, need_retriever
 from rag_gates.types import TraceRecorder
 
 __all__ = ["FlareMethod"]

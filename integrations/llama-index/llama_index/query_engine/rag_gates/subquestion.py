@@ -22,7 +22,7 @@ Registered under the ``rag_gates.methods`` entry point as ``subquestion``:
 
 In Python:
 
-    >>> from rag_gates.eval.methods import MethodContext, make_method
+    >>> from rag_gates.methods import MethodContext, make_method
     >>> method = make_method("subquestion", MethodContext(lm=lm, retriever=bm25))
     >>> result = method.answer("Were Scott Derrickson and Ed Wood of the same nationality?")
     >>> result.answer, result.trace.retrievals, result.trace.llm_calls
@@ -46,7 +46,7 @@ from llama_index.retrievers.rag_gates import nodes_to_passages
 from pydantic import JsonValue
 
 from rag_gates.errors import RagGatesError
-from rag_gates.eval.methods import MethodContext, MethodResult, need_retriever
+from rag_gates.methods import MethodContext, MethodResult, need_retriever
 from rag_gates.types import TraceRecorder
 
 __all__ = ["SubQuestionMethod", "SubQuestionParseError"]
