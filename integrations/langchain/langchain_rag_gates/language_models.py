@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 import time
-from collections.abc import AsyncIterator, Iterator, Mapping, Sequence
+from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Literal
 
 from langchain_core.language_models import BaseChatModel, BaseLanguageModel
@@ -17,20 +17,15 @@ from pydantic import ValidationError
 
 from langchain_rag_gates.chat_models import ChatRagGates
 from rag_gates.errors import LogprobsMissingError
-from rag_gates.lm.base import (
-    BaseTextLM,
-    Prompt,
-    TextLM,
-    as_messages,
-    validate_generation_args,
-    validate_prompt,
-)
-from rag_gates.lm.stops import StopCutter, find_stop
+from rag_gates.lm.adapter import FrameworkTextLM, GenerationArgs, cut_at_stop
+from rag_gates.lm.base import Prompt, TextLM, as_messages
 from rag_gates.types import Generation, TokenLogprob
 
 __all__ = ["LangChainTextLM", "as_text_lm"]
 
 FinishReason = Literal["stop", "length", "eos"]
+#: One call: the per-call model copy, its input, and the call options.
+_Call = tuple[BaseLanguageModel[Any], str | list[BaseMessage], dict[str, Any]]
 
 # Field names providers use for "maximum tokens to generate", in the order they are tried.
 MAX_TOKENS_FIELDS = (
@@ -100,7 +95,7 @@ def _finish_reason(metadata: Mapping[str, Any]) -> FinishReason:
     return "stop"  # nothing reported: the model ended on its own
 
 
-class LangChainTextLM(BaseTextLM):
+class LangChainTextLM(FrameworkTextLM["_Call"]):
     """A LangChain chat model or LLM behind the rag-gates ``TextLM`` protocol.
 
     Build it with :func:`as_text_lm`. Each call goes through the model's own ``invoke``,
@@ -184,7 +179,7 @@ class LangChainTextLM(BaseTextLM):
             return bool(self.model.lm.supports_logprobs)
         return self._logprob_fields and isinstance(self.model, BaseChatModel)
 
-    # ------------------------------------------------------------------ call set-up
+    # ------------------------------------------------------------------ hooks
     def _configured(
         self, max_new_tokens: int, temperature: float, logprobs: int | None
     ) -> BaseLanguageModel[Any]:
@@ -203,40 +198,41 @@ class LangChainTextLM(BaseTextLM):
             update.update(logprobs=True, top_logprobs=logprobs)
         return _copy_with(self.model, update) if update else self.model
 
-    def _prepare(
-        self,
-        prompt: Prompt,
-        max_new_tokens: int,
-        stop: Sequence[str] | None,
-        temperature: float,
-        logprobs: int | None,
-    ) -> tuple[BaseLanguageModel[Any], str | list[BaseMessage], tuple[str, ...]]:
-        prompt = validate_prompt(prompt)
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        model = self._configured(max_new_tokens, temperature, logprobs)
-        return model, _to_langchain(prompt), stops
+    def prepare(self, prompt: Prompt, args: GenerationArgs, options: dict[str, Any]) -> _Call:
+        """The per-call model copy, the LangChain input, and the call options (``options``
+        are passed to ``invoke`` / ``stream`` unchanged, ``stop`` added)."""
+        model = self._configured(args.max_new_tokens, args.temperature, args.logprobs)
+        kwargs = {**options, "stop": list(args.stop)} if args.stop else dict(options)
+        return model, _to_langchain(prompt), kwargs
 
-    @staticmethod
-    def _call_kwargs(stops: tuple[str, ...], extra: dict[str, Any]) -> dict[str, Any]:
-        return {**extra, "stop": list(stops)} if stops else dict(extra)
+    def invoke(self, call: _Call) -> Any:
+        model, lc_input, kwargs = call
+        return model.invoke(lc_input, **kwargs)
 
-    def _generation(
-        self, output: object, stops: tuple[str, ...], logprobs: int | None, start: float
-    ) -> Generation:
-        text = _text_of(output)
-        metadata: Mapping[str, Any] = getattr(output, "response_metadata", None) or {}
-        finish = _finish_reason(metadata)
-        found = find_stop(text, stops)
-        if found is not None:
-            text, finish = text[: found[0]], "stop"
-        usage = getattr(output, "usage_metadata", None) or {}
-        token_logprobs = None
-        if logprobs is not None:
-            token_logprobs = self._logprobs(metadata)
+    async def ainvoke(self, call: _Call) -> Any:
+        model, lc_input, kwargs = call
+        return await model.ainvoke(lc_input, **kwargs)
+
+    def open_stream(self, call: _Call) -> Iterator[Any]:
+        model, lc_input, kwargs = call
+        return model.stream(lc_input, **kwargs)
+
+    async def aopen_stream(self, call: _Call) -> AsyncIterator[Any]:
+        model, lc_input, kwargs = call
+        return model.astream(lc_input, **kwargs)
+
+    def piece(self, chunk: Any, so_far: str) -> tuple[str, str]:
+        delta = _text_of(chunk)
+        return delta, so_far + delta
+
+    def read(self, reply: Any, args: GenerationArgs, start: float) -> Generation:
+        metadata: Mapping[str, Any] = getattr(reply, "response_metadata", None) or {}
+        text, finish, _ = cut_at_stop(_text_of(reply), args.stop, _finish_reason(metadata))
+        usage = getattr(reply, "usage_metadata", None) or {}
         return Generation(
             text=text,
             finish_reason=finish,
-            logprobs=token_logprobs,
+            logprobs=None if args.logprobs is None else self._logprobs(metadata),
             prompt_tokens=int(usage.get("input_tokens", 0)),
             completion_tokens=int(usage.get("output_tokens", 0)),
             latency_ms=(time.perf_counter() - start) * 1000.0,
@@ -257,85 +253,6 @@ class LangChainTextLM(BaseTextLM):
                 f"{self.model_id} returned logprobs in an unknown shape; expected OpenAI's "
                 f"{{'token', 'logprob', 'bytes', 'top_logprobs'}} entries: {exc}"
             ) from exc
-
-    # ------------------------------------------------------------------ TextLM
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-        **kwargs: Any,
-    ) -> Generation:
-        """Generate through the model's ``invoke``; ``kwargs`` are call options for it."""
-        start = time.perf_counter()
-        model, lc_input, stops = self._prepare(
-            prompt, max_new_tokens, stop, temperature, logprobs
-        )
-        output = model.invoke(lc_input, **self._call_kwargs(stops, kwargs))
-        return self._generation(output, stops, logprobs, start)
-
-    async def agenerate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-        **kwargs: Any,
-    ) -> Generation:
-        """Async :meth:`generate` through the model's own ``ainvoke``."""
-        start = time.perf_counter()
-        model, lc_input, stops = self._prepare(
-            prompt, max_new_tokens, stop, temperature, logprobs
-        )
-        output = await model.ainvoke(lc_input, **self._call_kwargs(stops, kwargs))
-        return self._generation(output, stops, logprobs, start)
-
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        **kwargs: Any,
-    ) -> Iterator[str]:
-        """Yield text pieces as the model streams them; joined, they equal ``generate().text``."""
-        model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        cutter = StopCutter(stops)
-        for chunk in model.stream(lc_input, **self._call_kwargs(stops, kwargs)):
-            piece = cutter.feed(_text_of(chunk))
-            if piece:
-                yield piece
-            if cutter.stopped:
-                return
-        if rest := cutter.flush():
-            yield rest
-
-    async def astream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        **kwargs: Any,
-    ) -> AsyncIterator[str]:
-        """Async :meth:`stream` through the model's own ``astream``."""
-        model, lc_input, stops = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        cutter = StopCutter(stops)
-        async for chunk in model.astream(lc_input, **self._call_kwargs(stops, kwargs)):
-            piece = cutter.feed(_text_of(chunk))
-            if piece:
-                yield piece
-            if cutter.stopped:
-                return
-        if rest := cutter.flush():
-            yield rest
 
 
 def as_text_lm(

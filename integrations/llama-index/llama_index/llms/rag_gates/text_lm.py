@@ -9,22 +9,16 @@ from __future__ import annotations
 import re
 import time
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping, Sequence
-from typing import Any, Literal
+from typing import Any, Literal, TypeAlias
 
-from llama_index.core.base.llms.types import ChatMessage, LogProb, MessageRole
+from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LogProb, MessageRole
 from llama_index.core.llms import LLM
 from llama_index.llms.rag_gates.base import LOGPROBS_LAYOUT, LOGPROBS_LAYOUT_KEY, RagGatesLLM
-from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates.errors import LogprobsMissingError
-from rag_gates.lm.base import (
-    BaseTextLM,
-    Prompt,
-    as_messages,
-    validate_generation_args,
-    validate_prompt,
-)
-from rag_gates.lm.stops import StopCutter, find_stop
+from rag_gates.lm.adapter import FrameworkTextLM, GenerationArgs, cut_at_stop
+from rag_gates.lm.base import Prompt, as_messages
+from rag_gates.lm.stops import find_stop
 from rag_gates.types import Generation, TokenLogprob, TopLogprob
 
 __all__ = [
@@ -37,17 +31,9 @@ __all__ = [
 _FINISH_REASONS = ("stop", "length", "eos")
 
 
-class GenerationOptions(BaseModel):
-    """The generation arguments of one rag-gates call, for ``as_text_lm(call_kwargs=...)``."""
-
-    model_config = ConfigDict(frozen=True)
-
-    max_new_tokens: int = Field(..., description="Most tokens to generate.")
-    temperature: float = Field(..., description="Sampling temperature; 0 = greedy.")
-    logprobs: int | None = Field(
-        ..., description="Top alternatives per token wanted; None = no log-probabilities."
-    )
-    stop: tuple[str, ...] = Field((), description="Stop strings (applied by truncation too).")
+#: The generation arguments of one rag-gates call, for ``as_text_lm(call_kwargs=...)``
+#: (:class:`rag_gates.lm.adapter.GenerationArgs`).
+GenerationOptions: TypeAlias = GenerationArgs
 
 
 CallKwargs = Callable[[GenerationOptions], Mapping[str, Any]]
@@ -139,7 +125,7 @@ def _bytes(lp: LogProb) -> list[int] | None:
     return list(lp.bytes) if lp.bytes or lp.token == "" else None
 
 
-class LlamaIndexTextLM(BaseTextLM):
+class LlamaIndexTextLM(FrameworkTextLM[tuple[str | list[ChatMessage], dict[str, Any]]]):
     """A LlamaIndex ``LLM`` seen as a rag-gates ``TextLM``. Build it with :func:`as_text_lm`.
 
     * String prompts go to ``complete``/``stream_complete``/``acomplete``/
@@ -195,45 +181,60 @@ class LlamaIndexTextLM(BaseTextLM):
     def supports_logprobs(self) -> bool:
         return self._supports_logprobs
 
-    # ------------------------------------------------------------------ helpers
-    def _prepare(
-        self,
-        prompt: Prompt,
-        max_new_tokens: int,
-        stop: Sequence[str] | None,
-        temperature: float,
-        logprobs: int | None,
-    ) -> tuple[str | list[ChatMessage], tuple[str, ...], dict[str, Any]]:
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        checked = validate_prompt(prompt)
-        options = GenerationOptions(
-            max_new_tokens=max_new_tokens, temperature=temperature, logprobs=logprobs, stop=stops
-        )
-        kwargs = dict(self._call_kwargs(options))
-        if isinstance(checked, str):
-            return checked, stops, kwargs
+    # ------------------------------------------------------------------ hooks
+    def prepare(self, prompt: Prompt, args: GenerationArgs, options: dict[str, Any]
+                ) -> tuple[str | list[ChatMessage], dict[str, Any]]:
+        if options:
+            raise TypeError(f"unexpected arguments {sorted(options)}: a LlamaIndex LLM takes "
+                            "per-call options through as_text_lm(call_kwargs=...)")
+        kwargs = dict(self._call_kwargs(args))
+        if isinstance(prompt, str):
+            return prompt, kwargs
         messages = [
-            ChatMessage(role=MessageRole(m.role), content=m.content) for m in as_messages(checked)
+            ChatMessage(role=MessageRole(m.role), content=m.content) for m in as_messages(prompt)
         ]
-        return messages, stops, kwargs
+        return messages, kwargs
 
-    def _generation(
-        self,
-        text: str,
-        rows: Sequence[Sequence[LogProb]] | None,
-        info: Mapping[str, Any],
-        stops: tuple[str, ...],
-        logprobs: int | None,
-        start: float,
-    ) -> Generation:
-        finish: Literal["stop", "length", "eos"] = "eos"
+    def invoke(self, call: tuple[str | list[ChatMessage], dict[str, Any]]) -> Any:
+        query, kwargs = call
+        if isinstance(query, str):
+            return self.llm.complete(query, **kwargs)
+        return self.llm.chat(query, **kwargs)
+
+    async def ainvoke(self, call: tuple[str | list[ChatMessage], dict[str, Any]]) -> Any:
+        query, kwargs = call
+        if isinstance(query, str):
+            return await self.llm.acomplete(query, **kwargs)
+        return await self.llm.achat(query, **kwargs)
+
+    def open_stream(self, call: tuple[str | list[ChatMessage], dict[str, Any]]
+                    ) -> Iterator[Any]:
+        query, kwargs = call
+        if isinstance(query, str):
+            return iter(self.llm.stream_complete(query, **kwargs))
+        return iter(self.llm.stream_chat(query, **kwargs))
+
+    async def aopen_stream(self, call: tuple[str | list[ChatMessage], dict[str, Any]]
+                           ) -> AsyncIterator[Any]:
+        query, kwargs = call
+        if isinstance(query, str):
+            return await self.llm.astream_complete(query, **kwargs)
+        return await self.llm.astream_chat(query, **kwargs)
+
+    def piece(self, chunk: Any, so_far: str) -> tuple[str, str]:
+        return _delta(chunk, so_far)
+
+    def read(self, reply: Any, args: GenerationArgs, start: float) -> Generation:
+        if isinstance(reply, ChatResponse):
+            text, rows, info = reply.message.content or "", reply.logprobs, reply.additional_kwargs
+        else:
+            text, rows, info = reply.text, reply.logprobs, reply.additional_kwargs
+        stops, logprobs = args.stop, args.logprobs
         reported = info.get("finish_reason")
-        if reported in _FINISH_REASONS:
-            finish = reported
-        found = find_stop(text, stops)
+        finish: Literal["stop", "length", "eos"] = \
+            reported if reported in _FINISH_REASONS else "eos"
         written = text
-        if found is not None:
-            text, finish = text[: found[0]], "stop"
+        text, finish, found = cut_at_stop(text, stops, finish)
         token_logprobs: list[TokenLogprob] | None = None
         if logprobs is not None:
             if rows and all(rows) and \
@@ -274,107 +275,6 @@ class LlamaIndexTextLM(BaseTextLM):
             completion_tokens=completion_tokens,
             latency_ms=(time.perf_counter() - start) * 1000.0,
         )
-
-    # ------------------------------------------------------------------ TextLM
-    def generate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-    ) -> Generation:
-        start = time.perf_counter()
-        query, stops, kwargs = self._prepare(prompt, max_new_tokens, stop, temperature, logprobs)
-        if isinstance(query, str):
-            r = self.llm.complete(query, **kwargs)
-            text, rows, info = r.text, r.logprobs, r.additional_kwargs
-        else:
-            c = self.llm.chat(query, **kwargs)
-            text, rows, info = c.message.content or "", c.logprobs, c.additional_kwargs
-        return self._generation(text, rows, info, stops, logprobs, start)
-
-    async def agenerate(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-        logprobs: int | None = None,
-    ) -> Generation:
-        start = time.perf_counter()
-        query, stops, kwargs = self._prepare(prompt, max_new_tokens, stop, temperature, logprobs)
-        if isinstance(query, str):
-            r = await self.llm.acomplete(query, **kwargs)
-            text, rows, info = r.text, r.logprobs, r.additional_kwargs
-        else:
-            c = await self.llm.achat(query, **kwargs)
-            text, rows, info = c.message.content or "", c.logprobs, c.additional_kwargs
-        return self._generation(text, rows, info, stops, logprobs, start)
-
-    def stream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-    ) -> Iterator[str]:
-        query, stops, kwargs = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        if isinstance(query, str):
-            responses: Iterator[Any] = self.llm.stream_complete(query, **kwargs)
-        else:
-            responses = self.llm.stream_chat(query, **kwargs)
-        scanner = StopCutter(stops)
-        text = ""
-        try:
-            for r in responses:
-                delta, text = _delta(r, text)
-                out = scanner.feed(delta)
-                if out:
-                    yield out
-                if scanner.stopped:
-                    return  # finally closes the LLM's stream: stop paying for tokens
-            rest = scanner.flush()
-            if rest:
-                yield rest
-        finally:
-            close = getattr(responses, "close", None)
-            if close is not None:
-                close()
-
-    async def astream(
-        self,
-        prompt: Prompt,
-        *,
-        max_new_tokens: int = 128,
-        stop: Sequence[str] | None = None,
-        temperature: float = 0.0,
-    ) -> AsyncIterator[str]:
-        query, stops, kwargs = self._prepare(prompt, max_new_tokens, stop, temperature, None)
-        if isinstance(query, str):
-            responses: AsyncIterator[Any] = await self.llm.astream_complete(query, **kwargs)
-        else:
-            responses = await self.llm.astream_chat(query, **kwargs)
-        scanner = StopCutter(stops)
-        text = ""
-        try:
-            async for r in responses:
-                delta, text = _delta(r, text)
-                out = scanner.feed(delta)
-                if out:
-                    yield out
-                if scanner.stopped:
-                    return
-            rest = scanner.flush()
-            if rest:
-                yield rest
-        finally:
-            aclose = getattr(responses, "aclose", None)
-            if aclose is not None:
-                await aclose()
 
 
 def _delta(response: Any, previous: str) -> tuple[str, str]:
