@@ -13,6 +13,7 @@ from pydantic import BaseModel
 
 from langchain_rag_gates.language_models import as_text_lm
 from langchain_rag_gates.retrievers import LangChainRetrieverAdapter
+from rag_gates._frameworks import retriever_from, text_lm_from
 from rag_gates.lm.base import TextLM
 from rag_gates.retrieval.base import Retriever
 
@@ -23,14 +24,7 @@ C = TypeVar("C", bound=BaseModel)
 
 def rag_gates_text_lm(llm: object) -> TextLM:
     """A LangChain chat model or LLM through :func:`as_text_lm`; a TextLM as it is."""
-    if isinstance(llm, BaseLanguageModel):
-        return as_text_lm(llm)
-    if isinstance(llm, TextLM):
-        return llm
-    raise TypeError(
-        f"llm must be a LangChain chat model or LLM, or a rag-gates TextLM, got "
-        f"{type(llm).__name__}"
-    )
+    return text_lm_from(llm, BaseLanguageModel, as_text_lm, "LangChain chat model or LLM")
 
 
 @overload
@@ -44,14 +38,8 @@ def rag_gates_retriever(retriever: object, *, optional: bool) -> Retriever | Non
 def rag_gates_retriever(retriever: object, *, optional: bool = False) -> Retriever | None:
     """A LangChain retriever through :class:`LangChainRetrieverAdapter`; a rag-gates
     Retriever as it is; None when ``optional``."""
-    if isinstance(retriever, BaseRetriever):
-        return LangChainRetrieverAdapter(retriever)
-    if isinstance(retriever, Retriever) or (optional and retriever is None):
-        return retriever
-    raise TypeError(
-        f"retriever must be a LangChain BaseRetriever (store.as_retriever()) or a "
-        f"rag-gates Retriever, got {type(retriever).__name__}"
-    )
+    return retriever_from(retriever, BaseRetriever, LangChainRetrieverAdapter,
+                          "LangChain BaseRetriever (store.as_retriever())", optional=optional)
 
 
 def question_of(input: Any, key: str, owner: str) -> str:

@@ -10,6 +10,7 @@ from llama_index.core.llms import LLM
 from llama_index.llms.rag_gates.text_lm import as_text_lm
 from llama_index.retrievers.rag_gates.adapter import LlamaIndexRetrieverAdapter
 
+from rag_gates._frameworks import retriever_from, text_lm_from
 from rag_gates.lm.base import TextLM
 from rag_gates.retrieval.base import Retriever
 
@@ -18,13 +19,7 @@ __all__ = ["rag_gates_retriever", "rag_gates_text_lm"]
 
 def rag_gates_text_lm(llm: object) -> TextLM:
     """A LlamaIndex LLM through :func:`as_text_lm`; a rag-gates TextLM as it is."""
-    if isinstance(llm, LLM):
-        return as_text_lm(llm)
-    if isinstance(llm, TextLM):
-        return llm
-    raise TypeError(
-        f"llm must be a LlamaIndex LLM or a rag-gates TextLM, got {type(llm).__name__}"
-    )
+    return text_lm_from(llm, LLM, as_text_lm, "LlamaIndex LLM")
 
 
 @overload
@@ -38,11 +33,5 @@ def rag_gates_retriever(retriever: object, *, optional: bool) -> Retriever | Non
 def rag_gates_retriever(retriever: object, *, optional: bool = False) -> Retriever | None:
     """A LlamaIndex retriever through :class:`LlamaIndexRetrieverAdapter`; a rag-gates
     Retriever as it is; None when ``optional``."""
-    if isinstance(retriever, LlamaIndexBaseRetriever):
-        return LlamaIndexRetrieverAdapter(retriever)
-    if isinstance(retriever, Retriever) or (optional and retriever is None):
-        return retriever
-    raise TypeError(
-        f"retriever must be a LlamaIndex BaseRetriever (index.as_retriever()) or a "
-        f"rag-gates Retriever, got {type(retriever).__name__}"
-    )
+    return retriever_from(retriever, LlamaIndexBaseRetriever, LlamaIndexRetrieverAdapter,
+                          "LlamaIndex BaseRetriever (index.as_retriever())", optional=optional)
