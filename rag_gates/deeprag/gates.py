@@ -23,7 +23,7 @@ from typing import Any, Literal
 
 from pydantic import JsonValue
 
-from rag_gates.deeprag.trajectory import INTERMEDIATE, RETRIEVE
+from rag_gates.deeprag.markers import INTERMEDIATE, RETRIEVE
 from rag_gates.errors import ServerLogprobError, WhiteBoxRequiredError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import Prompt, capabilities_of, require_white_box

@@ -40,6 +40,15 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, model_validator
 
 from rag_gates.answers import normalize_answer
+from rag_gates.deeprag.markers import (
+    CONTEXT,
+    FINAL,
+    FOLLOW_UP,
+    INTERMEDIATE,
+    NOTHING_FOUND,
+    QUESTION,
+    RETRIEVE,
+)
 from rag_gates.lm.base import Prompt
 from rag_gates.lm.stops import find_stop
 from rag_gates.types import ChatMessage, GateDecision, Passage
@@ -69,13 +78,6 @@ __all__ = [
     "step_problem",
 ]
 
-QUESTION = "Question:"
-FOLLOW_UP = "Follow up:"
-RETRIEVE = "Let's search the question in Wikipedia."
-CONTEXT = "Context:"
-INTERMEDIATE = "Intermediate answer:"
-FINAL = "So the final answer is:"
-NOTHING_FOUND = "(nothing found)"
 # What a model writes to retrieve: the paper's own text says "on Wikipedia" in places, and
 # the authors' inference loop reads a follow-up that stops at "Let" as a retrieval.
 _RETRIEVE_CUE = "Let's search"
