@@ -2,6 +2,10 @@
 
 - :class:`FirstTokenProbGate`: ``1 - max_v p(v | QA prompt)``: one forward pass, no
   generation; needs a white-box model.
+- :class:`FirstTokenLogprobGate`: the same score from a generated reply's first token and its
+  top alternatives: works on any model that returns log-probabilities, a served one
+  (``OpenAICompatibleLM``: vLLM, llama.cpp's server, TGI) included; the reply is kept for
+  reuse, as :class:`AnswerLogprobGate`'s is.
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
   a model that returns log-probabilities (any TextLM with ``supports_logprobs``). A served
   model that reports a value that is not a log-probability (``ServerLogprobError``: not
@@ -29,7 +33,7 @@ from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import check_prompt_dataset, qa_prompt
 
-__all__ = ["AnswerLogprobGate", "FirstTokenProbGate"]
+__all__ = ["AnswerLogprobGate", "FirstTokenLogprobGate", "FirstTokenProbGate"]
 
 
 class FirstTokenProbGate(BaseGate):
@@ -49,6 +53,72 @@ class FirstTokenProbGate(BaseGate):
         logp = self.lm.next_token_logprobs(qa_prompt(query, dataset=self.dataset))
         top = float(logp.max().exp())
         return 1.0 - top, {"first_token_max_prob": top}
+
+
+class FirstTokenLogprobGate(BaseGate):
+    """:class:`FirstTokenProbGate`'s score, ``1 - max_v p(v)`` at the first answer token,
+    read from a generated reply instead of the logits: the greedy reply's first token and its
+    ``top_alternatives`` most likely alternatives (the chosen token is the most likely one
+    under greedy decoding, so this is the white-box gate's value whenever the server's
+    log-probabilities are the model's). For a model behind a server, which returns the
+    generated tokens' log-probabilities but not the logits.
+
+    The closed-book reply (``max_new_tokens``) is in the decision's evidence, so a skip
+    replies with it (:mod:`rag_gates.answer_once`): one generation per question either way.
+    A reply with no tokens, or a log-probability that is not one, leaves the gate undecided
+    (it retrieves and says why).
+
+    Example:
+        >>> from rag_gates.lm import OpenAICompatibleLM                        # doctest: +SKIP
+        >>> gate = FirstTokenLogprobGate(OpenAICompatibleLM("http://127.0.0.1:8000/v1"),
+        ...                              threshold=0.5)                       # doctest: +SKIP
+        >>> gate.decide("Who wrote Hamlet?").evidence["first_token_max_prob"]  # doctest: +SKIP
+    """
+
+    name = "first-token-logprob"
+    threshold_range = (0.0, 1.0)  # 1 - a probability
+
+    def __init__(self, lm: Any, threshold: float = 0.5, dataset: str | None = None,
+                 max_new_tokens: int = 32, top_alternatives: int = 5) -> None:
+        super().__init__(threshold)
+        if not getattr(lm, "supports_logprobs", False):
+            raise TypeError(f"first-token-logprob needs token log-probabilities; "
+                            f"{type(lm).__name__} does not return them (for a served model: "
+                            "a server that returns logprobs, e.g. vLLM or llama.cpp's)")
+        if isinstance(top_alternatives, bool) or not isinstance(top_alternatives, int) \
+                or top_alternatives < 1:
+            raise ValueError(f"top_alternatives is a count >= 1, got {top_alternatives!r}")
+        self.lm = lm
+        check_prompt_dataset(dataset)  # a misspelt dataset raises now, not at the first query
+        self.dataset = dataset
+        self.max_new_tokens = max_new_tokens
+        self.top_alternatives = top_alternatives
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        prompt = qa_prompt(query, dataset=self.dataset)
+        try:
+            g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens,
+                                 logprobs=self.top_alternatives)
+        except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
+            return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
+        if not g.logprobs:
+            return math.nan, {"error": "the reply has no tokens to read a first token from"}
+        first = g.logprobs[0]
+        values = [first.logprob, *(a.logprob for a in first.top_logprobs)]
+        bad = next((p for v in values if (p := logprob_problem(v))), None)
+        if bad is not None:
+            return math.nan, {"error": f"the first token's log-probability {bad}"}
+        top = min(1.0, math.exp(max(values)))  # a value within tolerance above 0: certain
+        model = getattr(self.lm, "model_id", None)
+        evidence = closed_book_evidence(g.text, prompt, self.max_new_tokens, g.finish_reason,
+                                        len(g.logprobs), model if isinstance(model, str) else None)
+        return 1.0 - top, {**evidence, "first_token_max_prob": top,
+                           "first_token": first.token}
+
+    def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
+        if "error" in evidence:
+            return f"the model's log-probabilities are unusable: {evidence['error']}"
+        return super().undecided(score, evidence)
 
 
 class AnswerLogprobGate(BaseGate):

@@ -2,8 +2,9 @@
 
 ``calibrate``, :func:`rag_gates.calibration.load_gate`, gate expressions, ``selective@GATE``,
 the CLI and the lab all build gates here. A name resolves, in order, to a core gate
-(``first-token-prob``, ``answer-logprob``: need the model; ``quco``: needs corpus
-statistics; ``cbdr``: needs the white-box model and a probe, the shipped one by default), a
+(``first-token-prob``, ``first-token-logprob``, ``answer-logprob``: need the model;
+``quco``: needs corpus statistics; ``cbdr``: needs the white-box model and a probe, the
+shipped one by default), a
 gate added with :func:`register_gate`, or a factory registered under the ``rag_gates.gates``
 entry-point group by another distribution. A factory is ``factory(ctx, threshold) -> Gate``:
 ``ctx`` a :class:`GateContext`, ``threshold`` on the gate's own score scale (None: the
@@ -86,6 +87,18 @@ def _first_token(ctx: GateContext, threshold: float | None) -> Gate:
                               dataset=ctx.options.get("dataset", ctx.dataset), **kwargs)
 
 
+def _first_token_logprob(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.confidence import FirstTokenLogprobGate
+
+    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
+    # The run's answer budget, as answer-logprob's: the reply is then the no-rag answer.
+    return FirstTokenLogprobGate(ctx.need_lm("first-token-logprob"),
+                                 dataset=ctx.options.get("dataset", ctx.dataset),
+                                 max_new_tokens=int(ctx.options.get("max_new_tokens",
+                                                                    ctx.max_new_tokens)),
+                                 **kwargs)
+
+
 def _answer_logprob(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.confidence import AnswerLogprobGate
 
@@ -127,15 +140,16 @@ def _cbdr(ctx: GateContext, threshold: float | None) -> Gate:
 #: equal), so ``NAME:THRESHOLD`` is checked without importing a gate's module (CBDR's loads
 #: torch).
 CORE_GATE_RANGES: dict[str, tuple[float, float]] = {
-    "first-token-prob": (0.0, 1.0), "answer-logprob": (0.0, 100.0), "quco": (0.0, 1.0),
-    "cbdr": (0.0, 1.0)}
+    "first-token-prob": (0.0, 1.0), "first-token-logprob": (0.0, 1.0),
+    "answer-logprob": (0.0, 100.0), "quco": (0.0, 1.0), "cbdr": (0.0, 1.0)}
 
 
 _CORE: dict[str, GateFactory] = {"first-token-prob": _first_token,
+                                 "first-token-logprob": _first_token_logprob,
                                  "answer-logprob": _answer_logprob, "quco": _quco,
                                  "cbdr": _cbdr}
-_CORE_NEEDS_LM = {"first-token-prob": True, "answer-logprob": True, "quco": False,
-                  "cbdr": True}
+_CORE_NEEDS_LM = {"first-token-prob": True, "first-token-logprob": True,
+                  "answer-logprob": True, "quco": False, "cbdr": True}
 _REGISTERED: dict[str, GateFactory] = {}
 
 

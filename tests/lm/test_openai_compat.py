@@ -589,3 +589,48 @@ def _echo(prompt: str, continuation: str, logprob: float) -> bytes:
             "top_logprobs": [None, {continuation: logprob}, {continuation: logprob}],
             "text_offset": [0, len(prompt) - 1, len(prompt)]}}],
         "usage": {"prompt_tokens": 3, "completion_tokens": 0}}).encode()
+
+
+def _completion_reply(tokens: list[tuple[str, float, dict[str, float]]]) -> bytes:
+    """A completions reply (a server's reply, not a recording) whose tokens carry the given
+    log-probabilities and top alternatives."""
+    import json
+
+    text, offsets = "", []
+    for t, _, _ in tokens:
+        offsets.append(len(text))
+        text += t
+    return json.dumps({"object": "text_completion", "choices": [{
+        "index": 0, "text": text, "finish_reason": "stop", "logprobs": {
+            "tokens": [t for t, _, _ in tokens], "token_logprobs": [lp for _, lp, _ in tokens],
+            "top_logprobs": [top for _, _, top in tokens], "text_offset": offsets}}],
+        "usage": {"prompt_tokens": 9, "completion_tokens": len(tokens)}}).encode()
+
+
+def test_first_token_logprob_gate_reads_a_served_reply(chat_lm: OpenAICompatibleLM,
+                                                       server: ReplayServer) -> None:
+    """Issue 58: the first-token gate for a model behind a server, from the reply's first
+    token and its alternatives; the reply is kept for reuse; a log-probability above 0 (a
+    broken server) leaves it undecided."""
+    import math
+
+    from rag_gates.answer_once import reusable_answer
+    from rag_gates.confidence import FirstTokenLogprobGate
+    from rag_gates.prompts import qa_prompt
+
+    gate = FirstTokenLogprobGate(chat_lm, threshold=0.5, max_new_tokens=8)
+    sure = [(" Paris", -0.1, {" Paris": -0.1, " Lyon": -3.0}), (".", -0.05, {".": -0.05})]
+    server.faults.append(("reply", lambda request: _completion_reply(sure)))
+    d = gate.decide("Where is the Eiffel Tower?")
+    assert d.score == pytest.approx(1 - math.exp(-0.1)) and d.retrieve is False, d.reason
+    assert d.evidence["closed_book_answer"] == " Paris."
+    reuse = reusable_answer(d, lm=chat_lm, prompt=qa_prompt("Where is the Eiffel Tower?"),
+                            max_new_tokens=8)
+    assert reuse.answer == " Paris."  # a skip replies with it: no second generation
+    unsure = [(" Lyon", -1.2, {" Lyon": -1.2, " Paris": -1.3})]
+    server.faults.append(("reply", lambda request: _completion_reply(unsure)))
+    assert gate.decide("Where is the Eiffel Tower?").retrieve is True
+    broken = [(" Paris", 0.7, {" Paris": 0.7})]
+    server.faults.append(("reply", lambda request: _completion_reply(broken)))
+    d = gate.decide("Where is the Eiffel Tower?")
+    assert d.retrieve and "undecided" in d.evidence, d.reason

@@ -285,7 +285,11 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
     from importlib.metadata import entry_points
 
     from rag_gates.cbdr.gate import CBDRGate
-    from rag_gates.confidence import AnswerLogprobGate, FirstTokenProbGate
+    from rag_gates.confidence import (
+        AnswerLogprobGate,
+        FirstTokenLogprobGate,
+        FirstTokenProbGate,
+    )
     from rag_gates.quco.gate import QuCoGate
     from rag_gates.registry import CORE_GATE_RANGES
     from rag_gates_lab.plugins.options import SHIPPED_GATE_RANGES
@@ -296,5 +300,6 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
     for name, ep in shipped.items():
         assert ep.load().threshold_range == SHIPPED_GATE_RANGES[name], name
     core = {"first-token-prob": FirstTokenProbGate, "answer-logprob": AnswerLogprobGate,
+            "first-token-logprob": FirstTokenLogprobGate,
             "quco": QuCoGate, "cbdr": CBDRGate}
     assert {name: cls.threshold_range for name, cls in core.items()} == CORE_GATE_RANGES

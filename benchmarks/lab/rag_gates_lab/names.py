@@ -30,7 +30,8 @@ __all__ = ["BUILTIN_GATE_NAMES", "BUILTIN_METHOD_NAMES", "RETRIEVER_NAMES", "che
 
 # The built-in names, kept here so that listing them imports no method or model code
 # (tests/unit/test_cli_fail_fast.py checks them against the core gates / BUILTIN_METHODS).
-BUILTIN_GATE_NAMES = ("answer-logprob", "cbdr", "first-token-prob", "quco")
+BUILTIN_GATE_NAMES = ("answer-logprob", "cbdr", "first-token-logprob", "first-token-prob",
+                      "quco")
 BUILTIN_METHOD_NAMES = ("fs-rag", "no-rag", "selective", "single")
 RETRIEVER_NAMES = ("bm25", "dense")
 _TESTBED = "testbed:DIR"
