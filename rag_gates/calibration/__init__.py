@@ -23,6 +23,11 @@ from rag_gates.calibration.calibrate import (
     calibrate,
     skip_curve,
 )
+from rag_gates.calibration.groups import (
+    GroupCalibrationReport,
+    GroupedGateRow,
+    calibrate_by_group,
+)
 from rag_gates.calibration.judges import SameAnswer, parse_same_answer
 from rag_gates.calibration.load import (
     CertifiedGate,
@@ -35,6 +40,7 @@ from rag_gates.calibration.spec import (
     ASSUMPTION,
     CascadeFit,
     GateSpec,
+    GroupCertificate,
     ModelIdentity,
     RateInterval,
     WeightedFit,
@@ -43,6 +49,7 @@ from rag_gates.errors import CalibrationError, SpecModelMismatchError
 
 __all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
            "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
-           "ModelIdentity", "RateInterval", "SameAnswer", "SpecModelMismatchError",
-           "WeightedFit", "calibrate", "load_gate", "parse_same_answer",
-           "read_records", "register_gate", "skip_curve", "write_records"]
+           "GroupCalibrationReport", "GroupCertificate", "GroupedGateRow", "ModelIdentity",
+           "RateInterval", "SameAnswer", "SpecModelMismatchError", "WeightedFit", "calibrate",
+           "calibrate_by_group", "load_gate", "parse_same_answer", "read_records",
+           "register_gate", "skip_curve", "write_records"]

@@ -34,7 +34,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import TYPE_CHECKING, Literal, overload
 
 import numpy as np
 from numpy.typing import NDArray
@@ -56,6 +56,9 @@ from rag_gates.calibration.spec import (
 )
 from rag_gates.errors import CalibrationError
 from rag_gates.gate import logistic_combination
+
+if TYPE_CHECKING:
+    from rag_gates.calibration.groups import GroupCalibrationReport
 
 __all__ = ["CASCADE_SHARES", "MIN_QUESTIONS", "CalibrationReport", "GateRow", "calibrate",
            "cascade_scores", "fit_cascade", "fit_composite", "random_u", "skip_curve"]
@@ -428,11 +431,36 @@ def _certify(column: _Column, name: str, epsilon: float, delta: float, bound: Bo
                    observed_drop=float(column.loss[skipped].sum() / n), note=note)
 
 
+@overload
+def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = ...,
+              delta: float = ..., bound: Bound = ..., model: ModelIdentity, retriever: str,
+              gates: Sequence[str] | None = ..., composite: bool = ..., seed: int = ...,
+              family_wise: bool = ..., options: dict[str, object] | None = ...,
+              by_group: Literal[False] = ...) -> CalibrationReport: ...
+
+
+@overload
+def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = ...,
+              delta: float = ..., bound: Bound = ..., model: ModelIdentity, retriever: str,
+              gates: Sequence[str] | None = ..., composite: bool = ..., seed: int = ...,
+              family_wise: bool = ..., options: dict[str, object] | None = ...,
+              by_group: Literal[True]) -> GroupCalibrationReport: ...
+
+
+@overload
+def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = ...,
+              delta: float = ..., bound: Bound = ..., model: ModelIdentity, retriever: str,
+              gates: Sequence[str] | None = ..., composite: bool = ..., seed: int = ...,
+              family_wise: bool = ..., options: dict[str, object] | None = ...,
+              by_group: bool) -> CalibrationReport | GroupCalibrationReport: ...
+
+
 def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
               delta: float = 0.1, bound: Bound = "exact",
               model: ModelIdentity, retriever: str, gates: Sequence[str] | None = None,
               composite: bool = True, seed: int = 0, family_wise: bool = True,
-              options: dict[str, object] | None = None) -> CalibrationReport:
+              options: dict[str, object] | None = None,
+              by_group: bool = False) -> CalibrationReport | GroupCalibrationReport:
     """Certify a threshold for every gate scored in ``records`` (and a fitted composite).
 
     Args:
@@ -462,6 +490,10 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
             row "best"). With one gate the two are the same.
         options: the gates' factory options, recorded in every spec (e.g. the dataset of
             the QA prompt).
+        by_group: certify one threshold per ``group`` of the records instead, every group
+            at once at ``delta`` (Bonferroni over groups and gates; no composites), and
+            return a :class:`~rag_gates.calibration.groups.GroupCalibrationReport`
+            (:func:`~rag_gates.calibration.groups.calibrate_by_group`).
 
     The guarantee, per gate: with probability >= 1 - delta over the draw of the
     calibration questions, the accuracy drop against always retrieving is <= max_loss on
@@ -474,6 +506,12 @@ def calibrate(records: Sequence[CalibrationRecord], *, max_loss: float = 0.05,
             outside (0, 1), an unknown bound, a negative seed, duplicate ids, or gates
             nobody scored.
     """
+    if by_group:
+        from rag_gates.calibration.groups import calibrate_by_group
+
+        return calibrate_by_group(records, max_loss=max_loss, delta=delta, bound=bound,
+                                  model=model, retriever=retriever, gates=gates, seed=seed,
+                                  family_wise=family_wise, options=options)
     _check(records, max_loss, delta, bound, seed)
     names = _gate_names(records, gates)
     columns = _columns(records, names, composite, seed, float(max_loss))

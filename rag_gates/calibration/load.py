@@ -70,6 +70,11 @@ class CertifiedGate:
     ``evidence["spec"]`` (the spec's name or path, epsilon, delta, bound, n, threshold).
     A spec without a certified threshold always retrieves without consulting the gate.
 
+    A per-group spec (``calibrate(by_group=True)``) uses the threshold of the question's
+    ``group`` (``decide(query, group="tenant-a")``); for a group the spec has not seen, a
+    group with no certified threshold, or no group given, it always retrieves without
+    consulting the gate, and says why (fail closed). Its evidence names the group.
+
     The inner gate's decision is copied, never changed: its evidence (e.g. the closed-book
     answer of ``answer-logprob``) stays, with the ``spec`` entry added.
     """
@@ -112,42 +117,127 @@ class CertifiedGate:
             reason=f"{self.spec.gate}: no threshold certified ({self.source}): always retrieve",
             evidence={"spec": dict(self._summary)}, latency_ms=latency_ms)
 
-    def _wrap(self, d: GateDecision) -> GateDecision:
-        evidence: dict[str, JsonValue] = {**d.evidence, "spec": dict(self._summary)}
+    def _wrap(self, d: GateDecision, group: str | None = None) -> GateDecision:
+        summary, threshold, guarantee = self._summary, self.threshold, self._guarantee
+        if self.spec.groups is not None:
+            certificate = self.spec.group(str(group))
+            assert certificate is not None and certificate.threshold is not None
+            summary, threshold = self._group_summary(group), certificate.threshold
+            guarantee = (f"group {group!r}: {guarantee}" if self.override is not None else
+                         f"certified for group {group!r}: accuracy drop within it <= "
+                         f"{self.spec.epsilon:g} with probability >= {1 - self.spec.delta:g}, "
+                         f"every group at once ({self.spec.bound}, n={certificate.n})")
+        elif group is not None:
+            summary = {**summary, "group": group}
+        evidence: dict[str, JsonValue] = {**d.evidence, "spec": dict(summary)}
         if is_undecided(d):
-            return d.model_copy(update={"retrieve": True, "threshold": self.threshold,
+            return d.model_copy(update={"retrieve": True, "threshold": threshold,
                                         "evidence": evidence})
-        retrieve = d.score >= self.threshold
+        retrieve = d.score >= threshold
         relation, verb = (">=", "retrieve") if retrieve else ("<", "answer without retrieval")
         reason = (f"{d.gate} score {d.score:.4g} {relation} certified threshold "
-                  f"{self.threshold:.4g} ({self._guarantee}): {verb}")
-        return d.model_copy(update={"retrieve": retrieve, "threshold": self.threshold,
+                  f"{threshold:.4g} ({guarantee}): {verb}")
+        return d.model_copy(update={"retrieve": retrieve, "threshold": threshold,
                                     "reason": reason, "evidence": evidence})
 
-    def decide(self, query: str, **signals: Any) -> GateDecision:
-        if self.inner is None:
-            check_text(query, "query")
-            return self._always()
-        return self._wrap(self.inner.decide(query, **signals))
+    def _group_summary(self, group: str | None) -> dict[str, JsonValue]:
+        """``evidence["spec"]`` of a per-group spec's decision: the spec, and the group's
+        threshold, n, share of delta and whether it is certified (0 and false when the
+        spec has not seen the group)."""
+        certificate = None if group is None else self.spec.group(group)
+        summary: dict[str, JsonValue] = {**self._summary, "group": group}
+        if certificate is None:
+            summary.update(threshold=None, certified=False, group_n=0, group_delta=0.0)
+        else:
+            summary.update(threshold=certificate.threshold, group_n=certificate.n,
+                           group_delta=certificate.delta,
+                           certified=certificate.certified and self.override is None)
+        return summary
 
-    async def adecide(self, query: str, **signals: Any) -> GateDecision:
-        if self.inner is None:
-            check_text(query, "query")
-            return self._always()
-        return self._wrap(await self.inner.adecide(query, **signals))
+    def _group_always(self, group: str | None) -> GateDecision | None:
+        """The fail-closed decision of a per-group spec for ``group`` (None: the spec is
+        not per group, or the group has a certified threshold: the gate decides)."""
+        if self.spec.groups is None:
+            return None
+        certificate = None if group is None else self.spec.group(group)
+        if certificate is not None and certificate.certified:
+            return None
+        if group is None:
+            why = "no group given: this spec certifies one threshold per group (pass group=)"
+        elif certificate is None:
+            known = ", ".join(repr(g.group) for g in self.spec.groups)
+            why = f"group {group!r} is not in the spec (its groups: {known})"
+        else:
+            why = f"group {group!r}: {certificate.note or 'no threshold certified'}"
+        return GateDecision(
+            gate=f"always-retrieve({self.spec.gate})", retrieve=True, score=0.0,
+            threshold=-sys.float_info.max,
+            reason=f"{self.spec.gate}: {why} ({self.source}): always retrieve",
+            evidence={"spec": self._group_summary(group)})
 
-    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+    def decide(self, query: str, group: str | None = None, **signals: Any) -> GateDecision:
+        """Decide for ``query``. ``group``: the question's group, for a per-group spec (a
+        spec with one threshold for every question ignores it, and names it in the
+        evidence)."""
+        _check_group(group)
+        always = self._group_always(group)
+        if self.inner is None or always is not None:
+            check_text(query, "query")
+            return always or self._always()
+        return self._wrap(self.inner.decide(query, **signals), group)
+
+    async def adecide(self, query: str, group: str | None = None,
+                      **signals: Any) -> GateDecision:
+        _check_group(group)
+        always = self._group_always(group)
+        if self.inner is None or always is not None:
+            check_text(query, "query")
+            return always or self._always()
+        return self._wrap(await self.inner.adecide(query, **signals), group)
+
+    def decide_batch(self, queries: Sequence[str],
+                     group: str | Sequence[str | None] | None = None,
+                     **signals: Any) -> list[GateDecision]:
+        """Decide for each of ``queries``. ``group``: one group for all of them, or one per
+        query (a per-group spec asks the gate only about the queries of its certified
+        groups)."""
+        queries = list(queries)
+        groups: list[str | None]
+        if group is None or isinstance(group, str):
+            groups = [group] * len(queries)
+        else:
+            groups = list(group)
+            if len(groups) != len(queries):
+                raise ValueError(f"decide_batch: {len(groups)} groups for {len(queries)} "
+                                 "queries; give one group per query, or one for all")
+        for g in groups:
+            _check_group(g)
         if self.inner is None:
             for q in queries:
                 check_text(q, "query")
-            return [self._always() for _ in queries]
-        return [self._wrap(d) for d in self.inner.decide_batch(queries, **signals)]
+            return [self._group_always(g) or self._always() for g in groups]
+        out: list[GateDecision | None] = [self._group_always(g) for g in groups]
+        for q, d in zip(queries, out, strict=True):
+            if d is not None:
+                check_text(q, "query")
+        asked = [i for i, d in enumerate(out) if d is None]
+        if asked:
+            decided = self.inner.decide_batch([queries[i] for i in asked], **signals)
+            for i, d in zip(asked, decided, strict=True):
+                out[i] = self._wrap(d, groups[i])
+        return [d for d in out if d is not None]
 
     def __repr__(self) -> str:
         # A log line naming the gate must not make an overridden spec look certified.
         shown = "" if self.override is None else ", certified=False (overridden)"
         return f"CertifiedGate({self._name!r}, threshold={self.spec.threshold!r}, " \
                f"source={self.source!r}{shown})"
+
+
+def _check_group(group: object) -> None:
+    if group is not None and not isinstance(group, str):
+        raise TypeError(f"group must be a string (the question's group) or None, got "
+                        f"{type(group).__name__}")
 
 
 def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: Any = None,
@@ -207,8 +297,11 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
         inner = parse_gate_expression(whole, resolve) if whole is not None \
             else _build(spec.gate, ctx, spec.threshold)
         # An expression too (NAME:THRESHOLD is that gate on its own scale): a threshold off
-        # the score's scale never (or always) retrieves.
+        # the score's scale never (or always) retrieves; every group's threshold too.
         _check_spec_threshold(spec, inner, source)
+        for certificate in spec.groups or ():
+            _check_spec_threshold(spec, inner, f"{source} (group {certificate.group!r})",
+                                  threshold=certificate.threshold)
     return CertifiedGate(inner, spec, source=source, override=override)
 
 
@@ -240,17 +333,20 @@ def _model_check(spec: GateSpec, lm: Any, source: str, allow_other_model: bool) 
 
 
 def _check_spec_threshold(spec: GateSpec, gate: Gate | None, source: str, *,
-                          scale: tuple[float, float] | None = None) -> None:
+                          scale: tuple[float, float] | None = None,
+                          threshold: float | None = None) -> None:
     # A factory may clamp the threshold into its gate's own parameter (CBDR's beta, QuCo's
     # tau), and a composite's score has a scale of its own (a probability; a cascade's
     # margin): the wrapper compares against the spec's threshold, and one off the score's
     # scale would never (or always) retrieve. Refuse it, as the gate's constructor would.
     if scale is None:
         scale = getattr(gate, "threshold_range", None)
-    if spec.threshold is None or scale is None:
+    if threshold is None:
+        threshold = spec.threshold
+    if threshold is None or scale is None:
         return
     try:
-        check_threshold(spec.gate, spec.threshold, scale)
+        check_threshold(spec.gate, threshold, scale)
     except ValueError as exc:
         raise CalibrationError(f"{source}: {exc}; recalibrate with rag-gates calibrate "
                                "(the spec's scores were not this gate's)") from None

@@ -21,10 +21,12 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-__all__ = ["CalibrationRecord", "read_records", "write_records"]
+__all__ = ["MAX_GROUP_CHARS", "CalibrationRecord", "read_records", "write_records"]
 
 MAX_RECORD_DEPTH = 8
 """A record nests 2 levels (its scores)."""
+MAX_GROUP_CHARS = 200
+"""A group is a name (a relation, a topic, a tenant), not a text."""
 
 
 class CalibrationRecord(BaseModel):
@@ -50,6 +52,10 @@ class CalibrationRecord(BaseModel):
         "the accuracy it can cost: rag_gates.calibration.judges).")
     judge: str | None = Field(None, description="The same-answer judge of an 'agreement' "
                               "record (exact, f1:CUT).")
+    group: str | None = Field(None, min_length=1, max_length=MAX_GROUP_CHARS,
+                              description="The question's group (a relation, a topic, a "
+                              "tenant), from --data's 'group'; ``calibrate(by_group=True)`` "
+                              "certifies one threshold per group. None: no group.")
 
     @classmethod
     def from_agreement(cls, *, id: str, question: str, closed_book_answer: str,
@@ -62,6 +68,11 @@ class CalibrationRecord(BaseModel):
                    closed_book_correct=bool(judge(closed_book_answer, retrieved_answer)),
                    scores=scores, closed_book_answer=closed_book_answer,
                    retrieved_answer=retrieved_answer, labels="agreement", judge=judge.name)
+
+    def dump_json(self) -> str:
+        """The record as one JSON line's text; a record without a group is written as before
+        groups existed (no ``group`` key), so its line is unchanged."""
+        return self.model_dump_json(exclude={"group"} if self.group is None else None)
 
     @property
     def harm_if_skipped(self) -> bool:
@@ -83,7 +94,7 @@ def write_records(records: Iterable[CalibrationRecord], path: str | Path) -> Non
     """Write records as JSONL (one object per line)."""
     with Path(path).open("w", encoding="utf-8") as handle:
         for record in records:
-            handle.write(record.model_dump_json() + "\n")
+            handle.write(record.dump_json() + "\n")
 
 
 def read_records(path: str | Path) -> list[CalibrationRecord]:

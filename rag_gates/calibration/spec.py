@@ -28,8 +28,8 @@ from rag_gates._files import read_json
 from rag_gates._io import write_text_atomic
 from rag_gates.errors import CalibrationError, SpecFileError
 
-__all__ = ["ASSUMPTION", "SPEC_FORMAT", "CascadeFit", "GateSpec", "ModelIdentity",
-           "RateInterval", "WeightedFit", "package_versions"]
+__all__ = ["ASSUMPTION", "SPEC_FORMAT", "CascadeFit", "GateSpec", "GroupCertificate",
+           "ModelIdentity", "RateInterval", "WeightedFit", "package_versions"]
 
 SPEC_FORMAT = "rag-gates/gate-spec/1"
 MAX_SPEC_BYTES = 4 * 1024 * 1024
@@ -199,6 +199,36 @@ class CascadeFit(BaseModel):
         return self
 
 
+class GroupCertificate(BaseModel):
+    """One group's certificate in a per-group spec (``calibrate(by_group=True)``): the
+    threshold certified on that group's questions alone, at the group's share of the spec's
+    delta. ``threshold`` None: none certified there (too few questions, or the test did not
+    pass): that group always retrieves, and ``note`` says why."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    group: str = Field(..., min_length=1, description="The group's name, as --data gives it.")
+    threshold: float | None = Field(..., description="Skip retrieval when score < threshold; "
+                                    "None = always retrieve for this group.")
+    n: int = Field(..., ge=1, description="Certification questions of this group.")
+    delta: float = Field(..., ge=0.0, lt=1.0, description="This group's share of the spec's "
+                         "delta (0: not tested, too few questions to certify anything).")
+    unscored: int = Field(0, ge=0, description="Questions of the group the gate could not "
+                          "score (retrieved: fail closed).")
+    auroc: float | None = Field(None, description="AUROC for 'closed-book answer wrong' on "
+                                "the group's questions.")
+    skip_rate: RateInterval = Field(..., description="Share of the group's questions that "
+                                    "skip retrieval, with its Clopper-Pearson interval at "
+                                    "confidence 1 - delta (this group's share).")
+    observed_drop: float = Field(..., description="Accuracy drop against always retrieving "
+                                 "on the group's questions.")
+    note: str = Field("", description="The guarantee for this group, or why none.")
+
+    @property
+    def certified(self) -> bool:
+        return self.threshold is not None
+
+
 def package_versions() -> dict[str, str]:
     """rag-gates, numpy and Python versions, as recorded in a spec."""
     from importlib.metadata import PackageNotFoundError, version
@@ -268,6 +298,11 @@ class GateSpec(BaseModel):
         "(gold answers where the data had them).")
     judge: str | None = Field(None, description="The same-answer judge of the unlabelled "
                               "questions (exact, f1:CUT); None with gold labels.")
+    groups: list[GroupCertificate] | None = Field(
+        None, description="Per-group certificates (calibrate(by_group=True)): one threshold "
+        "per group, each certified on that group's questions at its share of delta; "
+        "``threshold`` is then None, and a group not listed (or no group) always retrieves. "
+        "None: one threshold for every question.")
     checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
                           "field; written by save().")
 
@@ -277,14 +312,25 @@ class GateSpec(BaseModel):
         if where is not None:
             raise ValueError(f"{where} is not a finite number: a spec holds finite numbers "
                              "only")
+        if self.groups is not None:
+            _check_groups(self)
         return self
+
+    def group(self, name: str) -> GroupCertificate | None:
+        """The certificate of group ``name`` (None: the spec has not seen that group, or is
+        not per group)."""
+        for certificate in self.groups or ():
+            if certificate.group == name:
+                return certificate
+        return None
 
     def payload_checksum(self) -> str:
         """The checksum this spec's content should carry."""
         # A spec without a cascade, or certified on gold labels, hashes as it did before
         # those fields existed.
         skip = {"checksum"} | ({"cascade"} if self.cascade is None else set()) | (
-            {"labels", "judge"} if self.labels == "gold" and self.judge is None else set())
+            {"labels", "judge"} if self.labels == "gold" and self.judge is None else set()) | (
+            {"groups"} if self.groups is None else set())
         body = self.model_dump(mode="json", exclude=skip)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return _sha(text)
@@ -297,9 +343,7 @@ class GateSpec(BaseModel):
         """Write the spec as JSON (atomically), checksum included; returns the path."""
         out = Path(path).expanduser()
         out.parent.mkdir(parents=True, exist_ok=True)
-        sealed = self.sealed()
-        write_text_atomic(out, json.dumps(sealed.model_dump(mode="json"), indent=2,
-                                          allow_nan=False) + "\n")
+        write_text_atomic(out, json.dumps(self.save_json(), indent=2, allow_nan=False) + "\n")
         return out
 
     @classmethod
@@ -343,6 +387,12 @@ class GateSpec(BaseModel):
             raise CalibrationError(f"{source}: threshold {spec.threshold!r} is not finite")
         return spec
 
+    def save_json(self) -> dict[str, Any]:
+        """The sealed spec as the JSON object :meth:`save` writes (a spec with one
+        threshold for every question has no ``groups`` key, as before groups existed)."""
+        return self.sealed().model_dump(mode="json",
+                                        exclude={"groups"} if self.groups is None else None)
+
     def summary(self, name: str | None = None) -> dict[str, Any]:
         """What every decision's ``evidence["spec"]`` names: the spec and its guarantee."""
         summary = {"name": name or self.gate, "epsilon": self.epsilon, "delta": self.delta,
@@ -350,7 +400,38 @@ class GateSpec(BaseModel):
                    "certified": self.certified}
         if self.labels != "gold":
             summary.update(labels=self.labels, judge=self.judge)
+        if self.groups is not None:
+            summary["groups"] = len(self.groups)
         return summary
+
+
+def _check_groups(spec: GateSpec) -> None:
+    """A per-group spec says one thing: every group's threshold is its own certificate, the
+    shares of delta add up to at most delta, and nothing else decides."""
+    groups = spec.groups or []
+    if not groups:
+        raise ValueError("groups is empty: a per-group spec lists at least one group")
+    names = [g.group for g in groups]
+    if len(set(names)) != len(names):
+        dup = next(n for n in names if names.count(n) > 1)
+        raise ValueError(f"group {dup!r} appears twice in groups")
+    if spec.threshold is not None:
+        raise ValueError("a per-group spec has no threshold of its own (threshold must be "
+                         "null): each group's is in groups")
+    if spec.composite is not None or spec.cascade is not None:
+        raise ValueError("a per-group spec certifies one gate, not a composite")
+    if spec.certified != any(g.certified for g in groups):
+        raise ValueError("certified must say whether any group has a certified threshold")
+    if sum(g.n for g in groups) != spec.n:
+        raise ValueError(f"the groups' questions add up to {sum(g.n for g in groups)}, "
+                         f"not n = {spec.n}")
+    spent = sum(g.delta for g in groups) * spec.family
+    if spent > spec.delta * (1 + 1e-9):
+        raise ValueError(f"the groups' shares of delta ({spent:g} over {spec.family} gates) "
+                         f"exceed delta {spec.delta:g}")
+    untested = [g.group for g in groups if g.certified and g.delta <= 0]
+    if untested:
+        raise ValueError(f"group {untested[0]!r} has a threshold but no share of delta")
 
 
 def _non_finite(value: Any, where: str) -> str | None:

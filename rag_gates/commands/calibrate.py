@@ -9,7 +9,9 @@ certifies a threshold per gate and for a fitted composite
 skip rate against epsilon for each gate and the composite.
 
 ``--data`` is JSON Lines, one question a line: ``{"question": "...", "answers": ["gold", "alias",
-...]}`` with an optional ``"id"`` (default: the line number); other fields are ignored. An
+...]}`` with an optional ``"id"`` (default: the line number) and an optional ``"group"`` (a
+relation, a topic, a tenant: ``--by-group`` certifies one threshold per group); other fields
+are ignored. An
 answer counts as right when a gold answer occurs in it (normalised words, as the bench's
 ``accuracy``). The work directory is tied to the file's question set (ids, questions and
 answers, in any order), so a reordered file resumes; ``--limit N`` uses the first N questions
@@ -74,6 +76,8 @@ QDRANT_SYNTAX = "--corpus qdrant:PATH_OR_URL[#COLLECTION]"
 QDRANT_API_KEY_ENV = "QDRANT_API_KEY"
 MAX_INPUT_DEPTH = 16
 """Nesting of a ``--data`` or corpus line (a question nests 2 levels: its answers)."""
+MAX_GROUP_CHARS = 200
+"""A ``--data`` line's ``group`` is a name (rag_gates.calibration.records.MAX_GROUP_CHARS)."""
 
 
 @dataclass(frozen=True)
@@ -83,6 +87,7 @@ class CalibrationQuestion:
     id: str
     question: str
     answers: tuple[str, ...]
+    group: str | None = None
 
 
 def _jsonl(path: Path, keys: Sequence[str], what: str, shape: str
@@ -105,7 +110,8 @@ def _jsonl(path: Path, keys: Sequence[str], what: str, shape: str
 
 def read_questions(path: Path, *, labels_optional: bool = False
                    ) -> list[CalibrationQuestion]:
-    """Read ``--data``: JSONL with ``question`` and ``answers`` (optional ``id``). A bad row
+    """Read ``--data``: JSONL with ``question`` and ``answers`` (optional ``id``, ``group``).
+    A bad row
     (not UTF-8, not JSON, a lone surrogate, an answer empty once normalised, a repeated id)
     raises :class:`~rag_gates.errors.InputFileError` naming ``FILE:LINE``; no model is
     needed to read it, so the CLI reads it before one loads. ``labels_optional``
@@ -144,6 +150,12 @@ def read_questions(path: Path, *, labels_optional: bool = False
                 f"{path}:{number}: answer {empty[0]!r} is empty once normalised (case, "
                 "punctuation and articles removed), so no reply can ever match it; give "
                 "the gold answer's words or remove it", path=path, line=number)
+        group = row.get("group")
+        if group is not None and (not isinstance(group, str) or not group.strip()
+                                  or len(group) > MAX_GROUP_CHARS):
+            raise InputFileError(f"{path}:{number}: 'group' must be a non-empty string of at "
+                                 f"most {MAX_GROUP_CHARS} characters (a relation, a topic, a "
+                                 "tenant), or left out", path=path, line=number)
         qid = str(row.get("id") or number)
         if qid in seen:
             raise InputFileError(f"{path}:{number}: id {qid!r} appears twice", path=path,
@@ -158,7 +170,8 @@ def read_questions(path: Path, *, labels_optional: bool = False
                 "question counts once in the certificate: remove the repeat", path=path,
                 line=number)
         lines[key] = number
-        out.append(CalibrationQuestion(id=qid, question=question, answers=tuple(answers)))
+        out.append(CalibrationQuestion(id=qid, question=question, answers=tuple(answers),
+                                       group=group))
     if not out:
         raise ValueError(f"--data {path} has no questions")
     return out
@@ -167,7 +180,9 @@ def read_questions(path: Path, *, labels_optional: bool = False
 def question_set_sha(questions: Sequence[CalibrationQuestion]) -> str:
     """SHA-256 of the canonical question set: (id, question, answers) of every question,
     sorted by id (answers sorted too: any of them counts), so the order of the lines of
-    ``--data`` does not count and any edit of a question or its answers does."""
+    ``--data`` does not count and any edit of a question or its answers does. A question's
+    ``group`` is not in it: the answers do not depend on it, so adding or changing groups
+    resumes (the records take their groups from ``--data``)."""
     rows = sorted([q.id, q.question, sorted(q.answers)] for q in questions)
     return hashlib.sha256(json.dumps(rows, ensure_ascii=False, separators=(",", ":"))
                           .encode("utf-8")).hexdigest()
@@ -546,7 +561,8 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     their records stay in ``path``, unused, and ``unused`` is told how many there are. A
     record of any other question raises ValueError. A question without gold answers gets an
     agreement record judged by ``same_answer`` (``--no-labels``;
-    :meth:`CalibrationRecord.from_agreement`)."""
+    :meth:`CalibrationRecord.from_agreement`). Every record returned carries its question's
+    ``group`` as ``--data`` gives it now (a record written before keeps its line)."""
     from rag_gates._io import append_locked, drop_torn_tail
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
@@ -592,19 +608,22 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                                      "--no-labels to certify from agreement")
                 record = CalibrationRecord.from_agreement(
                     id=q.id, question=q.question, closed_book_answer=closed,
-                    retrieved_answer=retrieved, judge=same_answer, scores=scores)
+                    retrieved_answer=retrieved, judge=same_answer, scores=scores
+                ).model_copy(update={"group": q.group})
             else:
                 record = CalibrationRecord(
                     id=q.id, question=q.question,
                     closed_book_correct=accuracy(closed, q.answers) > 0,
                     retrieved_correct=accuracy(retrieved, q.answers) > 0,
-                    scores=scores, closed_book_answer=closed, retrieved_answer=retrieved)
-            handle.write(record.model_dump_json() + "\n")
+                    scores=scores, closed_book_answer=closed, retrieved_answer=retrieved,
+                    group=q.group)
+            handle.write(record.dump_json() + "\n")
             handle.flush()
             done[q.id] = record
         if progress is not None:
             progress(len(questions), len(questions))
-    return [done[q.id] for q in questions]
+    return [done[q.id] if done[q.id].group == q.group else
+            done[q.id].model_copy(update={"group": q.group}) for q in questions]
 
 
 _IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)",
@@ -831,13 +850,15 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                     max_new_tokens: int = 32, limit: int | None = None,
                     threads: int | None = None, work_dir: Path | None = None,
                     seed: int = 0, no_labels: bool = False,
-                    same_answer: str = "exact") -> Any:
+                    same_answer: str = "exact", by_group: bool = False) -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
     name and option, and the corpus (a Qdrant collection is opened and checked), is checked
     before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``.
     ``no_labels``: questions of ``data`` without gold answers are certified by whether
     their two replies are the same answer under ``same_answer`` (``exact`` or ``f1:CUT``;
-    :mod:`rag_gates.calibration.judges`)."""
+    :mod:`rag_gates.calibration.judges`). ``by_group``: certify one threshold per ``group``
+    of ``data`` (every line needs one; :mod:`rag_gates.calibration.groups`), and return a
+    :class:`~rag_gates.calibration.GroupCalibrationReport`."""
     from rag_gates.calibration.judges import parse_same_answer
 
     judge = parse_same_answer(same_answer) if no_labels else None
@@ -859,6 +880,12 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     if len(questions) < MIN_QUESTIONS:
         raise ValueError(f"--data has {len(questions)} questions; calibration needs at least "
                          f"{MIN_QUESTIONS}")
+    if by_group:
+        ungrouped = [q.id for q in questions if q.group is None]
+        if ungrouped:
+            raise ValueError(f"--by-group: {len(ungrouped)} of the {len(questions)} questions "
+                             f"have no 'group' (e.g. id {ungrouped[0]!r}); give every --data "
+                             'line a "group" (a relation, a topic, a tenant)')
     if out.suffix != ".json":
         raise ValueError(f"--out {out}: give a .json path (the spec), e.g. gate.json")
     from rag_gates._io import output_path_problem
@@ -872,11 +899,12 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         try:
             return _calibrate(every, questions, data, collection, out, model, requested,
                               max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed,
-                              judge=judge)
+                              judge=judge, by_group=by_group)
         finally:
             collection.client.close()
     return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
-                      bound, k, max_new_tokens, threads, work_dir, seed, judge=judge)
+                      bound, k, max_new_tokens, threads, work_dir, seed, judge=judge,
+                      by_group=by_group)
 
 
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
@@ -884,7 +912,7 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                requested: list[str] | None, max_loss: float, delta: float,
                bound: str, k: int, max_new_tokens: int,
                threads: int | None, work_dir: Path | None, seed: int, *,
-               judge: Any = None) -> Any:
+               judge: Any = None, by_group: bool = False) -> Any:
     """:func:`run_calibration` once its input is checked: the work directory held (one
     run at a time) and checked, then load, answer, certify, write."""
     from rag_gates._io import append_locked
@@ -898,7 +926,7 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                 "to finish, or give this run another --work-dir")):
             return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
                                  max_loss, delta, bound, k, max_new_tokens, threads, seed,
-                                 judge=judge)
+                                 judge=judge, by_group=by_group)
     except BaseException:
         # A run refused before it wrote anything leaves no work directory behind.
         if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
@@ -912,7 +940,7 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                   corpus: Path | QdrantCollection, out: Path, model: str,
                   requested: list[str] | None, max_loss: float, delta: float, bound: str,
                   k: int, max_new_tokens: int, threads: int | None, seed: int, *,
-                  judge: Any = None) -> Any:
+                  judge: Any = None, by_group: bool = False) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
@@ -985,6 +1013,9 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         console.print(f"{kept[0]} records of questions beyond --limit kept in the work dir, "
                       f"not used ({len(questions)} of the {len(every)} questions of --data "
                       "used)", highlight=False)
+    if by_group:
+        return _certify_by_group(records, work, out, bound, max_loss, delta, identity,
+                                 description, sorted(built), seed, options)
     chosen = resolve_bound(bound, len(records))
     if chosen != bound:
         console.print(f"bound: {chosen} ({len(records)} certification questions)",
@@ -1020,6 +1051,72 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
     console.print(f'serve it: load_gate("{out}", lm=lm) (rag_gates.calibration)',
                   highlight=False)
     return report
+
+
+def _certify_by_group(records: list[Any], work: Path, out: Path, bound: str, max_loss: float,
+                      delta: float, identity: Any, description: str, gates: list[str],
+                      seed: int, options: dict[str, Any]) -> Any:
+    """``--by-group``: certify one threshold per group, print the table, write the spec and
+    the report (no plot: a curve per gate and group would not be read)."""
+    from collections import Counter
+
+    from rag_gates.calibration import calibrate
+
+    largest = max(Counter(r.group for r in records).values())
+    chosen = resolve_bound(bound, largest)
+    if chosen != bound:
+        console.print(f"bound: {chosen} (at most {largest} certification questions in a "
+                      "group)", highlight=False)
+    report = calibrate(records, max_loss=max_loss, delta=delta, bound=chosen, model=identity,
+                       retriever=description, gates=gates, seed=seed, options=options,
+                       by_group=True)
+    console.print(_group_table(report))
+    spec = report.best
+    spec.save(out)
+    (work / "report.json").write_text(report.model_dump_json(indent=2))
+    groups = spec.groups or []
+    certified = [g for g in groups if g.certified]
+    console.print(f"best: {spec.gate}, a threshold for {len(certified)} of {len(groups)} "
+                  f"groups (each at delta {report.group_delta:.3g}: {report.delta:g} shared "
+                  f"by {report.tested} groups x {report.family} gates, Bonferroni); skips "
+                  f"{100 * spec.skip_rate.observed:.1f}% of retrievals on the certification "
+                  f"questions -> {out}", highlight=False)
+    for g in groups:
+        if not g.certified:
+            console.print(f"group {g.group!r}: {g.note}", highlight=False)
+    console.print("a group the spec has not seen, or a question without a group, always "
+                  "retrieves", highlight=False)
+    console.print(f"records: {work / 'records.jsonl'}", highlight=False)
+    console.print(f'serve it: load_gate("{out}", lm=lm).decide(question, group=...) '
+                  "(rag_gates.calibration)", highlight=False)
+    return report
+
+
+def _group_table(report: Any) -> Table:
+    """Each gate (all its questions), then each of its groups."""
+    from rich import box
+
+    share = f", each group at delta {report.group_delta:.3g}" if report.tested else ""
+    table = Table(title=f"certified per group at epsilon {report.epsilon:g} within each group, "
+                        f"delta {report.delta:g} for all at once{share} ({report.bound}), "
+                        f"{report.questions} questions", box=box.SIMPLE)
+    table.add_column("gate / group", overflow="fold", min_width=16, max_width=28)
+    for column in ("threshold", "certified\nskip rate", "observed\nskip rate",
+                   "observed\ndrop", "n"):
+        table.add_column(column, justify="right", no_wrap=True)
+    for row in report.rows:
+        table.add_row(row.gate, "per group", f"{100 * row.certified_skip_rate:.1f}%",
+                      f"{100 * row.observed_skip_rate:.1f}%",
+                      f"{100 * row.observed_drop:+.1f} pt", str(row.n), style="bold")
+        for g in row.groups:
+            table.add_row(
+                f"  {g.group}", "none" if g.threshold is None else f"{g.threshold:.4g}",
+                f"{100 * (g.skip_rate.lower if g.certified else 0.0):.1f}%",
+                f"{100 * g.skip_rate.observed:.1f}%", f"{100 * g.observed_drop:+.1f} pt",
+                str(g.n), end_section=g is row.groups[-1])
+    table.caption = ("threshold none: that group always retrieves. Skip rates and drop on the "
+                     "certification questions; certified = the interval's lower end")
+    return table
 
 
 def calibrate_command(
@@ -1074,6 +1171,11 @@ def calibrate_command(
         help="With --no-labels, the same-answer judge: 'exact' (equal after normalisation; "
              "always valid) or 'f1:CUT' (token F1 >= CUT; saves more, valid only as far as it "
              "never calls a right and a wrong reply the same).")] = "exact",
+    by_group: Annotated[bool, typer.Option(
+        "--by-group", help="Certify one threshold per 'group' of --data (every line needs "
+             "one: a relation, a topic, a tenant), every group at once at --delta "
+             "(Bonferroni), so that no group loses more than --max-loss; a group with too "
+             "few questions, or one the spec has not seen, always retrieves.")] = False,
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,
@@ -1086,7 +1188,7 @@ def calibrate_command(
                         bound=bound,  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed, no_labels=no_labels,
-                        same_answer=same_answer)
+                        same_answer=same_answer, by_group=by_group)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
             ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)
