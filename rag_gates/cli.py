@@ -41,7 +41,9 @@ app.add_typer(models_app, name="models")
 from rag_gates.commands.calibrate import calibrate_command  # noqa: E402  (typer + rich only)
 
 app.command("calibrate")(calibrate_command)
-from rag_gates.commands.audit import audit_command; app.command("audit")(audit_command)  # noqa: E402, E702, I001
+from rag_gates.commands.audit import audit_command  # noqa: E402  (typer + rich only)
+
+app.command("audit")(audit_command)
 
 #: Other distributions add commands here: each entry point is ``register(app)``, given the
 #: root app (the lab, ``rag-gates-lab``, adds bench, eval-gate, report, testbed, ...).

@@ -45,11 +45,13 @@ from rag_gates.calibration.spec import (
     RateInterval,
     WeightedFit,
 )
+from rag_gates.calibration.watch import WatchedGate, WatchStatus, disagreement_baseline
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
 
 __all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
-           "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow", "GateSpec",
-           "GroupCalibrationReport", "GroupCertificate", "GroupedGateRow", "ModelIdentity",
-           "RateInterval", "SameAnswer", "SpecModelMismatchError", "WeightedFit", "calibrate",
-           "calibrate_by_group", "load_gate", "parse_same_answer", "read_records",
+           "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow",
+           "GateSpec", "GroupCalibrationReport", "GroupCertificate", "GroupedGateRow",
+           "ModelIdentity", "RateInterval", "SameAnswer", "SpecModelMismatchError", "WatchStatus",
+           "WatchedGate", "WeightedFit", "calibrate", "calibrate_by_group",
+           "disagreement_baseline", "load_gate", "parse_same_answer", "read_records",
            "register_gate", "skip_curve", "write_records"]
