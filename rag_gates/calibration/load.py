@@ -227,6 +227,16 @@ class CertifiedGate:
                 out[i] = self._wrap(d, groups[i])
         return [d for d in out if d is not None]
 
+    def for_group(self, group: str) -> GroupGate:
+        """This gate with ``group`` given to every decision: what a framework's gated
+        retriever or engine takes, since they call ``decide(query)`` (one retriever per
+        tenant, say: ``GatedRetriever(retriever=..., gate=spec_gate.for_group("tenant-a"))``).
+        """
+        _check_group(group)
+        if group is None:
+            raise ValueError("for_group needs a group (a non-empty string)")
+        return GroupGate(self, group)
+
     def __repr__(self) -> str:
         # A log line naming the gate must not make an overridden spec look certified.
         shown = "" if self.override is None else ", certified=False (overridden)"
@@ -238,6 +248,43 @@ def _check_group(group: object) -> None:
     if group is not None and not isinstance(group, str):
         raise TypeError(f"group must be a string (the question's group) or None, got "
                         f"{type(group).__name__}")
+
+
+class GroupGate:
+    """A :class:`CertifiedGate` bound to one group (:meth:`CertifiedGate.for_group`): a gate
+    like any other, whose every decision is the certified gate's for that group."""
+
+    def __init__(self, certified: CertifiedGate, group: str) -> None:
+        self.certified = certified
+        self.group = group
+
+    @property
+    def name(self) -> str:
+        return self.certified.name
+
+    @property
+    def threshold(self) -> float:
+        """The group's certified threshold (the spec's own for a one-threshold spec; the
+        lowest float, "always retrieve", for a group with none)."""
+        groups = self.certified.spec.groups
+        if not groups:
+            return float(self.certified.threshold)
+        found = next((g for g in groups if g.group == self.group), None)
+        if found is None or found.threshold is None:
+            return -sys.float_info.max
+        return float(found.threshold)
+
+    def decide(self, query: str, **signals: Any) -> GateDecision:
+        return self.certified.decide(query, group=self.group, **signals)
+
+    async def adecide(self, query: str, **signals: Any) -> GateDecision:
+        return await self.certified.adecide(query, group=self.group, **signals)
+
+    def decide_batch(self, queries: Sequence[str], **signals: Any) -> list[GateDecision]:
+        return self.certified.decide_batch(queries, group=self.group, **signals)
+
+    def __repr__(self) -> str:
+        return f"{self.certified!r}.for_group({self.group!r})"
 
 
 def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: Any = None,
