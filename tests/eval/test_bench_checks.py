@@ -451,3 +451,18 @@ def test_the_same_questions_at_another_path_share_their_labels(tmp_path: Path, t
                             data_path=str(other.parent))
     assert label_run_dir(config, load_dataset("popqa", other.parent, n=3).fingerprint) \
         != caches[0]
+
+
+def test_the_dataset_search_path_ends_at_the_shipped_slices() -> None:
+    """On a machine without ../shared (CI's fresh clone) the datasets are the slices in
+    examples/data: the search path must reach them from the lab's own folder."""
+    from pathlib import Path
+
+    from rag_gates_lab.datasets import data_search_path, find_dataset_file
+
+    shipped = Path(__file__).resolve().parents[2] / "examples" / "data"
+    assert data_search_path()[-1].resolve() == shipped
+    for name in ("hotpotqa", "2wiki", "popqa", "pubmedqa"):
+        assert any(find_dataset_file(name).parent == p.resolve()
+                   for p in data_search_path() if p.is_dir())
+    assert (shipped / "hotpotqa_dev_sample.jsonl").is_file()

@@ -39,7 +39,8 @@ __all__ = [
 
 logger = logging.getLogger(__name__)
 
-_PROJECT_ROOT = Path(__file__).resolve().parents[2]
+# benchmarks/lab/rag_gates_lab/datasets.py -> the repository root (an editable install).
+_PROJECT_ROOT = Path(__file__).resolve().parents[3]
 
 
 class DatasetLoad(BaseModel):
