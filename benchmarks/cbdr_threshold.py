@@ -3,7 +3,9 @@
 Measures, with the shipped SmolLM2 probe, the share of questions whose probe confidence is
 ``<= beta`` (the gate retrieves) on
 
-- the shipped PopQA calibration sample (``examples/data/calibration_questions.jsonl``, 300),
+- the PopQA calibration sample shipped before issue 59
+  (``benchmarks/data/calibration_questions_before_issue59.jsonl``, 300: what
+  ``examples/data/calibration_questions.jsonl`` held until the sample was redrawn uniformly),
 - the dev slices under ``examples/data`` (PopQA 60, HotpotQA 50, 2Wiki 40: the first rows
   of the development files, i.e. evaluation rows: measured on, never tuned on),
 
@@ -43,6 +45,9 @@ from rag_gates.lm.defaults import load_lm
 
 ROOT = Path(__file__).resolve().parent.parent
 DATA = ROOT / "examples" / "data"
+#: The calibration sample the committed records (RECORDS) were answered on: the shipped one
+#: until issue 59 redrew examples/data/calibration_questions.jsonl uniformly.
+SAMPLE = ROOT / "benchmarks" / "data" / "calibration_questions_before_issue59.jsonl"
 RECORDS = ROOT / "benchmarks" / "results" / "calibrate" / "sample-200" / "work" / "records.jsonl"
 OLD_BETA = 0.57
 EPSILON, DELTA = 0.05, 0.1
@@ -92,7 +97,7 @@ def main() -> None:
     def rate(confs: list[float], beta: float) -> float:
         return sum(c <= beta for c in confs) / len(confs)
 
-    calibration = _jsonl(DATA / "calibration_questions.jsonl")
+    calibration = _jsonl(SAMPLE)
     slices = {"calibration_questions (300)": calibration,
               "popqa_dev_sample (60)": _jsonl(DATA / "popqa_dev_sample.jsonl"),
               "hotpotqa_dev_sample (50)": _jsonl(DATA / "hotpotqa_dev_sample.jsonl"),

@@ -124,14 +124,21 @@ def tiny_dir(tmp_path_factory: pytest.TempPathFactory) -> Path:
 
 
 def _bare(tmp_path: Path, n: int = 40, labelled: int = 0) -> tuple[Path, Path]:
+    """The first ``n`` sample questions (the first ``labelled`` keep their answers) and a
+    corpus of 300 of the sample corpus's Wikipedia distractors, cut short for the tiny model.
+    Both classes come from retrieval: a question that finds no passage there (a person those
+    paragraphs never name) gets the same prompt both ways, so its two replies agree; the
+    others' replies, from a random-weight model, differ."""
     rows = [json.loads(line) for line in SAMPLE.read_text().splitlines()[:n]]
     data = tmp_path / "bare.jsonl"
     data.write_text("".join(json.dumps({"id": r["id"], "question": r["question"],
                                         **({"answers": r["answers"]} if i < labelled else {})})
                             + "\n" for i, r in enumerate(rows)))
     corpus = tmp_path / "corpus.jsonl"
+    distractors = [p for p in map(json.loads, CORPUS.read_text().splitlines())
+                   if str(p["id"]).startswith("wiki-")][:300]
     corpus.write_text("".join(json.dumps({"title": p["title"], "text": p["text"][:60]}) + "\n"
-                              for p in map(json.loads, CORPUS.read_text().splitlines()[:300])))
+                              for p in distractors))
     return data, corpus
 
 

@@ -33,7 +33,7 @@ from rag_gates.types import Passage
 pytestmark = pytest.mark.integration
 
 Q = "Who directed the film Ed Wood?"
-#: Real PopQA questions (examples/data/calibration_questions.jsonl), plus Q.
+#: Real PopQA development questions, plus Q.
 QUESTIONS = [Q, "In what city was Mukhtar Mukhtarov born?",
              "In what city was Leonard Shure born?", "What is Henry Feilden's occupation?"]
 PASSAGE = Passage(title="Ed Wood (film)", text="Ed Wood is a 1994 American biographical "
