@@ -100,6 +100,18 @@ def _answer_logprob_nan(tiny: Any) -> BaseGate:
     return AnswerLogprobGate(nan_weights_lm(), threshold=1.0, max_new_tokens=3)
 
 
+def _first_token_logprob_nan(tiny: Any) -> BaseGate:
+    from rag_gates.confidence import FirstTokenLogprobGate
+
+    return FirstTokenLogprobGate(nan_weights_lm(), threshold=0.5, max_new_tokens=3)
+
+
+def _first_token_logprob_empty(tiny: Any) -> BaseGate:
+    from rag_gates.confidence import FirstTokenLogprobGate
+
+    return FirstTokenLogprobGate(SilentModel(), threshold=0.5)
+
+
 def _answer_logprob_empty(tiny: Any) -> BaseGate:
     from rag_gates.confidence import AnswerLogprobGate
 
@@ -172,6 +184,10 @@ CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
     ("first-token-prob-nan-model", "FirstTokenProbGate", _first_token, "nan", {}),
     ("answer-logprob-nan-model", "AnswerLogprobGate", _answer_logprob_nan, "nan", {}),
     ("answer-logprob-empty-answer", "AnswerLogprobGate", _answer_logprob_empty, "inf", {}),
+    ("first-token-logprob-nan-model", "FirstTokenLogprobGate", _first_token_logprob_nan, "nan",
+     {}),
+    ("first-token-logprob-empty-answer", "FirstTokenLogprobGate", _first_token_logprob_empty,
+     "nan", {}),
     ("quco-nan-count", "QuCoGate", _quco, "nan", {}),
     # Composites: a sub-gate that cannot decide makes the whole decision retrieve.
     ("all-of-nan-sub-gate", "AllOf", lambda lm: _composite("all", lm), "nan", {}),
