@@ -23,17 +23,20 @@ Example:
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from typing import Any
 
-from pydantic import JsonValue
+from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from rag_gates.answer_once import closed_book_evidence
 from rag_gates.errors import ServerLogprobError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import check_prompt_dataset, qa_prompt
+from rag_gates.types import Generation, Passage
 
-__all__ = ["AnswerLogprobGate", "FirstTokenLogprobGate", "FirstTokenProbGate"]
+__all__ = ["AnswerLogprobGate", "FirstTokenLogprobGate", "FirstTokenProbGate",
+           "PassageAnswer", "answer_logprob_score", "answer_with_passages"]
 
 
 class FirstTokenProbGate(BaseGate):
@@ -146,21 +149,68 @@ class AnswerLogprobGate(BaseGate):
             g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens, logprobs=0)
         except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
             return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
-        values = [item.logprob for item in g.logprobs or []]
-        # A wrapper that is not OpenAICompatibleLM (a LangChain or LlamaIndex adapter) may
-        # pass on what its server sent unchecked: a value above 0 would read as confident.
-        bad = next(((i, p) for i, v in enumerate(values) if (p := logprob_problem(v))), None)
-        if bad is not None:
-            return math.nan, {"error": f"answer token {bad[0]}'s log-probability {bad[1]}"}
-        mean = sum(values) / len(values) if values else -math.inf
+        score, error = answer_logprob_score(g)
+        if error is not None:
+            return math.nan, {"error": error}
         # What the answer was generated from, so a skip can reply with it (answer_once).
         model = getattr(self.lm, "model_id", None)
         evidence = closed_book_evidence(g.text, prompt, self.max_new_tokens, g.finish_reason,
-                                        len(values), model if isinstance(model, str) else None)
-        return -mean if values else math.inf, {**evidence,
-                                                "mean_logprob": mean if values else None}
+                                        len(g.logprobs or []),
+                                        model if isinstance(model, str) else None)
+        return score, {**evidence, "mean_logprob": -score if math.isfinite(score) else None}
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:
             return f"the model's log-probabilities are unusable: {evidence['error']}"
         return super().undecided(score, evidence)
+
+
+def answer_logprob_score(g: Generation) -> tuple[float, str | None]:
+    """``-mean log p`` of a generation's tokens (``inf`` for an empty answer: nothing the
+    model was sure of), or ``(nan, why)`` when a token's log-probability is unusable."""
+    values = [item.logprob for item in g.logprobs or []]
+    # A wrapper that is not OpenAICompatibleLM (a LangChain or LlamaIndex adapter) may
+    # pass on what its server sent unchecked: a value above 0 would read as confident.
+    bad = next(((i, p) for i, v in enumerate(values) if (p := logprob_problem(v))), None)
+    if bad is not None:
+        return math.nan, f"answer token {bad[0]}'s log-probability {bad[1]}"
+    return (-sum(values) / len(values) if values else math.inf), None
+
+
+class PassageAnswer(BaseModel):
+    """The answer generated from retrieved passages and its with-passages score
+    (:func:`answer_with_passages`): what a three-way spec's abstention decides on."""
+
+    model_config = ConfigDict(frozen=True)
+
+    answer: str
+    score: float = Field(..., description="-mean log p of the answer's tokens (higher = less "
+                         "reliable); nan when the model's log-probabilities were unusable.")
+    error: str | None = Field(None, description="Why the score is nan.")
+
+
+def answer_with_passages(lm: Any, question: str, passages: Sequence[Passage], *,
+                         dataset: str | None = None, max_new_tokens: int = 32
+                         ) -> PassageAnswer:
+    """Answer ``question`` from ``passages`` greedily (the ``single`` method's prompt and
+    budget) and score the answer as ``answer-logprob`` scores a closed-book one: the
+    with-passages score ``rag-gates calibrate`` records and a three-way spec's abstention
+    threshold is compared with.
+
+    Example:
+        >>> pa = answer_with_passages(lm, "Who wrote Hamlet?", passages)   # doctest: +SKIP
+        >>> pa.answer, pa.score                                           # doctest: +SKIP
+    """
+    if not getattr(lm, "supports_logprobs", False):
+        raise TypeError(f"the with-passages score needs token log-probabilities; "
+                        f"{type(lm).__name__} does not return them")
+    prompt = qa_prompt(question, list(passages), dataset=dataset)
+    try:
+        g = lm.generate(prompt, max_new_tokens=max_new_tokens, logprobs=0)
+    except ServerLogprobError as exc:
+        # The text is still wanted; without a score the spec abstains (fail closed).
+        text = lm.generate(prompt, max_new_tokens=max_new_tokens).text
+        return PassageAnswer(answer=text, score=math.nan,
+                             error=f"{type(exc).__name__}: {exc}")
+    score, error = answer_logprob_score(g)
+    return PassageAnswer(answer=g.text, score=score, error=error)

@@ -21,6 +21,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, JsonValue, field_validator
 
 __all__ = [
+    "AbstainDecision",
     "ChatMessage",
     "GateDecision",
     "Generation",
@@ -71,6 +72,22 @@ class GateDecision(BaseModel):
         description="What was measured: entities and counts, probe confidence, votes, ...",
     )
     latency_ms: float = Field(0.0, ge=0.0, description="Time the decision took.")
+
+
+class AbstainDecision(BaseModel):
+    """After retrieval, whether to answer from the passages or abstain ("I don't know"): the
+    third outcome of a three-way spec (``CertifiedGate.after_retrieval``)."""
+
+    model_config = _FROZEN
+
+    abstain: bool = Field(..., description="True: reply that the answer is not known.")
+    score: float = Field(..., description="The with-passages score (higher = less reliable; "
+                         "nan when it could not be computed: abstain).")
+    threshold: float | None = Field(..., description="Answer when score < threshold; None: "
+                                    "abstain after every retrieval.")
+    reason: str = Field(..., min_length=1, description="One human sentence explaining it.")
+    evidence: dict[str, JsonValue] = Field(default_factory=dict,
+                                           description="The spec and the score's source.")
 
 
 class TopLogprob(BaseModel):

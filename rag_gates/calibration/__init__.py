@@ -16,6 +16,11 @@ Example:
     >>> gate = load_gate("gate.json", lm=lm)                                      # doctest: +SKIP
 """
 
+from rag_gates.calibration.abstain import (
+    AbstentionReport,
+    AbstentionRow,
+    calibrate_abstention,
+)
 from rag_gates.calibration.calibrate import (
     MIN_QUESTIONS,
     CalibrationReport,
@@ -38,6 +43,7 @@ from rag_gates.calibration.load import (
 from rag_gates.calibration.records import CalibrationRecord, read_records, write_records
 from rag_gates.calibration.spec import (
     ASSUMPTION,
+    AbstainCertificate,
     CascadeFit,
     GateSpec,
     GroupCertificate,
@@ -48,10 +54,38 @@ from rag_gates.calibration.spec import (
 from rag_gates.calibration.watch import WatchedGate, WatchStatus, disagreement_baseline
 from rag_gates.errors import CalibrationError, SpecModelMismatchError
 
-__all__ = ["ASSUMPTION", "MIN_QUESTIONS", "CalibrationError", "CalibrationRecord",
-           "CalibrationReport", "CascadeFit", "CertifiedGate", "GateContext", "GateRow",
-           "GateSpec", "GroupCalibrationReport", "GroupCertificate", "GroupedGateRow",
-           "ModelIdentity", "RateInterval", "SameAnswer", "SpecModelMismatchError", "WatchStatus",
-           "WatchedGate", "WeightedFit", "calibrate", "calibrate_by_group",
-           "disagreement_baseline", "load_gate", "parse_same_answer", "read_records",
-           "register_gate", "skip_curve", "write_records"]
+__all__ = [
+    "ASSUMPTION",
+    "MIN_QUESTIONS",
+    "AbstainCertificate",
+    "AbstentionReport",
+    "AbstentionRow",
+    "CalibrationError",
+    "CalibrationRecord",
+    "CalibrationReport",
+    "CascadeFit",
+    "CertifiedGate",
+    "GateContext",
+    "GateRow",
+    "GateSpec",
+    "GroupCalibrationReport",
+    "GroupCertificate",
+    "GroupedGateRow",
+    "ModelIdentity",
+    "RateInterval",
+    "SameAnswer",
+    "SpecModelMismatchError",
+    "WatchStatus",
+    "WatchedGate",
+    "WeightedFit",
+    "calibrate",
+    "calibrate_abstention",
+    "calibrate_by_group",
+    "disagreement_baseline",
+    "load_gate",
+    "parse_same_answer",
+    "read_records",
+    "register_gate",
+    "skip_curve",
+    "write_records",
+]

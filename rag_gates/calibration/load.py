@@ -18,6 +18,7 @@ Example:
 
 from __future__ import annotations
 
+import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
@@ -42,7 +43,7 @@ from rag_gates.registry import (
     check_gate_threshold,
     register_gate,
 )
-from rag_gates.types import GateDecision
+from rag_gates.types import AbstainDecision, GateDecision
 
 __all__ = ["CertifiedGate", "GateContext", "load_gate", "register_gate"]
 
@@ -226,6 +227,58 @@ class CertifiedGate:
             for i, d in zip(asked, decided, strict=True):
                 out[i] = self._wrap(d, groups[i])
         return [d for d in out if d is not None]
+
+    @property
+    def abstains(self) -> bool:
+        """The spec is three-way (``calibrate --abstain``): after retrieval, ask
+        :meth:`after_retrieval` whether to answer."""
+        return self.spec.abstain is not None
+
+    def after_retrieval(self, score: float | None, *, answer: str | None = None,
+                        error: str | None = None) -> AbstainDecision:
+        """The third outcome: answer from the passages when the with-passages ``score``
+        (:func:`rag_gates.confidence.answer_with_passages`) is below the spec's abstention
+        threshold, else abstain. A score that is missing or not finite abstains (fail
+        closed for this outcome), and says why; so does a spec whose test certified no
+        answer after retrieval. A spec that is not three-way never abstains.
+
+        Example:
+            >>> from rag_gates.confidence import answer_with_passages
+            >>> pa = answer_with_passages(lm, q, passages)           # doctest: +SKIP
+            >>> gate.after_retrieval(pa.score, answer=pa.answer).abstain  # doctest: +SKIP
+        """
+        certificate = self.spec.abstain
+        summary: dict[str, JsonValue] = dict(self._summary)
+        evidence: dict[str, JsonValue] = {"spec": summary}
+        if answer is not None:
+            evidence["answer"] = answer
+        if error is not None:
+            evidence["error"] = error
+        value = math.nan if score is None else float(score)
+        if certificate is None:
+            return AbstainDecision(abstain=False, score=value, threshold=None,
+                                   reason=f"{self.spec.gate}: the spec ({self.source}) is "
+                                          "not three-way: answer from the passages",
+                                   evidence=evidence)
+        guarantee = (f"wrong answers <= {certificate.max_error:g} of questions with "
+                     f"probability >= {1 - self.spec.delta:g}" if self.override is None else
+                     f"NOT certified here: {self.override}")
+        t = certificate.threshold
+        if t is None:
+            return AbstainDecision(abstain=True, score=value, threshold=None, evidence=evidence,
+                                   reason=f"no answer after retrieval was certified "
+                                          f"({self.source}; {guarantee}): abstain")
+        if not math.isfinite(value):
+            why = f": {error}" if error else ""
+            return AbstainDecision(abstain=True, score=value, threshold=t, evidence=evidence,
+                                   reason=f"the with-passages {certificate.score} score could "
+                                          f"not be computed{why}: abstain (fail closed)")
+        abstain = value >= t
+        relation, verb = (">=", "abstain") if abstain else ("<", "answer from the passages")
+        return AbstainDecision(
+            abstain=abstain, score=value, threshold=t, evidence=evidence,
+            reason=f"with-passages {certificate.score} score {value:.4g} {relation} certified "
+                   f"abstention threshold {t:.4g} ({guarantee}): {verb}")
 
     def for_group(self, group: str) -> GroupGate:
         """This gate with ``group`` given to every decision: what a framework's gated

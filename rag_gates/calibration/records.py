@@ -52,6 +52,11 @@ class CalibrationRecord(BaseModel):
         "the accuracy it can cost: rag_gates.calibration.judges).")
     judge: str | None = Field(None, description="The same-answer judge of an 'agreement' "
                               "record (exact, f1:CUT).")
+    retrieved_scores: dict[str, float | None] = Field(
+        default_factory=dict,
+        description="With-passages score name -> its value on the answer with retrieval "
+        "(higher = less reliable; None = could not score): what calibrate(abstain=...) "
+        "certifies the abstention threshold on. Empty in records written before it existed.")
     group: str | None = Field(None, min_length=1, max_length=MAX_GROUP_CHARS,
                               description="The question's group (a relation, a topic, a "
                               "tenant), from --data's 'group'; ``calibrate(by_group=True)`` "
@@ -60,19 +65,24 @@ class CalibrationRecord(BaseModel):
     @classmethod
     def from_agreement(cls, *, id: str, question: str, closed_book_answer: str,
                        retrieved_answer: str, judge: Any,
-                       scores: dict[str, float | None]) -> CalibrationRecord:
+                       scores: dict[str, float | None],
+                       retrieved_scores: dict[str, float | None] | None = None
+                       ) -> CalibrationRecord:
         """The record of a question without gold answers: a harm if skipped exactly when
         ``judge`` (a :class:`~rag_gates.calibration.judges.SameAnswer`) says the two
         replies differ, and never a help."""
         return cls(id=id, question=question, retrieved_correct=True,
                    closed_book_correct=bool(judge(closed_book_answer, retrieved_answer)),
                    scores=scores, closed_book_answer=closed_book_answer,
-                   retrieved_answer=retrieved_answer, labels="agreement", judge=judge.name)
+                   retrieved_answer=retrieved_answer, labels="agreement", judge=judge.name,
+                   retrieved_scores=dict(retrieved_scores or {}))
 
     def dump_json(self) -> str:
-        """The record as one JSON line's text; a record without a group is written as before
-        groups existed (no ``group`` key), so its line is unchanged."""
-        return self.model_dump_json(exclude={"group"} if self.group is None else None)
+        """The record as one JSON line's text; a record without a group or with-passages
+        scores is written as before they existed (no such key), so its line is unchanged."""
+        absent = ({"group"} if self.group is None else set()) | (
+            set() if self.retrieved_scores else {"retrieved_scores"})
+        return self.model_dump_json(exclude=absent or None)
 
     @property
     def harm_if_skipped(self) -> bool:

@@ -28,7 +28,8 @@ from rag_gates._files import read_json
 from rag_gates._io import write_text_atomic
 from rag_gates.errors import CalibrationError, SpecFileError
 
-__all__ = ["ASSUMPTION", "SPEC_FORMAT", "CascadeFit", "GateSpec", "GroupCertificate",
+__all__ = ["ASSUMPTION", "SPEC_FORMAT", "AbstainCertificate", "CascadeFit", "GateSpec",
+           "GroupCertificate",
            "ModelIdentity", "RateInterval", "WeightedFit", "package_versions"]
 
 SPEC_FORMAT = "rag-gates/gate-spec/1"
@@ -229,6 +230,40 @@ class GroupCertificate(BaseModel):
         return self.threshold is not None
 
 
+class AbstainCertificate(BaseModel):
+    """The third outcome of a three-way spec (``calibrate(abstain=ALPHA)``): after retrieval,
+    answer only when the with-passages score is below ``threshold``, else abstain ("I don't
+    know"). Certified together with the spec's skip threshold: with probability at least
+    ``1 - delta`` over the draw of the calibration questions, skipping costs at most the
+    spec's epsilon against always retrieving **and** the share of all questions that get a
+    wrong answer (closed book or with passages) is at most ``max_error``
+    (:mod:`rag_gates.calibration.abstain` states how).
+
+    ``threshold`` None: no answer after retrieval passed the test: every retrieved question
+    is abstained on (the only policy known to keep the error bound)."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid", allow_inf_nan=False)
+
+    score: str = Field(..., min_length=1, description="The with-passages score (higher = "
+                       "less reliable): 'answer-logprob' is -mean log p of the answer "
+                       "generated from the passages.")
+    threshold: float | None = Field(..., description="Answer after retrieval when the score "
+                                    "is below it; None = abstain after every retrieval.")
+    max_error: float = Field(..., gt=0.0, lt=1.0, description="alpha: the bound on the share "
+                             "of questions answered wrongly.")
+    closed_share: float = Field(..., gt=0.0, lt=1.0, description="The part of max_error "
+                                "given to skipped questions answered wrongly; the rest goes "
+                                "to retrieved ones.")
+    abstain_rate: RateInterval = Field(..., description="Share of questions abstained on.")
+    observed_error: float = Field(..., ge=0.0, le=1.0, description="Share of the "
+                                  "calibration questions answered wrongly by the policy.")
+    observed_answered_error: float | None = Field(None, ge=0.0, le=1.0, description="Share of "
+                                                  "the answered questions answered wrongly.")
+    unscored: int = Field(0, ge=0, description="Questions whose with-passages score could "
+                          "not be computed (abstained on: fail closed).")
+    note: str = Field("", description="The guarantee in one sentence.")
+
+
 def package_versions() -> dict[str, str]:
     """rag-gates, numpy and Python versions, as recorded in a spec."""
     from importlib.metadata import PackageNotFoundError, version
@@ -303,6 +338,9 @@ class GateSpec(BaseModel):
         "per group, each certified on that group's questions at its share of delta; "
         "``threshold`` is then None, and a group not listed (or no group) always retrieves. "
         "None: one threshold for every question.")
+    abstain: AbstainCertificate | None = Field(
+        None, description="The certified abstention after retrieval (calibrate(abstain="
+        "ALPHA)); None: the spec answers every retrieved question.")
     checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
                           "field; written by save().")
 
@@ -314,6 +352,9 @@ class GateSpec(BaseModel):
                              "only")
         if self.groups is not None:
             _check_groups(self)
+            if self.abstain is not None:
+                raise ValueError("a spec is either per group or three-way (abstain), not "
+                                 "both: calibrate them apart")
         return self
 
     def group(self, name: str) -> GroupCertificate | None:
@@ -330,7 +371,8 @@ class GateSpec(BaseModel):
         # those fields existed.
         skip = {"checksum"} | ({"cascade"} if self.cascade is None else set()) | (
             {"labels", "judge"} if self.labels == "gold" and self.judge is None else set()) | (
-            {"groups"} if self.groups is None else set())
+            {"groups"} if self.groups is None else set()) | (
+            {"abstain"} if self.abstain is None else set())
         body = self.model_dump(mode="json", exclude=skip)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return _sha(text)
@@ -390,8 +432,8 @@ class GateSpec(BaseModel):
     def save_json(self) -> dict[str, Any]:
         """The sealed spec as the JSON object :meth:`save` writes (a spec with one
         threshold for every question has no ``groups`` key, as before groups existed)."""
-        return self.sealed().model_dump(mode="json",
-                                        exclude={"groups"} if self.groups is None else None)
+        absent = {name for name in ("groups", "abstain") if getattr(self, name) is None}
+        return self.sealed().model_dump(mode="json", exclude=absent or None)
 
     def summary(self, name: str | None = None) -> dict[str, Any]:
         """What every decision's ``evidence["spec"]`` names: the spec and its guarantee."""
@@ -402,6 +444,9 @@ class GateSpec(BaseModel):
             summary.update(labels=self.labels, judge=self.judge)
         if self.groups is not None:
             summary["groups"] = len(self.groups)
+        if self.abstain is not None:
+            summary.update(abstain_threshold=self.abstain.threshold,
+                           max_error=self.abstain.max_error)
         return summary
 
 

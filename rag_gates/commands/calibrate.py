@@ -567,11 +567,14 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
     from rag_gates.calibration import CalibrationRecord, read_records
+    from rag_gates.calibration.abstain import PASSAGE_SCORE
+    from rag_gates.confidence import answer_with_passages
     from rag_gates.methods import MethodContext, make_method
     from rag_gates.prompts import qa_prompt
 
     ctx = MethodContext(lm=lm, retriever=retriever, k=k, max_new_tokens=max_new_tokens)
     closed_book, single = make_method("no-rag", ctx), make_method("single", ctx)
+    with_passages_score = bool(getattr(lm, "supports_logprobs", False))
     path.parent.mkdir(parents=True, exist_ok=True)
     with append_locked(path) as handle:
         drop_torn_tail(path)
@@ -600,7 +603,18 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                     break
             if closed is None:
                 closed = closed_book.answer(q.question).answer
-            retrieved = single.answer(q.question).answer
+            retrieved_scores: dict[str, float | None] = {}
+            if with_passages_score:
+                # One generation gives the answer and its with-passages score (what
+                # --abstain certifies on): the single method's prompt, retriever and budget.
+                passage_answer = answer_with_passages(
+                    lm, q.question, retriever.retrieve(q.question, k),
+                    max_new_tokens=max_new_tokens)
+                retrieved = passage_answer.answer
+                retrieved_scores[PASSAGE_SCORE] = (
+                    passage_answer.score if math.isfinite(passage_answer.score) else None)
+            else:
+                retrieved = single.answer(q.question).answer
             scores = {name: _score(d) for name, d in decisions.items()}
             if not q.answers:
                 if same_answer is None:
@@ -608,15 +622,15 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                                      "--no-labels to certify from agreement")
                 record = CalibrationRecord.from_agreement(
                     id=q.id, question=q.question, closed_book_answer=closed,
-                    retrieved_answer=retrieved, judge=same_answer, scores=scores
-                ).model_copy(update={"group": q.group})
+                    retrieved_answer=retrieved, judge=same_answer, scores=scores,
+                    retrieved_scores=retrieved_scores).model_copy(update={"group": q.group})
             else:
                 record = CalibrationRecord(
                     id=q.id, question=q.question,
                     closed_book_correct=accuracy(closed, q.answers) > 0,
                     retrieved_correct=accuracy(retrieved, q.answers) > 0,
                     scores=scores, closed_book_answer=closed, retrieved_answer=retrieved,
-                    group=q.group)
+                    retrieved_scores=retrieved_scores, group=q.group)
             handle.write(record.dump_json() + "\n")
             handle.flush()
             done[q.id] = record
@@ -850,7 +864,8 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                     max_new_tokens: int = 32, limit: int | None = None,
                     threads: int | None = None, work_dir: Path | None = None,
                     seed: int = 0, no_labels: bool = False,
-                    same_answer: str = "exact", by_group: bool = False) -> Any:
+                    same_answer: str = "exact", by_group: bool = False,
+                    abstain: float | None = None) -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
     name and option, and the corpus (a Qdrant collection is opened and checked), is checked
     before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``.
@@ -858,7 +873,10 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     their two replies are the same answer under ``same_answer`` (``exact`` or ``f1:CUT``;
     :mod:`rag_gates.calibration.judges`). ``by_group``: certify one threshold per ``group``
     of ``data`` (every line needs one; :mod:`rag_gates.calibration.groups`), and return a
-    :class:`~rag_gates.calibration.GroupCalibrationReport`."""
+    :class:`~rag_gates.calibration.GroupCalibrationReport`. ``abstain``: alpha, certify a
+    three-way spec (answer closed book, retrieve, or abstain) whose share of questions
+    answered wrongly is at most alpha (:mod:`rag_gates.calibration.abstain`), and return its
+    :class:`~rag_gates.calibration.AbstentionReport`."""
     from rag_gates.calibration.judges import parse_same_answer
 
     judge = parse_same_answer(same_answer) if no_labels else None
@@ -870,6 +888,13 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         raise ValueError(f"--delta must be in (0, 1), got {delta}")
     if bound not in bound_choices():
         raise ValueError(f"--bound must be one of {', '.join(bound_choices())}, got {bound!r}")
+    if abstain is not None:
+        if not 0 < abstain < 1:
+            raise ValueError(f"--abstain must be in (0, 1) (the share of questions that may "
+                             f"get a wrong answer), got {abstain}")
+        if by_group or no_labels:
+            raise ValueError(f"--abstain certifies one policy on labelled questions: drop "
+                             f"{'--by-group' if by_group else '--no-labels'}")
     requested = parse_gate_list(gates)
     model = check_model_spec(model)
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
@@ -899,12 +924,12 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         try:
             return _calibrate(every, questions, data, collection, out, model, requested,
                               max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed,
-                              judge=judge, by_group=by_group)
+                              judge=judge, by_group=by_group, abstain=abstain)
         finally:
             collection.client.close()
     return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
                       bound, k, max_new_tokens, threads, work_dir, seed, judge=judge,
-                      by_group=by_group)
+                      by_group=by_group, abstain=abstain)
 
 
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
@@ -912,7 +937,8 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                requested: list[str] | None, max_loss: float, delta: float,
                bound: str, k: int, max_new_tokens: int,
                threads: int | None, work_dir: Path | None, seed: int, *,
-               judge: Any = None, by_group: bool = False) -> Any:
+               judge: Any = None, by_group: bool = False,
+               abstain: float | None = None) -> Any:
     """:func:`run_calibration` once its input is checked: the work directory held (one
     run at a time) and checked, then load, answer, certify, write."""
     from rag_gates._io import append_locked
@@ -926,7 +952,7 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                 "to finish, or give this run another --work-dir")):
             return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
                                  max_loss, delta, bound, k, max_new_tokens, threads, seed,
-                                 judge=judge, by_group=by_group)
+                                 judge=judge, by_group=by_group, abstain=abstain)
     except BaseException:
         # A run refused before it wrote anything leaves no work directory behind.
         if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
@@ -940,7 +966,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                   corpus: Path | QdrantCollection, out: Path, model: str,
                   requested: list[str] | None, max_loss: float, delta: float, bound: str,
                   k: int, max_new_tokens: int, threads: int | None, seed: int, *,
-                  judge: Any = None, by_group: bool = False) -> Any:
+                  judge: Any = None, by_group: bool = False,
+                  abstain: float | None = None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
@@ -995,6 +1022,9 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         lm = load_model(model, threads)
         identity = ModelIdentity.of(lm)
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens}
+    if abstain is not None and not getattr(lm, "supports_logprobs", False):
+        raise ValueError(f"--abstain needs the answer's log-probabilities with the passages; "
+                         f"{model} does not return them")
     built, skipped = applicable_gates(lm, requested, options)
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
@@ -1020,6 +1050,9 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
     if chosen != bound:
         console.print(f"bound: {chosen} ({len(records)} certification questions)",
                       highlight=False)
+    if abstain is not None:
+        return _certify_abstention(records, work, out, chosen, max_loss, abstain, delta,
+                                   identity, description, sorted(built), seed, options)
     report = calibrate(records, max_loss=max_loss, delta=delta, bound=chosen, model=identity,
                        retriever=description, gates=sorted(built), seed=seed,
                        options=options)
@@ -1049,6 +1082,47 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
     console.print(f"records: {work / 'records.jsonl'}"
                   + (f"; plot: {plot.path}" if plot.path else ""), highlight=False)
     console.print(f'serve it: load_gate("{out}", lm=lm) (rag_gates.calibration)',
+                  highlight=False)
+    return report
+
+
+def _certify_abstention(records: list[Any], work: Path, out: Path, bound: Bound,
+                        max_loss: float, alpha: float, delta: float, identity: Any,
+                        description: str, gates: list[str], seed: int,
+                        options: dict[str, Any]) -> Any:
+    """``--abstain``: certify the three-way policy, print the table, write the spec and the
+    report."""
+    from rag_gates.calibration import calibrate_abstention
+
+    report = calibrate_abstention(records, max_loss=max_loss, max_error=alpha, delta=delta,
+                                  bound=bound, model=identity, retriever=description,
+                                  gates=gates, seed=seed, options=options)
+    table = Table(title=f"three-way: skip costs <= {report.epsilon:g}, wrong answers <= "
+                        f"{alpha:g} of questions, delta {report.delta:g} (n={report.questions})")
+    for column in ("gate", "skip threshold", "skip %", "abstain threshold", "abstain %",
+                   "wrong %", "wrong % of answered", "right %"):
+        table.add_column(column)
+    for row in report.rows:
+        a = row.abstain
+        table.add_row(row.gate, "-" if row.threshold is None else f"{row.threshold:.4g}",
+                      f"{100 * row.observed_skip_rate:.1f}",
+                      "all" if a.threshold is None else f"{a.threshold:.4g}",
+                      f"{100 * a.abstain_rate.observed:.1f}", f"{100 * a.observed_error:.1f}",
+                      "-" if a.observed_answered_error is None else
+                      f"{100 * a.observed_answered_error:.1f}",
+                      f"{100 * row.observed_accuracy:.1f}")
+    console.print(table)
+    spec = report.best
+    spec.save(out)
+    (work / "report.json").write_text(report.model_dump_json(indent=2))
+    assert spec.abstain is not None
+    if spec.abstain.threshold is None:
+        console.print(f"[yellow]no answer after retrieval met --abstain {alpha:g}[/]: the spec "
+                      "abstains after every retrieval; raise --abstain, or improve retrieval",
+                      highlight=False)
+    console.print(f"best: {spec.gate}: {spec.note} -> {out}", highlight=False)
+    console.print(f'serve it: load_gate("{out}", lm=lm); after retrieval, '
+                  "gate.after_retrieval(answer_with_passages(lm, q, passages).score)",
                   highlight=False)
     return report
 
@@ -1176,6 +1250,11 @@ def calibrate_command(
              "one: a relation, a topic, a tenant), every group at once at --delta "
              "(Bonferroni), so that no group loses more than --max-loss; a group with too "
              "few questions, or one the spec has not seen, always retrieves.")] = False,
+    abstain: Annotated[float | None, typer.Option(
+        help="Alpha: also certify abstaining after retrieval, so that at most this share of "
+             "questions gets a wrong answer (closed book or with passages), at --delta with "
+             "--max-loss; the spec answers closed book, retrieves, or says it does not know. "
+             "Needs gold answers and a model with log-probabilities.")] = None,
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,
@@ -1188,7 +1267,7 @@ def calibrate_command(
                         bound=bound,  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed, no_labels=no_labels,
-                        same_answer=same_answer, by_group=by_group)
+                        same_answer=same_answer, by_group=by_group, abstain=abstain)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
             ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)
