@@ -34,9 +34,12 @@ import os
 import random
 import re
 import threading
+import weakref
 from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
 from typing import Any, TypeVar
 from urllib.parse import urlsplit
+
+from rag_gates._fork import rebuild_after_fork
 
 __all__ = [
     "DEFAULT_MAX_RESPONSE_BYTES",
@@ -44,6 +47,7 @@ __all__ = [
     "MIN_SECRET_CHARS",
     "RETRY_STATUS",
     "SERVED_PREFIX",
+    "ClientLoop",
     "LoopThread",
     "backoff_delay",
     "check_api_key",
@@ -148,6 +152,84 @@ class LoopThread:
         self.thread.join(timeout=5)
         if not self.loop.is_running():
             self.loop.close()
+
+
+class ClientLoop:
+    """The private loop thread of one HTTP client object and the httpx client living on it,
+    shared by every call of that object (sync, batch and async, from any thread), so they
+    share one connection pool and one concurrency bound.
+
+    Both are made on first use; in a forked child they are made afresh (the parent's are kept
+    referenced, never closed from the child); :meth:`close` closes the client and stops the
+    thread, as does the loop object's collection.
+
+    Example:
+        >>> loop = ClientLoop("rag-gates-example")
+        >>> async def answer() -> int:
+        ...     return 42
+        >>> loop.result(answer(), timeout=5.0, on_timeout=lambda: TimeoutError("no answer"))
+        42
+        >>> loop.close()
+    """
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+        self._lock = threading.Lock()
+        self._runner: LoopThread | None = None
+        self.client: Any = None
+        self._parents: list[Any] = []  # a forked child's inherited loop and client, unused
+        rebuild_after_fork(self)
+
+    def _after_fork(self) -> None:
+        self._parents.append((self._runner, self.client))
+        self._lock = threading.Lock()
+        self._runner, self.client = None, None
+
+    @property
+    def runner(self) -> LoopThread:
+        """The loop thread, started on first use."""
+        with self._lock:
+            if self._runner is None:
+                self._runner = LoopThread(self.name)
+                weakref.finalize(self, LoopThread.stop, self._runner)
+            return self._runner
+
+    def submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
+        """Run ``coro`` on the loop thread."""
+        return self.runner.submit(coro)
+
+    def result(self, coro: Coroutine[Any, Any, T], *, timeout: float,
+               on_timeout: Callable[[], Exception]) -> T:
+        """Run ``coro`` on the loop thread and wait for it; after ``timeout`` seconds (a
+        backstop: each request keeps its own deadline) cancel it and raise ``on_timeout()``."""
+        future = self.submit(coro)
+        try:
+            return future.result(timeout=timeout)
+        except concurrent.futures.TimeoutError as exc:
+            future.cancel()
+            raise on_timeout() from exc
+
+    async def on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
+        """Await ``coro`` run on the loop thread, from another event loop."""
+        return await asyncio.wrap_future(self.submit(coro))
+
+    def http(self, make: Callable[[], Any]) -> Any:
+        """The httpx client; on the loop thread, made by ``make()`` on first use (again after
+        a fork, so ``make`` also makes whatever belongs to the client's loop: semaphores)."""
+        if self.client is None:
+            self.client = make()
+        return self.client
+
+    def close(self) -> None:
+        """Close the client (best effort, 5 s at most) and stop the loop thread."""
+        runner, self._runner = self._runner, None
+        client, self.client = self.client, None
+        if runner is None:
+            return
+        if client is not None:
+            with contextlib.suppress(Exception):
+                asyncio.run_coroutine_threadsafe(client.aclose(), runner.loop).result(5)
+        runner.stop()
 
 
 def retry_after_seconds(headers: Mapping[str, str]) -> float | None:

@@ -34,26 +34,21 @@ batch and async forms, from any thread, share the pool and the concurrency bound
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
-import contextlib
 import contextvars
 import logging
 import re
-import threading
 import time
-import weakref
 from collections import OrderedDict
 from collections.abc import Coroutine, Sequence
 from typing import Any, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-from rag_gates._fork import rebuild_after_fork
 from rag_gates._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     ERROR_BODY_BYTES,
     RETRY_STATUS,
-    LoopThread,
+    ClientLoop,
     backoff_delay,
     check_server_url,
     read_body,
@@ -170,13 +165,9 @@ class HostedInfiniGram(CorpusStats):
                        if overrides else base)
         self.index = index
         self.tokenizer = CorpusTokenizer.resolve(tokenizer) if tokenizer is not None else None
-        self._lock = threading.Lock()
-        self._runner: LoopThread | None = None
-        self._client: Any = None
+        self._loop = ClientLoop("rag-gates-hosted")
         self._requests: asyncio.Semaphore | None = None
         self._items: asyncio.Semaphore | None = None
-        self._parents: list[Any] = []  # a forked child's inherited loop and client, unused
-        rebuild_after_fork(self)
         self._ids_cache: OrderedDict[str, tuple[int, ...]] = OrderedDict()
         self._closed = False
         self._warned_lowercase = False
@@ -200,54 +191,35 @@ class HostedInfiniGram(CorpusStats):
                 "tokenizer": self.tokenizer.sha256()[:16] if self.tokenizer else None}
 
     # ----------------------------------------------------------------------------- plumbing
-    def _after_fork(self) -> None:
-        """In a forked worker: a new loop thread, client and lock on first use (the parent's
-        are kept referenced, never closed from here)."""
-        self._parents.append((self._runner, self._client))
-        self._lock = threading.Lock()
-        self._runner, self._client, self._requests, self._items = None, None, None, None
-
-    def _loop(self) -> LoopThread:
-        if self._closed:
-            raise CorpusError("this HostedInfiniGram client was closed")
-        with self._lock:
-            if self._runner is None:
-                self._runner = LoopThread("rag-gates-hosted")
-                weakref.finalize(self, LoopThread.stop, self._runner)
-            return self._runner
-
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return self._loop().submit(coro)
-
     def _check_open(self) -> None:
         if self._closed:
             raise CorpusError("this HostedInfiniGram client was closed")
 
     def _run(self, coro: Coroutine[Any, Any, T], items: int = 1) -> T:
-        future = self._submit(coro)
+        self._check_open()
         waves = -(-max(1, items) // self.config.max_concurrency)
-        try:
-            # Every item enforces its own deadline; this is only a backstop.
-            return future.result(timeout=self.config.timeout * waves + 5.0)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise HostedTimeoutError(
-                f"no answer from {self.config.url} within {self.config.timeout:.1f} s") from exc
+        # Every item enforces its own deadline; this is only a backstop.
+        return self._loop.result(coro, timeout=self.config.timeout * waves + 5.0,
+                                 on_timeout=lambda: HostedTimeoutError(
+                                     f"no answer from {self.config.url} within "
+                                     f"{self.config.timeout:.1f} s"))
 
     async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(self._submit(coro))
+        self._check_open()
+        return await self._loop.on_loop(coro)
+
+    def _new_client(self) -> Any:
+        httpx = require("httpx", "corpus")
+        n = self.config.max_concurrency
+        self._requests = asyncio.Semaphore(n)
+        self._items = asyncio.Semaphore(n)
+        return httpx.AsyncClient(
+            limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
+            headers={"User-Agent": self.config.user_agent},
+            trust_env=self.config.trust_env, follow_redirects=True)
 
     async def _http(self) -> Any:
-        if self._client is None:
-            httpx = require("httpx", "corpus")
-            n = self.config.max_concurrency
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                headers={"User-Agent": self.config.user_agent},
-                trust_env=self.config.trust_env, follow_redirects=True)
-            self._requests = asyncio.Semaphore(n)
-            self._items = asyncio.Semaphore(n)
-        return self._client
+        return self._loop.http(self._new_client)
 
     async def _item(self, coro: Coroutine[Any, Any, T]) -> T:
         """Run one count/co-occurrence under the total deadline (and the item bound)."""
@@ -497,10 +469,4 @@ class HostedInfiniGram(CorpusStats):
         if self._closed:
             return
         self._closed = True
-        runner, self._runner = self._runner, None
-        if runner is None:
-            return
-        if self._client is not None:
-            with contextlib.suppress(Exception):
-                asyncio.run_coroutine_threadsafe(self._client.aclose(), runner.loop).result(5)
-        runner.stop()
+        self._loop.close()

@@ -29,7 +29,8 @@ from rag_gates.lm.defaults import (
 from rag_gates.lm.openai_compat import OpenAICompatibleLM, OpenAIConfig
 
 if TYPE_CHECKING:  # pragma: no cover
-    from rag_gates.lm.hf import HFWhiteBoxLM, StreamGroup
+    from rag_gates.lm.hf import HFWhiteBoxLM
+    from rag_gates.lm.streams import StreamGroup
 
 __all__ = [
     "BaseTextLM",

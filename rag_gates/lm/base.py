@@ -26,7 +26,7 @@ from rag_gates.types import ChatMessage, Generation
 if TYPE_CHECKING:  # pragma: no cover
     import torch
 
-    from rag_gates.lm.hf import StreamGroup
+    from rag_gates.lm.streams import StreamGroup
 
 __all__ = [
     "MAX_TOP_LOGPROBS",

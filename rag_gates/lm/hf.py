@@ -15,18 +15,20 @@ All forward passes of one instance are serialised by a lock: the model is shared
 hooks that capture hidden states and attention inputs are per call (registered and removed
 under the same lock, so one call never runs another's hooks), and two CPU cores gain nothing
 from running two passes at once.
+
+The model lives here; the lockstep streams in :mod:`rag_gates.lm.streams` and the forward
+hooks in :mod:`rag_gates.lm.hooks` (``StreamGroup`` and ``weight_major`` are re-exported).
 """
 
 from __future__ import annotations
 
-import inspect
 import logging
 import os
 import re
 import threading
 import time
-from collections.abc import Callable, Generator, Iterator, Sequence
-from contextlib import ExitStack, contextmanager, suppress
+from collections.abc import Callable, Generator, Sequence
+from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Literal
@@ -44,8 +46,17 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
+from rag_gates.lm.hooks import (
+    EarlyExit,
+    HiddenStates,
+    cache_keyword,
+    locked,
+    output_cache,
+    weight_major,
+)
 from rag_gates.lm.prefix_cache import PrefixCache
 from rag_gates.lm.stops import StopCutter
+from rag_gates.lm.streams import StreamGroup
 from rag_gates.types import ChatMessage, Generation, TokenLogprob, TopLogprob
 
 # require() turns a missing dependency into an error naming the extra; then import normally.
@@ -56,171 +67,16 @@ import transformers  # noqa: E402
 
 __all__ = ["Decoded", "HFWhiteBoxLM", "StreamGroup", "weight_major"]
 
+# Names this module held before the hooks and the streams had their own modules (peers and
+# benchmarks import them from here).
+_locked = locked
+_cache_keyword = cache_keyword
+
 logger = logging.getLogger(__name__)
 
 Truncation = Literal["error", "left"]
 _PLACEHOLDER = re.compile("\ue000(\\d+)\ue001")
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}
-
-
-def _rotate_half(x: torch.Tensor) -> torch.Tensor:
-    half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
-
-
-def weight_major(x: torch.Tensor, weight: torch.Tensor) -> torch.Tensor:
-    """``x @ weight.T`` for a few rows ``x [..., d]`` of a large ``weight [out, d]``, as
-    ``(weight @ x.T).T``: on CPU, F.linear reads the weight about once per row when there
-    are a few rows (SmolLM2's 49k x 576 head: 34.6 ms for 2 rows vs 16.0 ms for 1), this
-    product reads it once. Same values up to float rounding."""
-    flat = x.reshape(-1, x.shape[-1])
-    return torch.mm(weight, flat.t()).t().reshape(*x.shape[:-1], weight.shape[0])
-
-
-@contextmanager
-def _weight_major_head(model: Any) -> Iterator[None]:
-    """During a pass over several rows, the LM head (a bias-free ``nn.Linear`` only) runs
-    as :func:`weight_major`; what the model does with the logits afterwards is untouched."""
-    head = model.get_output_embeddings() if hasattr(model, "get_output_embeddings") else None
-    if type(head) is not torch.nn.Linear or head.bias is not None:
-        yield
-        return
-    head.forward = lambda x: weight_major(x, head.weight)  # instance attribute, removed below
-    try:
-        yield
-    finally:
-        del head.forward
-
-
-def _cache_keyword(model: Any) -> str:
-    """The forward keyword for the KV cache: transformers 5.x renamed ``past_key_values`` to
-    ``cache`` (the old name warns on every call), and releases before the rename would drop an
-    unknown ``cache`` keyword silently, so ask the model's signature."""
-    try:
-        params = inspect.signature(model.forward).parameters
-    except (TypeError, ValueError):  # a wrapped forward without a signature: the old name
-        return "past_key_values"
-    return "cache" if "cache" in params else "past_key_values"
-
-
-def _output_cache(out: Any) -> Any:
-    """The KV cache a forward pass returned, under either name (see :func:`_cache_keyword`)."""
-    cache = getattr(out, "cache", None)
-    return cache if cache is not None else out.past_key_values
-
-
-@contextmanager
-def _locked(lm: HFWhiteBoxLM) -> Iterator[None]:
-    """Hold ``lm``'s lock from before per-call state is registered on its shared model (a
-    capture hook) until it is removed: the hooks fire on every forward pass of the model, so
-    another thread's pass in between would run this call's hooks and its own would miss
-    theirs (a ``KeyError`` for a layer, or another call's hidden state). The lock is
-    re-entrant: the forward pass inside takes it again."""
-    with lm._lock:
-        yield
-
-
-class _AttentionInputs:
-    """Forward pre-hooks that keep what one attention layer was fed: its normalised hidden
-    states and rotary (cos, sin). With the cached keys, that is enough to recompute the
-    attention row of a query position without eager attention. ``last_only`` keeps the last
-    fed position (a copy, so a long prefill's full-length tensors are not held); otherwise
-    every fed position, by reference."""
-
-    def __init__(self, layers: Sequence[int], *, last_only: bool = True) -> None:
-        self.layers = tuple(layers)
-        self.last_only = last_only
-        self.inputs: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]] = {}
-
-    @contextmanager
-    def installed(self, lm: HFWhiteBoxLM) -> Iterator[None]:
-        """These hooks on ``lm``'s model for one call, under its lock (:func:`_locked`)."""
-        with _locked(lm), self._hooks(lm.model):
-            yield
-
-    @contextmanager
-    def _hooks(self, model: Any) -> Iterator[None]:
-        handles = []
-        decoder_layers = model.model.layers
-        for layer in self.layers:
-
-            def hook(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any], *,
-                     _layer: int = layer) -> None:
-                hidden: Any = kwargs.get("hidden_states", args[0] if args else None)
-                cos, sin = kwargs["position_embeddings"]
-                if self.last_only:
-                    hidden, cos, sin = (t[:, -1:].clone() for t in (hidden, cos, sin))
-                self.inputs[_layer] = (hidden, cos, sin)
-
-            handles.append(
-                decoder_layers[layer].self_attn.register_forward_pre_hook(hook, with_kwargs=True)
-            )
-        try:
-            yield
-        finally:
-            for h in handles:
-                h.remove()
-
-
-class _HiddenStates:
-    """Forward hooks that keep chosen hidden states of one pass, in ``output_hidden_states``
-    indexing (0 = what the first decoder layer reads, ``l`` = decoder layer ``l - 1``'s
-    output). ``last_only`` keeps the last position as a float32 copy, so a long prefill's
-    full-length states are freed as the pass goes; ``stop_after_deepest`` ends the pass once
-    the deepest layer asked for has run (raises :class:`_EarlyExit`).
-
-    The final hidden state (index ``num_layers``, after the model's last norm) is not hooked:
-    :meth:`hookable` says whether a pass can use this instead of ``output_hidden_states``.
-    """
-
-    def __init__(self, layers: Sequence[int], *, last_only: bool,
-                 stop_after_deepest: bool = False) -> None:
-        self.layers = tuple(layers)
-        self.last_only = last_only
-        self.stop_after_deepest = stop_after_deepest
-        self.states: dict[int, torch.Tensor] = {}
-
-    @staticmethod
-    def hookable(model: Any, layers: Sequence[int]) -> bool:
-        decoder = getattr(getattr(model, "model", None), "layers", None)
-        return decoder is not None and all(0 <= layer < len(decoder) for layer in layers)
-
-    def _keep(self, layer: int, value: torch.Tensor) -> None:
-        self.states[layer] = value[:, -1].to(torch.float32, copy=True) if self.last_only \
-            else value
-        if self.stop_after_deepest and layer == max(self.layers):
-            raise _EarlyExit
-
-    @contextmanager
-    def installed(self, lm: HFWhiteBoxLM) -> Iterator[None]:
-        """These hooks on ``lm``'s model for one call, under its lock (:func:`_locked`)."""
-        with _locked(lm), self._hooks(lm.model):
-            yield
-
-    @contextmanager
-    def _hooks(self, model: Any) -> Iterator[None]:
-        decoder = model.model.layers
-        handles = []
-        for layer in self.layers:
-            if layer == 0:  # the first layer's input: the (possibly scaled) embeddings
-
-                def before(_module: Any, args: tuple[Any, ...], kwargs: dict[str, Any]) -> None:
-                    hidden: Any = kwargs.get("hidden_states", args[0] if args else None)
-                    self._keep(0, hidden)
-
-                handles.append(decoder[0].register_forward_pre_hook(before, with_kwargs=True))
-            else:
-
-                def after(_module: Any, _args: Any, output: Any, *, _layer: int = layer
-                          ) -> None:
-                    self._keep(_layer, output[0] if isinstance(output, tuple) else output)
-
-                handles.append(decoder[layer - 1].register_forward_hook(after))
-        try:
-            yield
-        finally:
-            for handle in handles:
-                handle.remove()
 
 
 class HFWhiteBoxLM(BaseTextLM):
@@ -277,7 +133,7 @@ class HFWhiteBoxLM(BaseTextLM):
             torch.set_num_threads(num_threads)
         self.model: Any = model.eval()
         self.tokenizer: Any = tokenizer
-        self._cache_kwarg = _cache_keyword(model)
+        self._cache_kwarg = cache_keyword(model)
         self._model_id = model_id or str(getattr(model.config, "_name_or_path", "") or "hf-model")
         has_template = bool(getattr(tokenizer, "chat_template", None))
         if chat_template and not has_template:
@@ -878,7 +734,7 @@ class HFWhiteBoxLM(BaseTextLM):
                 position_ids=torch.arange(len(prompt_ids))[None],
             )
             first = torch.log_softmax(out.logits[0, -1].float(), dim=-1)
-            prefix_kv = [(layer.keys, layer.values) for layer in _output_cache(out).layers]
+            prefix_kv = [(layer.keys, layer.values) for layer in output_cache(out).layers]
             for lo in range(0, len(cont_ids), batch_size):
                 batch = cont_ids[lo: lo + batch_size]
                 scores.extend(self._score_after_prefix(prefix_kv, first, len(prompt_ids), batch))
@@ -1004,12 +860,12 @@ class HFWhiteBoxLM(BaseTextLM):
     def _hidden_pass(self, ids: torch.Tensor, mask: torch.Tensor, layers: tuple[int, ...],
                      early_exit: bool) -> dict[int, torch.Tensor]:
         """Hidden states ``{layer: [batch, width, d]}`` of one padded batch."""
-        if not early_exit or not _HiddenStates.hookable(self.model, layers):
+        if not early_exit or not HiddenStates.hookable(self.model, layers):
             out = self._forward(ids, cache=None, attention_mask=mask,
                                 position_ids=self._positions(mask), output_hidden_states=True)
             return {layer: out.hidden_states[layer] for layer in layers}
-        capture = _HiddenStates(layers, last_only=False, stop_after_deepest=True)
-        with capture.installed(self), suppress(_EarlyExit):
+        capture = HiddenStates(layers, last_only=False, stop_after_deepest=True)
+        with capture.installed(self), suppress(EarlyExit):
             self._forward(ids, cache=None, attention_mask=mask,
                           position_ids=self._positions(mask))
         return capture.states
@@ -1037,10 +893,6 @@ class HFWhiteBoxLM(BaseTextLM):
         return group.attention(0, layer, position=position % len(ids))
 
 
-class _EarlyExit(Exception):
-    """Raised by a forward hook to stop a pass once the deepest needed layer has run."""
-
-
 @dataclass(frozen=True)
 class Decoded:
     """The outcome of :meth:`HFWhiteBoxLM.decode_steps`: the kept text, why decoding ended,
@@ -1050,250 +902,3 @@ class Decoded:
     finish_reason: Literal["stop", "length", "eos"]
     logprobs: list[TokenLogprob] | None
     completion_tokens: int
-
-
-@dataclass
-class _Pass:
-    """What one :class:`StreamGroup` forward pass leaves: last-position logits ``[b, vocab]``,
-    hidden states ``{layer: [b, d]}``, attention inputs per layer, and the cache."""
-
-    logits: torch.Tensor
-    hidden: dict[int, torch.Tensor]
-    attention: dict[int, tuple[torch.Tensor, torch.Tensor, torch.Tensor]]
-    cache: Any
-
-
-class StreamGroup:
-    """Several prompts decoded in lockstep over one shared generated suffix.
-
-    Create with :meth:`HFWhiteBoxLM.open_streams`. After creation and after each
-    :meth:`advance`, ``logits``/``logprobs`` hold every stream's next-token distribution,
-    :meth:`hidden` the chosen hidden states of the newest token, and :meth:`attention` that
-    token's attention row over a stream's own tokens.
-
-    Each prompt is prefilled alone in its own cache (a short prompt costs its own tokens,
-    not the longest prompt's); the caches are then joined, left-padded, into one batch so
-    that every :meth:`advance` is one batched forward pass. Only the newest position's
-    hidden states and attention inputs are kept.
-
-    Example (Tok-RAG's two streams):
-        >>> g = lm.open_streams([with_passages, without_passages], attention_layers=[15])
-        >>> t_rag, t_llm = g.greedy_tokens()
-        >>> g.advance(t_rag if t_rag == t_llm else pick(g))
-        >>> g.text
-    """
-
-    def __init__(
-        self,
-        lm: HFWhiteBoxLM,
-        prompt_ids: Sequence[Sequence[int]],
-        *,
-        hidden_layers: tuple[int, ...],
-        attention_layers: tuple[int, ...],
-        keep_prompt_attention: bool = False,
-    ) -> None:
-        self._lm = lm
-        self.prompt_lengths = [len(p) for p in prompt_ids]
-        self.hidden_layers = hidden_layers
-        self.attention_layers = attention_layers
-        self.generated_ids: list[int] = []
-        if keep_prompt_attention and len(prompt_ids) != 1:
-            raise ValueError("keep_prompt_attention needs a single-stream group")
-        # Every prompt position's attention inputs only where asked (attention_row).
-        self._capture = _AttentionInputs(attention_layers, last_only=not keep_prompt_attention)
-        self._pending: int | None = None
-        # Prefix reuse for a plain single prompt; attention capture reads every prompt
-        # position's inputs, which a reused prefix would not have run.
-        reuse = lm.prefix_cache if len(prompt_ids) == 1 and not attention_layers else None
-        prefills = []
-        for ids in prompt_ids:
-            self._capture.inputs = {}
-            found = reuse.lookup(ids) if reuse is not None else None
-            start, cache = (found[0], lm._new_cache(found[1])) if found else (0, lm._new_cache())
-            tokens = torch.tensor([list(ids[start:])], dtype=torch.long)
-            prefills.append(self._pass(tokens, torch.arange(start, len(ids))[None], cache,
-                                       None))
-            layers = prefills[-1].cache.layers
-            # Only a cache holding every position can be cut to a prefix: a sliding-window
-            # layer keeps just the last window of keys.
-            if reuse is not None and all(layer.keys.shape[-2] == len(ids) for layer in layers):
-                reuse.store(ids, [(layer.keys, layer.values) for layer in layers])
-        self._logits: torch.Tensor = torch.cat([p.logits for p in prefills])
-        self._logprobs: torch.Tensor | None = None
-        self._hidden = {layer: torch.cat([p.hidden[layer] for p in prefills])
-                        for layer in prefills[0].hidden}
-        self._capture.inputs = {
-            layer: tuple(torch.cat(parts) for parts in zip(
-                *(p.attention[layer] for p in prefills), strict=True))  # type: ignore[misc]
-            for layer in prefills[0].attention
-        }
-        width = max(self.prompt_lengths)
-        self._padded = any(n != width for n in self.prompt_lengths)
-        self._mask = torch.zeros((self.n_streams, width), dtype=torch.long)
-        for row, n in enumerate(self.prompt_lengths):
-            self._mask[row, width - n:] = 1
-        self._cache = self._join(prefills, width)
-        self._next_positions = torch.tensor(self.prompt_lengths, dtype=torch.long)
-        self._vocab = int(self._logits.shape[-1])
-
-    @property
-    def n_streams(self) -> int:
-        return len(self.prompt_lengths)
-
-    def _join(self, prefills: list[_Pass], width: int) -> Any:
-        """One left-padded batch cache from the streams' own caches (zero keys and values
-        at the padding, which the mask hides). Each stream's layer is released once copied, so
-        the streams' caches and the joined one are never all held in full at once."""
-        if len(prefills) == 1:
-            return prefills[0].cache
-        parts = [[(layer.keys, layer.values) for layer in p.cache.layers] for p in prefills]
-        for p in prefills:
-            p.cache = None
-        layers = []
-        while parts[0]:
-            pairs = [stream.pop(0) for stream in parts]  # the stream's reference goes
-            joined = []
-            for kind in (0, 1):  # keys, values
-                first = pairs[0][kind]
-                out = first.new_zeros((len(pairs), first.shape[1], width, first.shape[3]))
-                for row, pair in enumerate(pairs):
-                    out[row, :, width - pair[kind].shape[2]:] = pair[kind][0]
-                joined.append(out)
-            layers.append((joined[0], joined[1]))
-        return self._lm._new_cache(layers)
-
-    def _pass(self, ids: torch.Tensor, positions: torch.Tensor, cache: Any,
-              mask: torch.Tensor | None) -> _Pass:
-        """One forward pass: the last position's logits, hidden states and attention inputs
-        (the captured layers only), and the grown cache."""
-        lm = self._lm
-        hooks = _HiddenStates.hookable(lm.model, self.hidden_layers)
-        hidden = _HiddenStates(self.hidden_layers, last_only=True)
-        with ExitStack() as stack:
-            if ids.shape[0] > 1:  # a lockstep step: the head once for all streams
-                stack.enter_context(lm._lock)
-                stack.enter_context(_weight_major_head(lm.model))
-            if self.attention_layers:
-                stack.enter_context(self._capture.installed(lm))
-            if self.hidden_layers and hooks:
-                stack.enter_context(hidden.installed(lm))
-            out = lm._forward(ids, cache=cache, attention_mask=mask, position_ids=positions,
-                              output_hidden_states=bool(self.hidden_layers) and not hooks)
-        if self.hidden_layers and not hooks:
-            hidden.states = {layer: out.hidden_states[layer][:, -1].to(torch.float32,
-                                                                        copy=True)
-                             for layer in self.hidden_layers}
-        return _Pass(out.logits[:, -1].float(), hidden.states, dict(self._capture.inputs),
-                     _output_cache(out))
-
-    def _flush(self) -> None:
-        """Run the forward pass for a token appended by :meth:`advance`, if not yet run."""
-        if self._pending is None:
-            return
-        token, self._pending = self._pending, None
-        b = self.n_streams
-        if self._padded:
-            self._mask = torch.cat([self._mask, torch.ones((b, 1), dtype=torch.long)], dim=1)
-        positions = self._next_positions[:, None].clone()
-        self._next_positions += 1
-        step = self._pass(torch.full((b, 1), token, dtype=torch.long), positions, self._cache,
-                          # Without padding, no mask lets SDPA take its plain causal path.
-                          self._mask if self._padded else None)
-        self._logits, self._logprobs = step.logits, None
-        self._hidden, self._cache = step.hidden, step.cache
-
-    @property
-    def logits(self) -> torch.Tensor:
-        """Next-token logits, ``[n_streams, vocab]`` float32."""
-        self._flush()
-        return self._logits
-
-    @property
-    def logprobs(self) -> torch.Tensor:
-        """Next-token log-probabilities, ``[n_streams, vocab]`` float32."""
-        self._flush()
-        if self._logprobs is None:
-            self._logprobs = torch.log_softmax(self._logits, dim=-1)
-        return self._logprobs
-
-    def greedy_tokens(self) -> list[int]:
-        """Each stream's most likely next token."""
-        return [int(t) for t in self.logits.argmax(dim=-1)]
-
-    def hidden(self, layer: int) -> torch.Tensor:
-        """Hidden state ``[n_streams, d]`` of the newest token at a captured layer."""
-        self._flush()
-        index = layer % (self._lm.num_layers + 1)
-        if index not in self._hidden:
-            raise KeyError(f"layer {layer} was not captured; open_streams(hidden_layers=[...])")
-        return self._hidden[index]
-
-    def advance(self, token_id: int) -> None:
-        """Append one token to every stream.
-
-        The batched forward pass runs when the next distribution, hidden state or attention
-        row is first read, so a final token that nobody inspects costs nothing.
-        """
-        if isinstance(token_id, bool) or not isinstance(token_id, int):
-            raise TypeError(f"token_id must be an int, got {type(token_id).__name__}")
-        if not 0 <= token_id < self._vocab:
-            raise ValueError(
-                f"token_id {token_id} outside the vocabulary (0..{self._vocab - 1})"
-            )
-        self._flush()
-        self._pending = token_id
-        self.generated_ids.append(token_id)
-
-    @property
-    def text(self) -> str:
-        """The shared generated suffix, decoded."""
-        return str(self._lm.tokenizer.decode(self.generated_ids, skip_special_tokens=True))
-
-    def stream_length(self, stream: int) -> int:
-        """Real tokens (prompt + generated) in one stream."""
-        return self.prompt_lengths[stream] + len(self.generated_ids)
-
-    def attention(self, stream: int, layer: int, *, position: int | None = None) -> torch.Tensor:
-        """Attention probabilities ``[heads, position+1]`` of a query over a stream's tokens.
-
-        ``position`` indexes the stream's own tokens (prompt then generated); default: the
-        newest token, the only one a group opened by :meth:`HFWhiteBoxLM.open_streams` keeps
-        (:meth:`HFWhiteBoxLM.attention_row` reads any prompt position). Columns follow the
-        same indexing (column ``j`` = the stream's token ``j``).
-        """
-        self._flush()
-        index = layer % self._lm.num_layers
-        if index not in self._capture.inputs:
-            raise KeyError(
-                f"attention layer {layer} was not captured; open_streams(attention_layers=[...])"
-            )
-        length = self.stream_length(stream)
-        newest = length - 1
-        position = newest if position is None else position
-        if position < 0:
-            raise IndexError(f"position must be >= 0 (stream positions), got {position}")
-        hidden, cos, sin = self._capture.inputs[index]
-        steps = hidden.shape[1]  # tokens fed in the last forward pass
-        first_fed = newest - steps + 1
-        if not first_fed <= position <= newest:
-            raise IndexError(
-                f"position {position} is not available: the last pass fed stream positions "
-                f"{first_fed}..{newest}"
-            )
-        pad = self._cache.layers[index].keys.shape[2] - length  # left padding of this stream
-        col = pad + position  # column in the padded layout
-        fed_col = steps - 1 - (newest - position)
-        attn = self._lm.model.model.layers[index].self_attn
-        config = self._lm.config
-        heads, kv_heads = config.num_attention_heads, config.num_key_value_heads
-        with torch.inference_mode():
-            h = hidden[stream, fed_col]
-            q = attn.q_proj(h).view(heads, attn.head_dim)
-            if hasattr(attn, "q_norm"):
-                q = attn.q_norm(q)
-            q = q * cos[stream, fed_col] + _rotate_half(q) * sin[stream, fed_col]
-            keys = self._cache.layers[index].keys[stream, :, pad: col + 1]  # [kv, T, hd]
-            # Query heads grouped by the key head they share (no copy of the keys).
-            scores = torch.einsum("kgd,ktd->kgt", q.view(kv_heads, heads // kv_heads, -1),
-                                  keys).reshape(heads, -1).float() * attn.scaling
-            return torch.softmax(scores, dim=-1)

@@ -36,6 +36,11 @@ put in an error message. A ``base_url`` carrying credentials or a query string i
 that echoes the header cannot put it into an error or a log line. Every reply body is read in
 chunks and refused beyond ``max_response_bytes`` (32 MiB by default).
 
+The model's side lives here (routing prompts, generation, streaming, the probe, scoring);
+the HTTP side (options, loop thread, retries, bounded reads) in
+:mod:`rag_gates.lm.openai_transport`, and reading the replies in
+:mod:`rag_gates.lm.openai_replies`.
+
 Example:
     >>> lm = OpenAICompatibleLM("http://127.0.0.1:8000/v1")               # doctest: +SKIP
     >>> lm.capabilities.offered()                                          # doctest: +SKIP
@@ -47,53 +52,29 @@ Example:
 from __future__ import annotations
 
 import asyncio
-import concurrent.futures
 import contextlib
 import json
 import logging
-import math
-import os
 import queue
 import threading
 import time
-import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Generator, Sequence
+from collections.abc import AsyncIterator, Callable, Generator, Sequence
 from pathlib import Path
 from typing import Any, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
-
-from rag_gates._fork import rebuild_after_fork
-from rag_gates._http import (
-    DEFAULT_MAX_RESPONSE_BYTES,
-    ERROR_BODY_BYTES,
-    RETRY_STATUS,
-    LoopThread,
-    backoff_delay,
-    check_api_key,
-    check_server_url,
-    read_body,
-    read_lines,
-    redact_url,
-    register_secret,
-    retry_after_seconds,
-    scrub_text,
-)
+from rag_gates._http import redact_url
 from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
 from rag_gates._text import check_encodable
 from rag_gates.errors import (
-    ContextLengthError,
     LogprobsMissingError,
     ServerError,
     ServerLogprobError,
     ServerReplyError,
     ServerRequestError,
     ServerTimeoutError,
-    ServerUnavailableError,
     WhiteBoxRequiredError,
 )
-from rag_gates.gate import LOGPROB_TOLERANCE, logprob_problem
 from rag_gates.lm.base import (
     BaseTextLM,
     Capabilities,
@@ -104,8 +85,21 @@ from rag_gates.lm.base import (
     validate_generation_args,
     validate_prompt,
 )
-from rag_gates.lm.stops import StopCutter, find_stop
-from rag_gates.types import ChatMessage, Generation, TokenLogprob, TopLogprob
+from rag_gates.lm.openai_replies import (
+    Alignment,
+    Echo,
+    chat_logprobs,
+    completion_logprobs,
+    continuation_span,
+    finish_of,
+    first_choice,
+    read_echo,
+    read_span,
+    reply_field,
+)
+from rag_gates.lm.openai_transport import OpenAIConfig, OpenAITransport, StreamStarted
+from rag_gates.lm.stops import StopCutter
+from rag_gates.types import ChatMessage, Generation, TopLogprob
 
 __all__ = ["OpenAICompatibleLM", "OpenAIConfig", "PromptKind", "load_chat_template"]
 
@@ -115,78 +109,11 @@ T = TypeVar("T")
 PromptKind = Literal["raw", "chat", "messages"]
 """How a prompt reaches the server: ``raw`` text and ``chat`` (messages rendered by the client's
 ``chat_template``) go to the completions endpoint; ``messages`` to the chat endpoint."""
-Alignment = Literal["aligned", "shifted", "missing", "mismatch", "unprobed"]
 
 # The probe: a prompt whose continuation is near-certain for any instruction-tuned model.
 PROBE_RAW = "The capital of France is"
 PROBE_QUESTION = "What is the capital of France? Answer in one word."
 _PROBE_TOKENS = 3
-
-
-class OpenAIConfig(BaseModel):
-    """Options of :class:`OpenAICompatibleLM`."""
-
-    # A refused value is never echoed: a base_url may carry a key (refused below).
-    model_config = ConfigDict(frozen=True, extra="forbid", hide_input_in_errors=True)
-
-    base_url: str = Field(..., min_length=1,
-                          description="API root, e.g. 'http://127.0.0.1:8000/v1' (no "
-                                      "credentials or query string: the key goes in the "
-                                      "environment, see api_key_env).")
-    model: str | None = Field(None, description="Model name sent to the server (default: the "
-                                                "first one GET /models lists).")
-    model_id: str | None = Field(None, description="Name recorded in traces and probes "
-                                                   "(default: openai:BASE_URL#MODEL).")
-    api_key_env: str | None = Field("OPENAI_API_KEY", description="Environment variable "
-                                    "holding the API key (sent as a Bearer token; never "
-                                    "logged). None: send no key.")
-    chat: bool = Field(True, description="Send a plain string prompt as one user message "
-                                         "(as HFWhiteBoxLM does for chat models).")
-    chat_template: str | None = Field(None, description="Jinja chat template (the model's, "
-                                      "e.g. tokenizer.chat_template): chat prompts are "
-                                      "rendered here and sent to the completions endpoint, "
-                                      "so score() works on them and assistant prefill "
-                                      "continues the message. None: the chat endpoint.")
-    timeout: float = Field(120.0, gt=0, le=3600, description="Hard limit, in seconds, for one "
-                                                             "call including every retry.")
-    attempt_timeout: float = Field(60.0, gt=0, le=3600,
-                                   description="Limit for one HTTP attempt.")
-    max_retries: int = Field(3, ge=0, le=20, description="Retries after the first attempt "
-                                                         "(timeouts, dropped connections, "
-                                                         "408/429/5xx).")
-    backoff_base: float = Field(0.5, ge=0, le=60, description="First backoff, seconds.")
-    backoff_max: float = Field(8.0, ge=0, le=600, description="Largest backoff, seconds.")
-    max_concurrency: int = Field(4, ge=1, le=256, description="Requests in flight at once "
-                                                              "(also the connection pool).")
-    max_top_logprobs: int = Field(20, ge=0, le=100, description="Most alternatives the server "
-                                  "gives per token (also what a shift correction asks for).")
-    max_stop_strings: int = Field(4, ge=0, le=64, description="Stop strings sent to the server "
-                                  "(OpenAI takes 4); all of them are also cut client-side.")
-    probe: bool = Field(True, description="Probe logprobs and prompt scoring at construction "
-                                          "(a few short requests).")
-    probe_tolerance: float = Field(0.05, gt=0, le=5, description="Largest difference, in "
-                                   "nats, between an echoed and a generated log-probability "
-                                   "of the same token for the server to count as aligned.")
-    trust_env: bool = Field(True, description="Use proxy settings from the environment.")
-    max_response_bytes: int = Field(DEFAULT_MAX_RESPONSE_BYTES, ge=1024, le=2 ** 34,
-                                    description="Largest reply body read (streamed replies: "
-                                                "in all); a larger one is refused (reading "
-                                                "stops at the limit) with ServerReplyError.")
-
-    @field_validator("base_url")
-    @classmethod
-    def _no_secrets_in_url(cls, value: str) -> str:
-        return check_server_url(value, "base_url", "Put the API key in the environment "
-                                "variable named by api_key_env (default OPENAI_API_KEY)")
-
-
-class _Echo(BaseModel):
-    """The echoed prompt of a completions reply: tokens with their log-probabilities."""
-
-    text: str
-    tokens: list[str]
-    token_logprobs: list[float | None]
-    top_logprobs: list[dict[str, float] | None]
 
 
 class OpenAICompatibleLM(BaseTextLM):
@@ -225,20 +152,13 @@ class OpenAICompatibleLM(BaseTextLM):
             self.config = OpenAIConfig.model_validate(overrides)
         else:
             self.config = OpenAIConfig.model_validate({**config.model_dump(), **overrides})
-        self.base_url = self.config.base_url.rstrip("/")  # checked by OpenAIConfig
+        self._transport = OpenAITransport(self.config)
+        self.base_url = self._transport.base_url
         self._template: Any = _compile_template(self.config.chat_template)
         self._model: str | None = self.config.model
-        self._lock = threading.Lock()
-        self._runner: LoopThread | None = None
-        self._client: Any = None
-        self._slots: asyncio.Semaphore | None = None
-        self._secrets: tuple[bytes, ...] = ()  # scrubbed from every reply (the API key)
-        self.requests_sent = 0
         self.alignment: dict[PromptKind, Alignment] = {}
-        self._parents: list[Any] = []  # a forked child's inherited loop and client, unused
-        rebuild_after_fork(self)
         if self.config.probe:
-            self._capabilities = self._call(self._probe())
+            self._capabilities = self._transport.call(self._probe())
         else:
             self._capabilities = Capabilities(
                 logprobs=True, top_logprobs=self.config.max_top_logprobs, next_token="top-k",
@@ -277,148 +197,9 @@ class OpenAICompatibleLM(BaseTextLM):
     def __repr__(self) -> str:  # the key is never part of it
         return f"OpenAICompatibleLM({self.base_url!r}, model={self._model!r})"
 
-    # ------------------------------------------------------------------------------ plumbing
-    def _after_fork(self) -> None:
-        """In a forked worker: a new loop thread, client and lock on first use (the parent's
-        are kept referenced, never closed from here)."""
-        self._parents.append((self._runner, self._client))
-        self._lock = threading.Lock()
-        self._runner, self._client, self._slots = None, None, None
-
-    def _loop(self) -> LoopThread:
-        with self._lock:
-            if self._runner is None:
-                self._runner = LoopThread("rag-gates-openai")
-                weakref.finalize(self, LoopThread.stop, self._runner)
-            return self._runner
-
-    def _submit(self, coro: Coroutine[Any, Any, T]) -> concurrent.futures.Future[T]:
-        return self._loop().submit(coro)
-
-    def _call(self, coro: Coroutine[Any, Any, T]) -> T:
-        future = self._submit(coro)
-        try:
-            # Each request enforces its own deadline; this is only a backstop.
-            return future.result(timeout=self.config.timeout * 2 + 5.0)
-        except concurrent.futures.TimeoutError as exc:
-            future.cancel()
-            raise ServerTimeoutError(
-                f"no answer from {self.base_url} within {self.config.timeout:.0f} s") from exc
-
-    async def _on_loop(self, coro: Coroutine[Any, Any, T]) -> T:
-        return await asyncio.wrap_future(self._submit(coro))
-
-    def _headers(self) -> dict[str, str]:
-        headers = {"User-Agent": "rag-gates", "Accept": "application/json"}
-        key = os.environ.get(self.config.api_key_env) if self.config.api_key_env else None
-        if key:
-            # A newline kept from a file: the HTTP stack's refusal would print the key.
-            check_api_key(key, f"${self.config.api_key_env}")
-            headers["Authorization"] = f"Bearer {key}"
-            self._secrets = (key.encode("utf-8"),)
-            register_secret(key)
-        return headers
-
-    async def _http(self) -> Any:
-        if self._client is None:
-            httpx = require("httpx", "api")
-            n = self.config.max_concurrency
-            self._client = httpx.AsyncClient(
-                limits=httpx.Limits(max_connections=n, max_keepalive_connections=n),
-                headers=self._headers(), trust_env=self.config.trust_env)
-            self._slots = asyncio.Semaphore(n)
-        return self._client
-
-    async def _request(self, path: str, payload: dict[str, Any] | None = None,
-                       *, on_open: Callable[[Any], Coroutine[Any, Any, T]] | None = None
-                       ) -> Any:
-        """One logical request with retries. Without ``on_open`` the JSON reply is returned;
-        with it, ``on_open(response)`` reads a streamed reply (retried only if it fails before
-        it has read anything)."""
-        httpx = require("httpx", "api")
-        client = await self._http()
-        assert self._slots is not None
-        url = f"{self.base_url}{path}"
-        deadline = time.monotonic() + self.config.timeout
-        last = "no attempt made"
-        attempt = 0
-        for attempt in range(self.config.max_retries + 1):
-            retry_after: float | None = None
-            try:
-                async with self._slots:
-                    per_try = max(0.001, min(self.config.attempt_timeout,
-                                             deadline - time.monotonic()))
-                    self.requests_sent += 1
-                    method = "GET" if payload is None else "POST"
-                    request = client.build_request(method, url, json=payload,
-                                                   timeout=per_try)
-                    async with asyncio.timeout(per_try):  # until the headers arrive
-                        response = await client.send(request, stream=True)
-                    try:
-                        if response.status_code < 400 and on_open is not None:
-                            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                                return await on_open(response)
-                        async with asyncio.timeout(per_try):
-                            body = await self._read(response, url)
-                    finally:
-                        await response.aclose()
-                status = response.status_code
-                if status in RETRY_STATUS or status >= 500:
-                    last = f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
-                    retry_after = retry_after_seconds(response.headers)
-                elif status >= 400:
-                    raise _refusal(url, status, body)
-                else:
-                    try:
-                        return loads_bounded(body, what=f"the reply of {url}")
-                    except JSONDepthError as exc:
-                        raise ServerReplyError(str(exc)) from None
-                    except ValueError as exc:
-                        raise ServerReplyError(
-                            f"{url} answered HTTP {status} with a body that is not JSON: "
-                            f"{body[:200]!r}") from exc
-            except (TimeoutError, httpx.TimeoutException):
-                last = "the attempt timed out"
-            except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...
-                last = scrub_text(f"{type(exc).__name__}: {exc}",
-                                  [s.decode("utf-8", "replace") for s in self._secrets])
-            except _StreamStarted as exc:  # failed after text was handed out: no retry
-                raise ServerUnavailableError(
-                    f"{url} dropped a streamed reply after it had started: {exc.__cause__}"
-                ) from exc
-            if attempt == self.config.max_retries:
-                break
-            delay = backoff_delay(attempt, retry_after, self.config.backoff_base,
-                                  self.config.backoff_max)
-            if time.monotonic() + delay >= deadline:
-                break
-            logger.debug("retrying %s after %s (%.2f s)", url, last, delay)
-            await asyncio.sleep(delay)
-        if last == "the attempt timed out" and time.monotonic() >= deadline - 0.05:
-            raise ServerTimeoutError(
-                f"no answer from {url} within {self.config.timeout:.0f} s (retries "
-                "included); raise timeout= or check that the server is up")
-        raise ServerUnavailableError(
-            f"{url} failed after {attempt + 1} attempt(s); last: {last}. Check that the "
-            "server is up, or raise max_retries/timeout")
-
-    async def _read(self, response: Any, url: str) -> bytes:
-        """A reply's body: bounded, scrubbed of the key (an error reply: its first 64 KiB)."""
-        failed = response.status_code >= 400
-        return await read_body(response, ERROR_BODY_BYTES if failed else
-                               self.config.max_response_bytes, where=url,
-                               setting="max_response_bytes", error=ServerReplyError,
-                               secrets=self._secrets, truncate=failed)
-
-    def _lines(self, response: Any, url: str) -> AsyncIterator[str]:
-        """A streamed reply's lines: bounded in all, scrubbed of the key."""
-        return read_lines(response, self.config.max_response_bytes, where=url,
-                          setting="max_response_bytes", error=ServerReplyError,
-                          secrets=self._secrets)
-
     async def _resolve_model(self) -> str:
         if self._model is None:
-            data = await self._request("/models")
+            data = await self._transport.request("/models")
             try:
                 self._model = str(data["data"][0]["id"])
             except (KeyError, IndexError, TypeError) as exc:
@@ -513,21 +294,21 @@ class OpenAICompatibleLM(BaseTextLM):
         await self._resolve_model()
         path, payload = self._payload(kind, body, max_new_tokens, stops, temperature, logprobs,
                                       seed, stream=False)
-        data = await self._request(path, payload)
+        data = await self._transport.request(path, payload)
         url = f"{self.base_url}{path}"
-        choice = _first_choice(data, url)
+        choice = first_choice(data, url)
         if kind == "messages":
-            text = _field(choice, url, "message", "content", kind=str, nullable=True) or ""
-            tokens = _chat_logprobs(choice, url, logprobs) if logprobs is not None else None
+            text = reply_field(choice, url, "message", "content", kind=str, nullable=True) or ""
+            tokens = chat_logprobs(choice, url, logprobs) if logprobs is not None else None
         else:
-            text = _field(choice, url, "text", kind=str)
-            tokens = (_completion_logprobs(choice, url, logprobs)
+            text = reply_field(choice, url, "text", kind=str)
+            tokens = (completion_logprobs(choice, url, logprobs)
                       if logprobs is not None else None)
         if logprobs is not None and not tokens and text:
             raise LogprobsMissingError(f"{url} returned no log-probabilities although they were "
                                    "asked for (start the server with logits_all / logprobs "
                                    "enabled)")
-        text, tokens, finish = _finish(text, tokens, stops, choice)
+        text, tokens, finish = finish_of(text, tokens, stops, choice)
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return Generation(
             text=text, finish_reason=finish, logprobs=tokens,
@@ -543,8 +324,8 @@ class OpenAICompatibleLM(BaseTextLM):
         likely alternatives. ``finish_reason`` is ``"stop"`` when a stop string ended the text
         (servers that do not say whether they stopped at end-of-sequence or at a stop string
         are read as ``"stop"`` whenever stop strings were given)."""
-        return self._call(self._agenerate(prompt, max_new_tokens, stop, temperature, logprobs,
-                                          seed))
+        return self._transport.call(
+            self._agenerate(prompt, max_new_tokens, stop, temperature, logprobs, seed))
 
     async def agenerate(self, prompt: Prompt, *, max_new_tokens: int = 128,
                         stop: Sequence[str] | None = None, temperature: float = 0.0,
@@ -554,8 +335,8 @@ class OpenAICompatibleLM(BaseTextLM):
         client are in flight at once, the rest wait for a slot."""
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        return await self._on_loop(self._agenerate(prompt, max_new_tokens, stop, temperature,
-                                                   logprobs, seed))
+        return await self._transport.on_loop(
+            self._agenerate(prompt, max_new_tokens, stop, temperature, logprobs, seed))
 
     async def _stream_into(self, emit: Callable[[tuple[str, object]], None],
                            cancelled: threading.Event, prompt: Prompt, max_new_tokens: int,
@@ -575,7 +356,7 @@ class OpenAICompatibleLM(BaseTextLM):
             async def read(response: Any) -> None:
                 started = False
                 try:
-                    async for line in self._lines(response, url):
+                    async for line in self._transport.lines(response, url):
                         if cancelled.is_set():
                             return
                         if not line.startswith("data:"):
@@ -591,11 +372,11 @@ class OpenAICompatibleLM(BaseTextLM):
                             raise ServerReplyError(
                                 f"{url} streamed an event that is not JSON: {data[:200]!r}"
                             ) from exc
-                        choice = _first_choice(chunk, url)
-                        piece = (_field(choice, url, "delta", "content", kind=str,
+                        choice = first_choice(chunk, url)
+                        piece = (reply_field(choice, url, "delta", "content", kind=str,
                                         nullable=True, optional=True)
                                  if kind == "messages" else
-                                 _field(choice, url, "text", kind=str, nullable=True))
+                                 reply_field(choice, url, "text", kind=str, nullable=True))
                         state["finish"] = choice.get("finish_reason") or state["finish"]
                         if piece:
                             state["pieces"] += 1
@@ -607,10 +388,10 @@ class OpenAICompatibleLM(BaseTextLM):
                                 return  # leaving closes the connection: the server stops
                 except Exception as exc:
                     if started and not isinstance(exc, ServerError):
-                        raise _StreamStarted() from exc
+                        raise StreamStarted() from exc
                     raise
 
-            await self._request(path, payload, on_open=read)
+            await self._transport.request(path, payload, on_open=read)
             rest = cutter.flush()
             if rest:
                 emit(("piece", rest))
@@ -631,8 +412,8 @@ class OpenAICompatibleLM(BaseTextLM):
         closes the connection, so the server stops generating."""
         pieces: queue.Queue[tuple[str, object]] = queue.Queue()
         cancelled = threading.Event()
-        future = self._submit(self._stream_into(pieces.put, cancelled, prompt, max_new_tokens,
-                                                stop, temperature, seed))
+        future = self._transport.submit(self._stream_into(
+            pieces.put, cancelled, prompt, max_new_tokens, stop, temperature, seed))
         try:
             while True:
                 try:
@@ -665,8 +446,8 @@ class OpenAICompatibleLM(BaseTextLM):
             with contextlib.suppress(RuntimeError):  # the consumer's loop has closed
                 loop.call_soon_threadsafe(pieces.put_nowait, item)
 
-        future = self._submit(self._stream_into(emit, cancelled, prompt, max_new_tokens, stop,
-                                                temperature, seed))
+        future = self._transport.submit(self._stream_into(
+            emit, cancelled, prompt, max_new_tokens, stop, temperature, seed))
         try:
             while True:
                 what, value = await pieces.get()
@@ -694,90 +475,22 @@ class OpenAICompatibleLM(BaseTextLM):
         return list(g.logprobs[0].top_logprobs)
 
     # ------------------------------------------------------------------------------ scoring
-    async def _echo(self, text: str, top: int) -> _Echo:
+    async def _echo(self, text: str, top: int) -> Echo:
         """Echo ``text`` through the completions endpoint with its prompt log-probabilities
         (one generated token rides along: some servers read max_tokens=0 as 'no limit')."""
         path = "/completions"
-        url = f"{self.base_url}{path}"
-        data = await self._request(path, {"model": self._model, "prompt": text, "echo": True,
-                                          "logprobs": top, "max_tokens": 1,
-                                          "temperature": 0.0})
-        choice = _first_choice(data, url)
-        lp = choice.get("logprobs")
-        reply_text = _field(choice, url, "text", kind=str)
-        if not isinstance(lp, dict):
-            return _Echo(text=reply_text, tokens=[], token_logprobs=[], top_logprobs=[])
-        try:
-            echo = _Echo(text=reply_text, tokens=lp.get("tokens") or [],
-                         token_logprobs=lp.get("token_logprobs") or [],
-                         top_logprobs=lp.get("top_logprobs") or [])
-        except ValueError as exc:
-            raise ServerReplyError(f"{url} returned echoed log-probabilities that are not in "
-                                   f"the completions shape: {str(lp)[:200]}") from exc
-        # The first prompt token has no value (None); every value given must be one.
-        for i, value in enumerate(echo.token_logprobs):
-            if value is not None:
-                echo.token_logprobs[i] = _logprob(value, url, f"echoed token {i}")
-        for i, top_entry in enumerate(echo.top_logprobs):
-            if top_entry is not None:
-                echo.top_logprobs[i] = {t: _logprob(v, url, f"echoed token {i}, alternative "
-                                                    f"{t!r}") for t, v in top_entry.items()}
-        return echo
-
-    @staticmethod
-    def _continuation_span(echo: _Echo, prompt: str, continuation: str) -> tuple[int, int]:
-        """Token positions ``[a, b)`` of ``continuation`` in an echo of prompt+continuation."""
-        full = prompt + continuation
-        if not echo.text.startswith(full):
-            raise ServerReplyError("the server's echo does not start with the prompt it was "
-                                   "sent; it does not echo prompts")
-        generated = echo.text[len(full):]
-        joined = "".join(echo.tokens)
-        end = len(echo.tokens)
-        if generated and joined.endswith(continuation + generated):
-            tail = ""
-            while end > 0 and len(tail) < len(generated):
-                end -= 1
-                tail = echo.tokens[end] + tail
-            if tail != generated:
-                raise ServerReplyError("the echoed tokens do not end at the generated token")
-        elif not joined.endswith(continuation):
-            raise ServerReplyError("the echoed tokens do not end with the continuation "
-                                   f"{continuation!r}")
-        start, got = end, ""
-        while start > 0 and len(got) < len(continuation):
-            start -= 1
-            got = echo.tokens[start] + got
-        if got != continuation:
-            raise ValueError(
-                f"the continuation {continuation!r} does not begin at a token boundary on this "
-                f"server (token {echo.tokens[start]!r} spans the end of the prompt); end the "
-                "prompt with whitespace or begin the continuation with a space")
-        return start, end
-
-    @staticmethod
-    def _read_span(echo: _Echo, span: tuple[int, int], alignment: Alignment
-                   ) -> list[float | None]:
-        """Log-probabilities of the tokens in ``span`` under an alignment (None: not there)."""
-        out: list[float | None] = []
-        for i in range(*span):
-            if alignment == "aligned":
-                value = echo.token_logprobs[i] if i < len(echo.token_logprobs) else None
-            else:  # shifted: token i's value is in the previous entry's alternatives
-                prev = echo.top_logprobs[i - 1] if 0 < i <= len(echo.top_logprobs) else None
-                # The previous entry's own token was written into it with a wrong value.
-                same = i > 0 and echo.tokens[i - 1] == echo.tokens[i]
-                value = None if prev is None or same else prev.get(echo.tokens[i])
-            out.append(None if value is None or not math.isfinite(value) else float(value))
-        return out
+        data = await self._transport.request(path, {
+            "model": self._model, "prompt": text, "echo": True, "logprobs": top,
+            "max_tokens": 1, "temperature": 0.0})
+        return read_echo(data, f"{self.base_url}{path}")
 
     async def _ascore_one(self, kind: PromptKind, prompt: str, continuation: str
                           ) -> ContinuationScore:
         alignment = self.alignment.get(kind, "unprobed")
         top = 1 if alignment == "aligned" else self.config.max_top_logprobs
         echo = await self._echo(prompt + continuation, top)
-        span = self._continuation_span(echo, prompt, continuation)
-        values = self._read_span(echo, span, alignment)
+        span = continuation_span(echo, prompt, continuation)
+        values = read_span(echo, span, alignment)
         tokens = echo.tokens[span[0]: span[1]]
         if any(v is None for v in values):
             missing = [t for t, v in zip(tokens, values, strict=True) if v is None]
@@ -852,12 +565,12 @@ class OpenAICompatibleLM(BaseTextLM):
         """
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        return self._call(self._ascore(prompt, continuations))
+        return self._transport.call(self._ascore(prompt, continuations))
 
     async def ascore(self, prompt: Prompt, continuations: Sequence[str]
                      ) -> list[ContinuationScore]:
         """:meth:`score` for an event loop."""
-        return await self._on_loop(self._ascore(prompt, continuations))
+        return await self._transport.on_loop(self._ascore(prompt, continuations))
 
     # ------------------------------------------------------------------------------ the probe
     async def _probe_kind(self, kind: PromptKind) -> tuple[Alignment, str, bool]:
@@ -876,7 +589,7 @@ class OpenAICompatibleLM(BaseTextLM):
         if not any(v is not None for v in echo.token_logprobs):
             return "missing", "the echo carries no prompt log-probabilities", True
         try:
-            span = self._continuation_span(echo, text, continuation)
+            span = continuation_span(echo, text, continuation)
         except (ValueError, ServerReplyError) as exc:
             return "mismatch", f"the echo could not be read: {exc}", True
         echoed = echo.tokens[span[0]: span[1]]
@@ -888,7 +601,7 @@ class OpenAICompatibleLM(BaseTextLM):
         generated = [t.logprob for t in gen.logprobs[:n]]
         evidence = []
         for alignment in ("aligned", "shifted"):
-            values = self._read_span(echo, (span[0], span[0] + n), alignment)
+            values = read_span(echo, (span[0], span[0] + n), alignment)
             shown = ", ".join("?" if v is None else f"{v:.3f}" for v in values)
             evidence.append(f"{alignment} reading [{shown}]")
             if all(v is not None and abs(v - g) <= self.config.probe_tolerance
@@ -939,24 +652,19 @@ class OpenAICompatibleLM(BaseTextLM):
                             notes=notes)
 
     def close(self) -> None:
-        """Close the connection pool (the client is unusable afterwards)."""
-        if self._runner is not None and self._client is not None:
-            with contextlib.suppress(Exception):  # closing is best effort
-                self._call(self._client.aclose())
-            self._client = None
-        if self._runner is not None:
-            self._runner.stop()
-            self._runner = None
+        """Close the connection pool (a later call opens a new one)."""
+        self._transport.close()
+
+    @property
+    def requests_sent(self) -> int:
+        """HTTP attempts sent to the server so far (retries count)."""
+        return self._transport.requests_sent
 
     def __enter__(self) -> OpenAICompatibleLM:
         return self
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-class _StreamStarted(Exception):
-    """A stream failed after it had handed out text: retrying would repeat it."""
 
 
 def _compile_template(source: str | None) -> Any:
@@ -973,132 +681,6 @@ def _compile_template(source: str | None) -> Any:
     env.globals["raise_exception"] = raise_exception
     env.filters["tojson"] = lambda value, indent=None: json.dumps(value, indent=indent)
     return env.from_string(source)
-
-
-def _refusal(url: str, status: int, body: bytes) -> ServerError:
-    text = body[:500].decode("utf-8", "replace")
-    lowered = text.lower()
-    if "context" in lowered and any(w in lowered for w in ("exceed", "length", "too long",
-                                                          "maximum")):
-        return _ContextLength(f"{url} refused the prompt as too long (HTTP {status}): {text}. "
-                              "Shorten the prompt or the passages, or lower max_new_tokens")
-    return ServerRequestError(f"{url} refused the request (HTTP {status}): {text}")
-
-
-class _ContextLength(ServerRequestError, ContextLengthError):
-    """The server's context window is too small for the prompt."""
-
-
-def _first_choice(data: Any, url: str) -> dict[str, Any]:
-    choices = data.get("choices") if isinstance(data, dict) else None
-    if not isinstance(choices, list) or not choices or not isinstance(choices[0], dict):
-        raise ServerReplyError(f"{url} sent a reply without choices[0]; not an OpenAI reply: "
-                               f"{str(data)[:200]}")
-    return choices[0]
-
-
-def _field(obj: dict[str, Any], url: str, *path: str, kind: type, nullable: bool = False,
-           optional: bool = False) -> Any:
-    value: Any = obj
-    for key in path:
-        if not isinstance(value, dict) or key not in value:
-            if optional:
-                return None
-            raise ServerReplyError(f"{url} sent a reply without choices[0].{'.'.join(path)}: "
-                                   f"{str(obj)[:200]}")
-        value = value[key]
-    if value is None and nullable:
-        return None
-    if not isinstance(value, kind):
-        raise ServerReplyError(f"{url}: choices[0].{'.'.join(path)} is "
-                               f"{type(value).__name__}, expected {kind.__name__}")
-    return value
-
-
-def _logprob(value: Any, url: str, where: str) -> float:
-    """``value`` as a log-probability (finite, <= 0 within :data:`LOGPROB_TOLERANCE`, clipped
-    to 0), or a :class:`ServerLogprobError` naming the server and the entry."""
-    problem = logprob_problem(float(value))
-    if problem is not None:
-        raise ServerLogprobError(
-            f"{url} reported a log-probability that is not one ({where}: {problem}); "
-            f"log-probabilities are finite and <= 0 (tolerance {LOGPROB_TOLERANCE:g}), so the "
-            "server's logprobs are broken: no decision is read from them. Check the server "
-            "(its logprobs option, its version) or use another one")
-    return min(float(value), 0.0)
-
-
-def _tops(entries: Any, k: int, url: str, where: str) -> list[TopLogprob]:
-    pairs = sorted(((str(t), _logprob(v, url, f"{where}, alternative {str(t)!r}"))
-                    for t, v in entries), key=lambda p: -p[1])[:k]
-    return [TopLogprob(token=t, logprob=v, bytes=list(t.encode())) for t, v in pairs]
-
-
-def _completion_logprobs(choice: dict[str, Any], url: str, k: int) -> list[TokenLogprob]:
-    lp = choice.get("logprobs")
-    if lp is None:
-        return []
-    try:
-        tokens, values = lp["tokens"], lp["token_logprobs"]
-        tops = lp.get("top_logprobs") or [None] * len(tokens)
-        return [TokenLogprob(token=t, logprob=_logprob(v, url, f"token {i} {t!r}"),
-                             bytes=list(t.encode()),
-                             top_logprobs=_tops((top or {}).items(), k, url, f"token {i}"))
-                for i, (t, v, top) in enumerate(zip(tokens, values, tops, strict=True))]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LogprobsMissingError(f"{url}: choices[0].logprobs is not in the completions shape "
-                               f"(tokens, token_logprobs, top_logprobs): {str(lp)[:200]}"
-                               ) from exc
-
-
-def _chat_logprobs(choice: dict[str, Any], url: str, k: int) -> list[TokenLogprob]:
-    lp = choice.get("logprobs")
-    if lp is None:
-        return []
-    try:
-        return [TokenLogprob(token=item["token"],
-                             logprob=_logprob(item["logprob"], url,
-                                              f"token {i} {item['token']!r}"),
-                             bytes=item.get("bytes") or list(item["token"].encode()),
-                             top_logprobs=_tops(((t["token"], t["logprob"])
-                                                 for t in item.get("top_logprobs") or []), k,
-                                                url, f"token {i}"))
-                for i, item in enumerate(lp["content"] or [])]
-    except (KeyError, TypeError, ValueError) as exc:
-        raise LogprobsMissingError(f"{url}: choices[0].logprobs is not in the chat shape "
-                               f"(content[].token/logprob/top_logprobs): {str(lp)[:200]}"
-                               ) from exc
-
-
-def _finish(text: str, tokens: list[TokenLogprob] | None, stops: tuple[str, ...],
-            choice: dict[str, Any]) -> tuple[str, list[TokenLogprob] | None,
-                                             Literal["stop", "length", "eos"]]:
-    """Cut at a stop string the server left in (or was not sent), keep the log-probabilities
-    of the tokens up to the one that completed it (as HFWhiteBoxLM and llama.cpp do), and
-    name why generation ended."""
-    found = find_stop(text, stops)
-    if found is not None:
-        text = text[: found[0]]
-        if tokens is not None:
-            kept, offset = [], 0
-            for t in tokens:
-                if offset >= found[1]:
-                    break
-                kept.append(t)
-                offset += len(t.token)
-            tokens = kept
-        return text, tokens, "stop"
-    reason = choice.get("finish_reason")
-    if reason == "length":
-        return text, tokens, "length"
-    # vLLM names the stop string that matched (None at end-of-sequence); llama.cpp's server
-    # says stop_type "word" or "eos". Others do not say: a stop with stop strings given is
-    # read as a stop string.
-    if "stop_reason" in choice:
-        return text, tokens, "stop" if isinstance(choice["stop_reason"], str) else "eos"
-    if "stop_type" in choice:
-        return text, tokens, "stop" if choice["stop_type"] == "word" else "eos"
-    return text, tokens, "stop" if stops and reason == "stop" else "eos"
 
 
 def load_chat_template(source: str) -> str:

@@ -323,7 +323,7 @@ class PolygraphGate(BaseGate):
         return prompt if self.lm.chat_template else self.lm.render(prompt)
 
     def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
-        from rag_gates.lm.hf import _locked
+        from rag_gates.lm.hooks import locked
 
         text = self.prompt_text(query)
         evidence: dict[str, JsonValue] = {"estimator": str(self.estimator),
@@ -334,7 +334,7 @@ class PolygraphGate(BaseGate):
                                  "model": self.model}
         step = "its statistics"
         try:
-            with _locked(self.lm), self._random_state():
+            with locked(self.lm), self._random_state():
                 for calculator in self._manager.stat_calculators:
                     step = type(calculator).__name__
                     stats = self._manager.calculate(stats, [calculator], [text])

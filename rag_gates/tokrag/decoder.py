@@ -57,7 +57,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from rag_gates._optional import require
 from rag_gates.errors import WhiteBoxRequiredError
-from rag_gates.lm.hf import weight_major
+from rag_gates.lm.hooks import weight_major
 from rag_gates.tokrag.authors import AuthorsJudgement, authors_score, is_skipped_token
 from rag_gates.tokrag.streams import StepChoice, TwoStreamDecoder, TwoStreams, js_divergence
 

@@ -427,7 +427,7 @@ def test_forward_passes_the_cache_under_the_name_the_model_accepts(tiny: HFWhite
 
 
 def test_forward_falls_back_to_past_key_values_for_models_without_the_new_name() -> None:
-    from rag_gates.lm.hf import _cache_keyword
+    from rag_gates.lm.hooks import cache_keyword
 
     class OldStyle(torch.nn.Module):
         def forward(self, input_ids: torch.Tensor, past_key_values: object = None) -> None:
@@ -437,5 +437,5 @@ def test_forward_falls_back_to_past_key_values_for_models_without_the_new_name()
         def forward(self, input_ids: torch.Tensor, cache: object = None) -> None:
             return None
 
-    assert _cache_keyword(OldStyle()) == "past_key_values"
-    assert _cache_keyword(NewStyle()) == "cache"
+    assert cache_keyword(OldStyle()) == "past_key_values"
+    assert cache_keyword(NewStyle()) == "cache"
