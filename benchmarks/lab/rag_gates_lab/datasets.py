@@ -14,7 +14,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import json
 import logging
 import os
@@ -22,10 +21,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field
-
 from rag_gates._text import check_encodable
 from rag_gates.types import Passage, QAExample
+from rag_gates_lab.dataset_load import DatasetLoad
+from rag_gates_lab.testbed.dataset import is_testbed, load_testbed_dataset, testbed_dir
 
 __all__ = [
     "DATASETS",
@@ -41,39 +40,6 @@ logger = logging.getLogger(__name__)
 
 # benchmarks/lab/rag_gates_lab/datasets.py -> the repository root (an editable install).
 _PROJECT_ROOT = Path(__file__).resolve().parents[3]
-
-
-class DatasetLoad(BaseModel):
-    """A loaded dataset and what was skipped on the way."""
-
-    model_config = ConfigDict(frozen=True)
-
-    name: str
-    path: str
-    examples: list[QAExample]
-    skipped: list[tuple[int, str]] = Field(default_factory=list,
-                                           description="(line number, reason) per bad line.")
-
-    @property
-    def fingerprint(self) -> str:
-        """Hash of the questions loaded and their gold answers: a run directory records it
-        to refuse mixing data, and eval-gate keys its label cache by it, so a file whose
-        answers were edited in place is never scored with labels made from the old ones."""
-        digest = hashlib.sha256()
-        for e in self.examples:
-            answers = json.dumps(e.answers, ensure_ascii=False)
-            digest.update(f"{e.id}\x1f{e.question}\x1f{answers}\x1e".encode())
-        return digest.hexdigest()[:16]
-
-    @property
-    def question_fingerprint(self) -> str:
-        """The fingerprint of earlier versions (ids and questions only). Only to recognise
-        their run directories, whose records must then be checked answer by answer
-        (:func:`rag_gates_lab.runner.data_matches`)."""
-        digest = hashlib.sha256()
-        for e in self.examples:
-            digest.update(f"{e.id}\x1f{e.question}\x1e".encode())
-        return digest.hexdigest()[:16]
 
 
 def _paragraphs(context: Any) -> list[Passage]:
@@ -173,17 +139,9 @@ def find_dataset_file(name: str) -> Path:
     )
 
 
-def _is_testbed(name: str) -> bool:
-    from rag_gates_lab.testbed.dataset import is_testbed  # it imports this module
-
-    return is_testbed(name)
-
-
 def resolve_dataset_file(name: str, path: str | Path | None = None) -> Path:
     """``path`` as a file, or the dataset's file inside ``path``, or found on the search path."""
-    if _is_testbed(name):  # testbed:DIR names its own directory; its manifest is the file
-        from rag_gates_lab.testbed.dataset import testbed_dir
-
+    if is_testbed(name):  # testbed:DIR names its own directory; its manifest is the file
         return (testbed_dir(name) / "manifest.jsonl").resolve()
     if path is None:
         return find_dataset_file(name)
@@ -209,9 +167,7 @@ def load_dataset(name: str, path: str | Path | None = None, *, n: int | None = N
     ``testbed:DIR`` (and its variants) load a built testbed's questions
     (:mod:`rag_gates_lab.testbed.dataset`).
     """
-    if _is_testbed(name):
-        from rag_gates_lab.testbed.dataset import load_testbed_dataset
-
+    if is_testbed(name):
         return load_testbed_dataset(name, n=n, offset=offset)
     parse = DATASETS[_check_name(name)][1]
     file = resolve_dataset_file(name, path)

@@ -7,6 +7,8 @@ importing them pulls in torch and the frameworks, about 10 s); a method's option
 by its own model-free ``validate_option``: for the methods shipped with rag-gates, from
 :data:`rag_gates_lab.plugins.options.METHOD_OPTIONS` without importing their plugins (so
 ``cbdr@2`` is refused before torch loads); a third-party method's plugin is imported to ask it.
+Gate names and expressions are checked by :mod:`rag_gates_lab.gate_names` (re-exported here),
+which the options' own ``deeprag-gate@GATE`` check uses too.
 
 Example:
     >>> check_dataset("popqa")
@@ -22,33 +24,30 @@ from __future__ import annotations
 from collections.abc import Iterable
 from importlib.metadata import entry_points
 
-from rag_gates.registry import walk_gate_expression
+from rag_gates_lab.gate_names import (
+    BUILTIN_GATE_NAMES,
+    check_gate_names,
+    gate_names,
+    registered_names,
+    unknown_name,
+)
+from rag_gates_lab.plugins.options import METHOD_OPTIONS
 
 __all__ = ["BUILTIN_GATE_NAMES", "BUILTIN_METHOD_NAMES", "RETRIEVER_NAMES", "check_dataset",
            "check_gate_names", "check_methods", "check_retriever", "dataset_names",
            "gate_names", "method_names", "names_help"]
 
 # The built-in names, kept here so that listing them imports no method or model code
-# (tests/unit/test_cli_fail_fast.py checks them against the core gates / BUILTIN_METHODS).
-BUILTIN_GATE_NAMES = ("answer-logprob", "cbdr", "first-token-logprob", "first-token-prob",
-                      "quco")
+# (tests/unit/test_cli_fail_fast.py checks them against BUILTIN_METHODS; the gates' are in
+# rag_gates_lab.gate_names).
 BUILTIN_METHOD_NAMES = ("fs-rag", "no-rag", "selective", "single")
 RETRIEVER_NAMES = ("bm25", "dense")
 _TESTBED = "testbed:DIR"
 
 
-def _registered(group: str) -> list[str]:
-    return [ep.name for ep in entry_points(group=group)]
-
-
-def gate_names() -> list[str]:
-    """Every gate name: the built-ins and those registered under ``rag_gates.gates``."""
-    return sorted({*BUILTIN_GATE_NAMES, *_registered("rag_gates.gates")})
-
-
 def method_names() -> list[str]:
     """Every method name: the built-ins and those registered under ``rag_gates.methods``."""
-    return sorted({*BUILTIN_METHOD_NAMES, *_registered("rag_gates.methods")})
+    return sorted({*BUILTIN_METHOD_NAMES, *registered_names("rag_gates.methods")})
 
 
 def dataset_names() -> list[str]:
@@ -56,10 +55,6 @@ def dataset_names() -> list[str]:
     from rag_gates_lab.datasets import DATASETS
 
     return [*sorted(DATASETS), _TESTBED]
-
-
-def _unknown(kind: str, name: str, valid: Iterable[str]) -> ValueError:
-    return ValueError(f"unknown {kind} {name!r}; valid names: {', '.join(valid)}")
 
 
 def check_dataset(name: str) -> None:
@@ -71,39 +66,13 @@ def check_dataset(name: str) -> None:
     if is_testbed(name):
         testbed_dir(name)  # raises when the directory holds no testbed
     elif name not in DATASETS:
-        raise _unknown("dataset", name, dataset_names())
+        raise unknown_name("dataset", name, dataset_names())
 
 
 def check_retriever(name: str) -> None:
     """Raise ValueError unless ``name`` is a benchmark retriever (``bm25``, ``dense``)."""
     if name not in RETRIEVER_NAMES:
-        raise _unknown("retriever", name, RETRIEVER_NAMES)
-
-
-def check_gate_names(text: str) -> None:
-    """Raise ValueError unless ``text`` is a gate name, ``NAME:THRESHOLD`` or an expression
-    whose every gate is registered (grammar: :data:`rag_gates.gate.GATE_GRAMMAR`); the
-    message lists the valid names. ``weighted(FILE)`` reads the file's gate names. The
-    threshold of a built-in or shipped gate is checked against its score scale here, importing
-    no plugin (:data:`~rag_gates_lab.plugins.options.SHIPPED_GATE_RANGES`); a third-party
-    gate's by :func:`rag_gates.registry.check_gate_expression`, which imports it."""
-    from rag_gates.gate import check_threshold
-    from rag_gates.registry import CORE_GATE_RANGES
-    from rag_gates_lab.plugins.options import SHIPPED_GATE_RANGES
-
-    known = gate_names()
-    ranges = {**SHIPPED_GATE_RANGES, **CORE_GATE_RANGES}
-
-    def check_leaf(name: str, threshold: float | None) -> float | None:
-        if name not in known:
-            raise _unknown("gate", name, known)
-        # (a third-party plugin registered under a shipped name would be held to the
-        # shipped gate's scale here: registering over a shipped name is not supported)
-        if threshold is not None and name in ranges:
-            check_threshold(name, threshold, ranges[name])
-        return threshold
-
-    walk_gate_expression(text, check_leaf)
+        raise unknown_name("retriever", name, RETRIEVER_NAMES)
 
 
 def check_methods(names: Iterable[str]) -> None:
@@ -113,7 +82,6 @@ def check_methods(names: Iterable[str]) -> None:
     are :data:`~rag_gates_lab.plugins.options.METHOD_OPTIONS`'s); a third-party method's is,
     to ask its ``validate_option``."""
     from rag_gates.methods import check_method_option, split_method_name
-    from rag_gates_lab.plugins.options import METHOD_OPTIONS
 
     known = method_names()
     given = list(names)
@@ -122,7 +90,7 @@ def check_methods(names: Iterable[str]) -> None:
     for name in given:  # every name first: a typo fails before any plugin is imported
         base, _ = split_method_name(name)
         if base not in known:
-            raise _unknown("method", name, known)
+            raise unknown_name("method", name, known)
     for name in given:
         base, option = split_method_name(name)
         if base == "selective":

@@ -6,7 +6,9 @@ run that gives an option out of range (``cbdr@2``) would be refused only after t
 :data:`METHOD_OPTIONS` maps each shipped method that takes an option to its parser; the
 plugins register these same callables as their factories' ``validate_option`` (and use them
 to read the option when the method is built), and
-:func:`rag_gates_lab.names.check_methods` calls them before anything else loads. A shipped
+:func:`rag_gates_lab.names.check_methods` calls them before anything else loads.
+``SHIPPED_GATE_RANGES`` (the shipped gates' score scales) lives in
+:mod:`rag_gates_lab.gate_names` and is re-exported here. A shipped
 method not in the table takes no option. Third-party plugins are still asked themselves.
 
 Example:
@@ -25,6 +27,7 @@ from functools import partial
 from typing import Literal
 
 from rag_gates.corpus.paragraphs import QA_PARAGRAPHS_TAU_ENTITY
+from rag_gates_lab.gate_names import SHIPPED_GATE_RANGES, check_gate_names
 from rag_gates_lab.plugins import number_option, unit_interval_option
 
 __all__ = ["BENCH_TAU_ENTITY", "KNN_ONLY_TAU", "METHOD_OPTIONS", "SHIPPED_GATE_RANGES",
@@ -36,13 +39,6 @@ __all__ = ["BENCH_TAU_ENTITY", "KNN_ONLY_TAU", "METHOD_OPTIONS", "SHIPPED_GATE_R
 BENCH_TAU_ENTITY = QA_PARAGRAPHS_TAU_ENTITY
 #: SR-RAG's ``p_D`` alone: retrieve when the neighbours' majority prefers retrieval.
 KNN_ONLY_TAU = 0.5
-
-#: The score scale of every gate rag-gates' plugins register (their gate classes'
-#: ``threshold_range``; a test holds the two equal), so ``NAME:THRESHOLD`` is checked before
-#: a plugin, and the torch it imports, loads.
-SHIPPED_GATE_RANGES: dict[str, tuple[float, float]] = {
-    "srrag": (0.0, 1.0), "srrag-no-knn": (0.0, 1.0), "srrag-knn-only": (0.0, 1.0),
-    "skr": (0.0, 1.0)}
 
 _TOKRAG_OPTIONS = ("a fusion layer (an integer >= 1), 'paper', 'authors' or "
                    "'authors-LAYER' (LAYER an integer >= 0)")
@@ -122,7 +118,6 @@ def parse_deeprag_rule(option: str | None) -> Literal["fail_closed", "authors"]:
 def validate_gate(option: str | None) -> None:
     """``deeprag-gate@GATE`` needs a gate; its expression is checked without a model."""
     from rag_gates.methods import SelectiveRetrievalMethod
-    from rag_gates_lab.names import check_gate_names
 
     if not option:
         raise ValueError("deeprag-gate needs a gate: deeprag-gate@GATE, e.g. deeprag-gate@quco "

@@ -30,8 +30,8 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rag_gates.types import Passage
-from rag_gates_lab.datasets import DatasetLoad, QAExample
+from rag_gates.types import Passage, QAExample
+from rag_gates_lab.dataset_load import DatasetLoad
 
 __all__ = ["TESTBED_SPLITS", "is_testbed", "load_testbed_dataset", "testbed_dir",
            "testbed_passages", "twohop_hops"]
