@@ -334,6 +334,25 @@ def tiny_gate_spec(lm: Any, path: str | Path, *, n: int = 40, max_new_tokens: in
     return report.best.save(path)
 
 
+def tiny_three_way_spec(lm: Any, path: str | Path, *, abstain_threshold: float | None,
+                        max_new_tokens: int = 12) -> Path:
+    """A three-way spec for ``lm`` (for framework plumbing tests): :func:`tiny_gate_spec`'s
+    spec made to retrieve always, with an abstention certificate at ``abstain_threshold``
+    (0.0: abstain after every retrieval, since a score is never below 0; a large value:
+    never abstain). The certification itself is tested on real records elsewhere; this
+    spec exercises the third outcome's path through the engines."""
+    from rag_gates.calibration import AbstainCertificate, GateSpec, RateInterval
+
+    spec = GateSpec.load(tiny_gate_spec(lm, path, max_new_tokens=max_new_tokens))
+    certificate = AbstainCertificate(
+        score="answer-logprob", threshold=abstain_threshold, max_error=0.5, closed_share=0.5,
+        abstain_rate=RateInterval(observed=0.5, lower=0.3, upper=0.7), observed_error=0.2,
+        note="test spec")
+    three_way = spec.model_copy(update={"threshold": None, "certified": False,
+                                        "abstain": certificate})
+    return three_way.sealed().save(path)
+
+
 class ConstantGate(BaseGate):
     """A gate whose score is always ``score``: ``ConstantGate(1.0)`` retrieves at its
     threshold 0.5, ``ConstantGate(0.0)`` never does.

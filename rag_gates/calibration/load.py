@@ -22,7 +22,7 @@ import math
 import sys
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from pydantic import JsonValue
 
@@ -43,7 +43,10 @@ from rag_gates.registry import (
     check_gate_threshold,
     register_gate,
 )
-from rag_gates.types import AbstainDecision, GateDecision
+from rag_gates.types import AbstainDecision, GateDecision, Passage
+
+if TYPE_CHECKING:
+    from rag_gates.confidence import PassageAnswer
 
 __all__ = ["CertifiedGate", "GateContext", "load_gate", "register_gate"]
 
@@ -81,8 +84,11 @@ class CertifiedGate:
     """
 
     def __init__(self, inner: Gate | None, spec: GateSpec, *, source: str | None = None,
-                 override: str | None = None) -> None:
+                 override: str | None = None, lm: Any = None) -> None:
         self.inner = inner
+        self.lm = lm
+        """The model the spec serves (``load_gate``'s ``lm``): a three-way spec answers
+        after retrieval with it (:meth:`answer_or_abstain`)."""
         self.spec = spec
         self.source = source or spec.gate
         self.override = override
@@ -280,6 +286,33 @@ class CertifiedGate:
             reason=f"with-passages {certificate.score} score {value:.4g} {relation} certified "
                    f"abstention threshold {t:.4g} ({guarantee}): {verb}")
 
+    def answer_or_abstain(self, query: str, passages: Sequence[Passage]
+                          ) -> tuple[PassageAnswer, AbstainDecision]:
+        """After retrieval: the answer the spec was certified on (the spec's model, greedy,
+        from ``passages`` with the calibration prompt and budget) and whether to give it or
+        abstain (:meth:`after_retrieval`). What both frameworks' gated engines call for a
+        three-way spec, so the reply they give is the one the error bound covers.
+
+        Example:
+            >>> gate = load_gate("gate.json", lm=lm)                       # doctest: +SKIP
+            >>> passages = retriever.retrieve(q, 3)                      # doctest: +SKIP
+            >>> answer, verdict = gate.answer_or_abstain(q, passages)     # doctest: +SKIP
+            >>> "I don't know" if verdict.abstain else answer.answer       # doctest: +SKIP
+        """
+        from rag_gates.confidence import answer_with_passages
+
+        check_text(query, "query")
+        if self.lm is None:
+            raise ValueError("answer_or_abstain needs the spec's model: load the spec with "
+                             "load_gate(path, lm=lm)")
+        budget = self.spec.options.get("max_new_tokens", 32)
+        dataset = self.spec.options.get("dataset")
+        answer = answer_with_passages(
+            self.lm, query, passages, max_new_tokens=budget if isinstance(budget, int) else 32,
+            dataset=dataset if isinstance(dataset, str) else None)
+        return answer, self.after_retrieval(answer.score, answer=answer.answer,
+                                            error=answer.error)
+
     def for_group(self, group: str) -> GroupGate:
         """This gate with ``group`` given to every decision: what a framework's gated
         retriever or engine takes, since they call ``decide(query)`` (one retriever per
@@ -367,7 +400,7 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
         source = str(path_or_spec)
     override = _model_check(spec, lm, source, allow_other_model)
     if not spec.certified:
-        return CertifiedGate(None, spec, source=source, override=override)
+        return CertifiedGate(None, spec, source=source, override=override, lm=lm)
     ctx = GateContext(lm=lm, corpus=corpus, probe=probe,
                       options={"max_new_tokens": 32, **spec.options})
     inner: Gate
@@ -402,7 +435,7 @@ def load_gate(path_or_spec: str | Path | GateSpec, *, lm: Any = None, corpus: An
         for certificate in spec.groups or ():
             _check_spec_threshold(spec, inner, f"{source} (group {certificate.group!r})",
                                   threshold=certificate.threshold)
-    return CertifiedGate(inner, spec, source=source, override=override)
+    return CertifiedGate(inner, spec, source=source, override=override, lm=lm)
 
 
 def _model_check(spec: GateSpec, lm: Any, source: str, allow_other_model: bool) -> str | None:

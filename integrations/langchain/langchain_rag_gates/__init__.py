@@ -42,7 +42,12 @@ from langchain_rag_gates.documents import (
 from langchain_rag_gates.language_models import LangChainTextLM, as_text_lm
 from langchain_rag_gates.quco import QuCoRunnable
 from langchain_rag_gates.retrievers import GatedRetriever, LangChainRetrieverAdapter
-from langchain_rag_gates.runnables import GateRouter, closed_book_prompt, route_by_gate
+from langchain_rag_gates.runnables import (
+    DEFAULT_ABSTAIN_MESSAGE,
+    GateRouter,
+    closed_book_prompt,
+    route_by_gate,
+)
 from langchain_rag_gates.srrag import SelfRoutingRetriever
 from langchain_rag_gates.tokrag import CHOICES_KEY, TokRAGRunnable
 from langchain_rag_gates.tools import (
@@ -60,6 +65,7 @@ except metadata.PackageNotFoundError:  # running from a source tree without inst
 
 __all__ = [
     "CHOICES_KEY",
+    "DEFAULT_ABSTAIN_MESSAGE",
     "STEP_EVENT",
     "ChatRagGates",
     "ClaimVerifierInput",

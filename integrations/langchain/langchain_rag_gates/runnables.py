@@ -3,6 +3,7 @@ straight to the model, as a rag-gates gate decides."""
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
@@ -22,10 +23,10 @@ from langchain_core.runnables.config import (
     get_async_callback_manager_for_config,
     get_callback_manager_for_config,
 )
-from pydantic import ConfigDict, Field, JsonValue, field_validator
+from pydantic import ConfigDict, Field, JsonValue, field_validator, model_validator
 
 from langchain_rag_gates.chat_models import ChatRagGates
-from langchain_rag_gates.documents import ANNOTATION_KEY
+from langchain_rag_gates.documents import ANNOTATION_KEY, documents_to_passages
 from langchain_rag_gates.retrievers import (
     DECISION_EVENT,
     _adecide_in_run,
@@ -36,7 +37,13 @@ from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answe
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import GateDecision
 
-__all__ = ["GateRouter", "closed_book_prompt", "route_by_gate"]
+__all__ = ["DEFAULT_ABSTAIN_MESSAGE", "GateRouter", "closed_book_prompt", "route_by_gate"]
+
+DEFAULT_ABSTAIN_MESSAGE = (
+    "I don't know: the retrieved passages do not support an answer I can give reliably.")
+"""The reply of a three-way spec's abstention (``rag-gates calibrate --abstain``) when the
+router has no ``abstain`` branch."""
+ABSTAIN_TAG = "rag_gates:abstain"
 
 
 def closed_book_prompt(query_key: str = "question", dataset: str | None = None
@@ -135,6 +142,15 @@ class GateRouter(RunnableSerializable[Any, Any]):
     entry says whether it was reused, and why not when it was not (``answer_once=False``
     turns this off).
 
+    Three-way specs (``rag-gates calibrate --abstain``, loaded with ``load_gate``) need
+    ``retriever``: when the spec retrieves, the router retrieves with it, the spec's model
+    answers from those documents with the calibration prompt (the answer its error bound
+    covers; the ``retrieve`` chain is not run), and when that answer's with-passages score is
+    at or above the certified threshold the input goes to the third branch, ``abstain``
+    (default: an ``AIMessage`` saying it does not know; runs tagged
+    ``"rag_gates:abstain"``). The :class:`~rag_gates.types.AbstainDecision` is in the
+    decision's ``"abstain"`` entry either way.
+
     Setup:
         ```bash
         pip install -c constraints.txt -e ".[hf,qdrant]" -e integrations/langchain
@@ -143,6 +159,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
     Key init args:
         gate: rag_gates.gate.Gate
             Any rag-gates gate; it sees the query string.
+        retriever: Runnable | None
+            A three-way spec's retriever (query -> documents).
+        abstain: Runnable | None
+            The third branch: what a three-way spec's abstention runs on the input.
         retrieve: Runnable
             The chain to run when the gate asks for retrieval.
         direct: Runnable
@@ -216,8 +236,23 @@ class GateRouter(RunnableSerializable[Any, Any]):
         description="Reply with the gate's own closed-book answer on a skip when the direct "
                     "branch would write exactly it (see the class docstring).",
     )
+    retriever: Runnable[Any, Any] | None = Field(
+        None, description="A three-way spec's retriever (query string -> documents): needed "
+                          "when the gate can abstain (see the class docstring).")
+    abstain: Runnable[Any, Any] | None = Field(
+        None, description="The third branch: run on the input when a three-way spec "
+                          "abstains (default: an AIMessage saying it does not know).")
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
+
+    @model_validator(mode="after")
+    def _three_way_needs_a_retriever(self) -> GateRouter:
+        if getattr(self.gate, "abstains", False) and self.retriever is None:
+            raise ValueError("this gate is a three-way spec (it can abstain after retrieval): "
+                             "pass retriever= (the retriever of your retrieve chain), so the "
+                             "router answers from its documents with the answer the spec "
+                             "covers")
+        return self
 
     @field_validator("gate")
     @classmethod
@@ -256,6 +291,56 @@ class GateRouter(RunnableSerializable[Any, Any]):
             f"GateRouter takes a str or a dict with a {self.query_key!r} key, got "
             f"{type(input).__name__}"
         )
+
+    def _three_way(self, decision: GateDecision) -> bool:
+        return decision.retrieve and self.retriever is not None and bool(
+            getattr(self.gate, "abstains", False))
+
+    def _verdict(self, input: Any, docs: Any, data: dict[str, JsonValue], *, chunk: bool
+                 ) -> tuple[Any, bool, dict[str, JsonValue]]:
+        """(the certified answer as a message or None, abstain?, data with the verdict)."""
+        answer, verdict = self.gate.answer_or_abstain(self.query_of(input),
+                                                      documents_to_passages(docs))
+        data = {**data, "abstain": verdict.model_dump(mode="json")}
+        if verdict.abstain:
+            return None, True, data
+        return (AIMessageChunk if chunk else AIMessage)(content=answer.answer), False, data
+
+    def _answer_or_abstain(self, input: Any, data: dict[str, JsonValue],
+                           config: RunnableConfig, run_manager: Any, *, chunk: bool = False
+                           ) -> tuple[Any, dict[str, JsonValue]]:
+        """A three-way spec's reply after retrieval (the core step:
+        ``CertifiedGate.answer_or_abstain``), or the ``abstain`` branch's output."""
+        assert self.retriever is not None
+        docs = self.retriever.invoke(self.query_of(input),
+                                     _branch_config(config, run_manager.get_child(),
+                                                    RETRIEVE_TAG))
+        message, abstained, data = self._verdict(input, docs, data, chunk=chunk)
+        if not abstained:
+            return message, data
+        if self.abstain is None:
+            cls = AIMessageChunk if chunk else AIMessage
+            return cls(content=DEFAULT_ABSTAIN_MESSAGE), data
+        return self.abstain.invoke(input, _branch_config(config, run_manager.get_child(),
+                                                         ABSTAIN_TAG)), data
+
+    async def _aanswer_or_abstain(self, input: Any, data: dict[str, JsonValue],
+                                  config: RunnableConfig, run_manager: Any, *,
+                                  chunk: bool = False) -> tuple[Any, dict[str, JsonValue]]:
+        assert self.retriever is not None
+        docs = await self.retriever.ainvoke(self.query_of(input),
+                                            _branch_config(config, run_manager.get_child(),
+                                                           RETRIEVE_TAG))
+        # The answer is a model call: off the event loop.
+        message, abstained, data = await asyncio.to_thread(self._verdict, input, docs, data,
+                                                           chunk=chunk)
+        if not abstained:
+            return message, data
+        if self.abstain is None:
+            cls = AIMessageChunk if chunk else AIMessage
+            return cls(content=DEFAULT_ABSTAIN_MESSAGE), data
+        return await self.abstain.ainvoke(input, _branch_config(
+            config, run_manager.get_child(), ABSTAIN_TAG)), data
 
     def _route(self, decision: GateDecision) -> tuple[Runnable[Any, Any], str]:
         return (self.retrieve, RETRIEVE_TAG) if decision.retrieve else (self.direct, DIRECT_TAG)
@@ -314,9 +399,12 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            output, data = self._reused(input, decision, data, child)
-            if output is None:
-                output = branch.invoke(input, child, **kwargs)
+            if self._three_way(decision):
+                output, data = self._answer_or_abstain(input, data, config, run_manager)
+            else:
+                output, data = self._reused(input, decision, data, child)
+                if output is None:
+                    output = branch.invoke(input, child, **kwargs)
             output = _annotate(output, self.annotation_key, data)
         except BaseException as e:
             run_manager.on_chain_error(e)
@@ -341,9 +429,12 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            output, data = await self._areused(input, decision, data, child)
-            if output is None:
-                output = await branch.ainvoke(input, child, **kwargs)
+            if self._three_way(decision):
+                output, data = await self._aanswer_or_abstain(input, data, config, run_manager)
+            else:
+                output, data = await self._areused(input, decision, data, child)
+                if output is None:
+                    output = await branch.ainvoke(input, child, **kwargs)
             output = _annotate(output, self.annotation_key, data)
         except BaseException as e:
             await run_manager.on_chain_error(e)
@@ -369,7 +460,11 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            reused, data = self._reused(input, decision, data, child, chunk=True)
+            if self._three_way(decision):
+                reused, data = self._answer_or_abstain(input, data, config, run_manager,
+                                                       chunk=True)
+            else:
+                reused, data = self._reused(input, decision, data, child, chunk=True)
             chunks = iter([reused]) if reused is not None else branch.stream(
                 input, child, **kwargs)
             merge = _Merger()
@@ -401,7 +496,11 @@ class GateRouter(RunnableSerializable[Any, Any]):
             )
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
-            reused, data = await self._areused(input, decision, data, child, chunk=True)
+            if self._three_way(decision):
+                reused, data = await self._aanswer_or_abstain(input, data, config,
+                                                              run_manager, chunk=True)
+            else:
+                reused, data = await self._areused(input, decision, data, child, chunk=True)
             merge = _Merger()
             first = True
             async for chunk in (_one(reused) if reused is not None
@@ -449,6 +548,8 @@ def route_by_gate(
     direct: Runnable[Any, Any] | Callable[..., Any] | Mapping[str, Any],
     query_key: str = "question",
     answer_once: bool = True,
+    retriever: Runnable[Any, Any] | None = None,
+    abstain: Runnable[Any, Any] | Callable[..., Any] | None = None,
 ) -> GateRouter:
     """A :class:`GateRouter`: ``retrieve`` when ``gate`` asks for retrieval, else ``direct``.
 
@@ -458,4 +559,5 @@ def route_by_gate(
         >>> msg.response_metadata["rag_gates"]["reason"]
     """
     return GateRouter(gate=gate, retrieve=retrieve, direct=direct, query_key=query_key,
-                      answer_once=answer_once)
+                      answer_once=answer_once, retriever=retriever,
+                      abstain=None if abstain is None else coerce_to_runnable(abstain))

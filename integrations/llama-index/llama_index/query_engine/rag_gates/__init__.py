@@ -18,11 +18,16 @@ from llama_index.query_engine.rag_gates.deeprag import (
     deeprag_metadata,
 )
 from llama_index.query_engine.rag_gates.flare import FlareMethod
-from llama_index.query_engine.rag_gates.gated import DEFAULT_DIRECT_PROMPT, GatedQueryEngine
+from llama_index.query_engine.rag_gates.gated import (
+    DEFAULT_ABSTAIN_MESSAGE,
+    DEFAULT_DIRECT_PROMPT,
+    GatedQueryEngine,
+)
 from llama_index.query_engine.rag_gates.quco import QuCoQueryEngine, quco_metadata
 from llama_index.query_engine.rag_gates.subquestion import SubQuestionMethod
 
 __all__ = [
+    "DEFAULT_ABSTAIN_MESSAGE",
     "DEFAULT_DIRECT_PROMPT",
     "DeepRAGQueryEngine",
     "DeepRAGStepEvent",

@@ -9,6 +9,7 @@ LLM answer the question itself.
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncGenerator, Generator
 from typing import Any
 
@@ -23,10 +24,14 @@ from llama_index.core.callbacks import CallbackManager
 from llama_index.core.llms import LLM, ChatMessage
 from llama_index.core.prompts import BasePromptTemplate, PromptTemplate
 from llama_index.core.prompts.mixin import PromptDictType, PromptMixinType
-from llama_index.core.schema import QueryBundle
+from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.core.settings import Settings
 from llama_index.llms.rag_gates.base import RagGatesLLM
-from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
+from llama_index.retrievers.rag_gates.convert import (
+    ANNOTATION_KEY,
+    annotate_node,
+    nodes_to_passages,
+)
 from llama_index.retrievers.rag_gates.gated import (
     GateErrorPolicy,
     adecide_or_fail_closed,
@@ -40,7 +45,11 @@ from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answe
 from rag_gates.gate import Gate
 from rag_gates.types import GateDecision
 
-__all__ = ["DEFAULT_DIRECT_PROMPT", "GatedQueryEngine"]
+__all__ = ["DEFAULT_ABSTAIN_MESSAGE", "DEFAULT_DIRECT_PROMPT", "GatedQueryEngine"]
+
+DEFAULT_ABSTAIN_MESSAGE = (
+    "I don't know: the retrieved passages do not support an answer I can give reliably.")
+"""The reply of a three-way spec's abstention (``rag-gates calibrate --abstain``)."""
 
 
 DEFAULT_DIRECT_PROMPT = PromptTemplate(
@@ -89,6 +98,15 @@ class GatedQueryEngine(BaseQueryEngine):
     it was reused and why not when it was not; a given ``direct_prompt`` is reused only when
     it renders to the gate's prompt.
 
+    Three-way specs (``rag-gates calibrate --abstain``, loaded with ``load_gate``): after
+    retrieval, the reply is the answer the spec's error bound covers: the spec's model
+    answers from the engine's retrieved nodes (``query_engine.retrieve`` when the engine has
+    it, else the nodes of its response) with the calibration prompt, and the engine abstains
+    when that answer's with-passages score is at or above the certified threshold:
+    ``response.response`` is then ``abstain_message``, the nodes stay in
+    ``source_nodes``, and ``response.metadata[annotation_key]["abstain"]`` holds the
+    :class:`~rag_gates.types.AbstainDecision` (its score, threshold and reason) either way.
+
     Either way the decision (``GateDecision.model_dump(mode="json")``) is in
     ``response.metadata[annotation_key]``, dispatched as a
     :class:`~llama_index.retrievers.rag_gates.GateDecisionEvent` inside the query's
@@ -119,6 +137,7 @@ class GatedQueryEngine(BaseQueryEngine):
             (``AsyncStreamingResponse`` from ``aquery``) streamed from ``llm``; ``None``
             (default) follows the inner engine's response synthesizer, so
             ``index.as_query_engine(streaming=True)`` streams whichever way the gate decides.
+        abstain_message (str): the reply when a three-way spec abstains.
 
     Instantiate:
         ```python
@@ -161,6 +180,7 @@ class GatedQueryEngine(BaseQueryEngine):
         callback_manager: CallbackManager | None = None,
         streaming: bool | None = None,
         on_gate_error: GateErrorPolicy = "raise",
+        abstain_message: str = DEFAULT_ABSTAIN_MESSAGE,
     ) -> None:
         if not isinstance(query_engine, BaseQueryEngine):
             raise TypeError(
@@ -181,6 +201,9 @@ class GatedQueryEngine(BaseQueryEngine):
             )
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
+        if not isinstance(abstain_message, str) or not abstain_message.strip():
+            raise ValueError("abstain_message must be a non-empty string (the reply when a "
+                             "three-way spec abstains)")
         policy = check_gate_error_policy(on_gate_error)
         super().__init__(callback_manager=callback_manager)
         self.on_gate_error: GateErrorPolicy = policy
@@ -190,6 +213,7 @@ class GatedQueryEngine(BaseQueryEngine):
         self.direct_prompt: BasePromptTemplate = direct_prompt or DEFAULT_DIRECT_PROMPT
         self._direct_prompt_given = direct_prompt is not None
         self.annotation_key = annotation_key
+        self.abstain_message = abstain_message
         # A skip answers in the inner engine's shape: a streaming engine's caller reads
         # response_gen whichever way the gate decides.
         self.streaming: bool = bool(getattr(getattr(
@@ -274,12 +298,48 @@ class GatedQueryEngine(BaseQueryEngine):
                   ) -> Response:
         return self._direct(text, self._noted(data, reuse))
 
+    # ------------------------------------------------------------------ three-way
+    def _three_way(self) -> bool:
+        return bool(getattr(self.gate, "abstains", False))
+
+    def _answer_or_abstain(self, query_bundle: QueryBundle, nodes: list[NodeWithScore],
+                           data: dict[str, JsonValue]) -> RESPONSE_TYPE:
+        """The three-way spec's reply from ``nodes``: its certified answer, or
+        ``abstain_message`` (the core step: ``CertifiedGate.answer_or_abstain``)."""
+        answer, verdict = self.gate.answer_or_abstain(
+            query_bundle.query_str, nodes_to_passages(nodes))
+        data = {**data, "abstain": verdict.model_dump(mode="json")}
+        text = self.abstain_message if verdict.abstain else answer.answer
+        response: RESPONSE_TYPE = (
+            StreamingResponse(response_gen=_once(text), source_nodes=nodes)
+            if self.streaming else Response(response=text, source_nodes=nodes))
+        return self._annotated(response, data)
+
+    def _retrieved(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                   ) -> RESPONSE_TYPE:
+        if not self._three_way():
+            return self._annotated(self.query_engine.query(query_bundle), data)
+        retrieve = getattr(self.query_engine, "retrieve", None)
+        nodes = list(retrieve(query_bundle) if callable(retrieve) else
+                     self.query_engine.query(query_bundle).source_nodes)
+        return self._answer_or_abstain(query_bundle, nodes, data)
+
+    async def _aretrieved(self, query_bundle: QueryBundle, data: dict[str, JsonValue]
+                          ) -> RESPONSE_TYPE:
+        if not self._three_way():
+            return self._annotated(await self.query_engine.aquery(query_bundle), data)
+        retrieve = getattr(self.query_engine, "aretrieve", None)
+        nodes = list(await retrieve(query_bundle) if callable(retrieve) else
+                     (await self.query_engine.aquery(query_bundle)).source_nodes)
+        # The answer is a model call: off the event loop.
+        return await asyncio.to_thread(self._answer_or_abstain, query_bundle, nodes, data)
+
     # ------------------------------------------------------------------ query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
         decision = decide_or_fail_closed(self.gate, query_bundle.query_str, self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
-            return self._annotated(self.query_engine.query(query_bundle), data)
+            return self._retrieved(query_bundle, data)
         template, value, reuse = self._direct_call(decision, query_bundle.query_str)
         if self.streaming:
             noted = self._noted(data, reuse)
@@ -295,7 +355,7 @@ class GatedQueryEngine(BaseQueryEngine):
                                                 self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
-            return self._annotated(await self.query_engine.aquery(query_bundle), data)
+            return await self._aretrieved(query_bundle, data)
         if isinstance(self.llm, RagGatesLLM):
             await self.llm.alm()  # a first load in a worker thread: the reuse check reads it
         template, value, reuse = self._direct_call(decision, query_bundle.query_str)
