@@ -1,6 +1,14 @@
-"""The llama.cpp server fixture: llama-cpp-python's OpenAI-compatible server on 127.0.0.1
-with the embedded SmolLM2 GGUF. These tests run only under ``-m server`` (``make
-test-server``, which installs ``llama-cpp-python[server]``); the default run skips them."""
+"""The served engines under test, each on 127.0.0.1 with the embedded SmolLM2:
+
+- ``llamacpp``: llama-cpp-python's OpenAI-compatible server with the GGUF (one request at a
+  time; ``make test-server`` installs ``llama-cpp-python[server]``);
+- ``vllm``: vLLM's CPU build (a batching engine) with the converted safetensors, from its own
+  environment (``bash benchmarks/envs/vllm.sh``) named by ``RAG_GATES_VLLM_PYTHON``
+  (``make test-server-vllm``).
+
+These tests run only under ``-m server``; the default run skips them. A test that takes the
+``engine`` fixture runs once per engine (``-k vllm`` or ``-k llamacpp`` picks one); an engine
+that is not set up skips with the reason."""
 
 from __future__ import annotations
 
@@ -11,15 +19,16 @@ from pathlib import Path
 import pytest
 
 HERE = Path(__file__).parent
+ENGINES = ("llamacpp", "vllm")
 
 
 def pytest_configure(config: pytest.Config) -> None:
-    config.addinivalue_line("markers", "server: starts llama.cpp's server (make test-server)")
+    config.addinivalue_line("markers", "server: starts a model server (make test-server)")
 
 
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     selected = "server" in (config.getoption("markexpr") or "")
-    skip = pytest.mark.skip(reason="starts a llama.cpp server: run `make test-server`")
+    skip = pytest.mark.skip(reason="starts a model server: run `make test-server`")
     for item in items:
         if HERE in Path(str(item.fspath)).parents:
             item.add_marker(pytest.mark.server)
@@ -38,3 +47,33 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     threads = int(os.environ.get("RAG_GATES_SERVER_THREADS", "1"))
     with llamacpp_server(threads=threads, log=log) as url:
         yield url
+
+
+@pytest.fixture(scope="session")
+def vllm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """vLLM's ``/v1`` URL, stopped at the end of the session; skips unless
+    ``RAG_GATES_VLLM_PYTHON`` names an existing python. Started eager (no compiling); the
+    wait for it is RAG_GATES_VLLM_STARTUP_S (default 900 s)."""
+    from rag_gates.lm.vllm_server import VLLM_PYTHON_ENV, vllm_python, vllm_server
+
+    python = vllm_python()
+    if python is None:
+        given = os.environ.get(VLLM_PYTHON_ENV)
+        pytest.skip(f"{VLLM_PYTHON_ENV}={given} does not exist" if given else
+                    f"vLLM is not set up: `bash benchmarks/envs/vllm.sh`, then "
+                    f"{VLLM_PYTHON_ENV}=/work/vllmvenv/bin/python (make test-server-vllm)")
+    log = tmp_path_factory.mktemp("vllm-server") / "server.log"
+    timeout = float(os.environ.get("RAG_GATES_VLLM_STARTUP_S", "900"))
+    # --enforce-eager: starts in about 50 s instead of 80-145 s (compiling), with the same
+    # numbers for this model (rag_gates.lm.vllm_server's note).
+    with vllm_server(python, log=log, startup_timeout=timeout, eager=True) as url:
+        yield url
+
+
+@pytest.fixture(scope="session", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> tuple[str, str]:
+    """``(name, /v1 URL)`` of each engine in turn."""
+    name: str = request.param
+    url: str = request.getfixturevalue({"llamacpp": "llama_server",
+                                        "vllm": "vllm_server_url"}[name])
+    return name, url
