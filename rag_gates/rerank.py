@@ -29,7 +29,7 @@ from rag_gates._text import check_encodable, check_text
 from rag_gates.types import Passage
 
 __all__ = ["BaseReranker", "PassageReranker", "PassageScores", "RerankResult", "ScoredPassage",
-           "check_query", "check_result", "check_top_n"]
+           "check_query", "check_reranker", "check_result", "check_top_n"]
 
 _FROZEN = ConfigDict(frozen=True, extra="forbid")
 
@@ -180,3 +180,16 @@ class BaseReranker(ABC):
                       **signals: Any) -> RerankResult:
         """:meth:`rerank` in a worker thread, so a local model never blocks the event loop."""
         return await asyncio.to_thread(self.rerank, query, passages, top_n, **signals)
+
+
+def check_reranker(value: object) -> PassageReranker:
+    """``value`` if it follows the :class:`PassageReranker` protocol, else a TypeError
+    saying what to pass (for the framework shells, which accept any reranker)."""
+    if not isinstance(value, PassageReranker):
+        raise TypeError(
+            f"reranker must follow rag_gates' PassageReranker protocol (name, rerank, "
+            f"arerank), got {type(value).__name__}; e.g. rag_gates.cbdr."
+            "ConfidenceGainReranker(lm, probe), or use ConfidenceGainReranker.from_probe"
+        )
+    return value
+

@@ -22,8 +22,8 @@ Example:
 
 from __future__ import annotations
 
-from collections.abc import Sequence
-from typing import Any
+from collections.abc import Hashable, Sequence
+from typing import Any, TypeVar
 
 from rag_gates.types import GateDecision, Passage
 
@@ -33,7 +33,10 @@ __all__ = [
     "VERIFY_CLAIMS_DESCRIPTION",
     "VERIFY_CLAIMS_NAME",
     "gated_retrieval_summary",
+    "the_call_decision",
 ]
+
+D = TypeVar("D")
 
 VERIFY_CLAIMS_NAME = "verify_claims"
 """The claim verifier tool's default name."""
@@ -78,3 +81,16 @@ def gated_retrieval_summary(decision: GateDecision,
         "reason": decision.reason,
         "documents": [{"title": p.title, "text": p.text} for p in passages],
     }
+
+
+def the_call_decision(decisions: Sequence[tuple[Hashable, D]], needs: str) -> D:
+    """The decision a gated-retriever tool call reports, from every decision seen during
+    the call as ``(run or span of the retriever that made it, decision)`` in order: the
+    tool's own retriever reports first (it decides before anything it wraps runs), and
+    last when it overturned its first decision (a self-routing retriever whose
+    verbalization came back empty retrieves after all), so its last one. None seen: a
+    RuntimeError ending with ``needs`` (what the tool needs instead)."""
+    if not decisions:
+        raise RuntimeError(f"the tool's retriever reported no gate decision: {needs}")
+    own = decisions[0][0]
+    return [decision for run, decision in decisions if run == own][-1]

@@ -35,8 +35,9 @@ LIBRARY = (
     "rag_gates", "rag_gates.gate", "rag_gates.calibration", "rag_gates.quco", "rag_gates.cbdr",
     "rag_gates.tokrag", "rag_gates.deeprag", "rag_gates.srrag", "rag_gates.lm",
     "rag_gates.corpus", "rag_gates.retrieval", "rag_gates.extract", "rag_gates.types",
-    "rag_gates.errors", "rag_gates.rerank", "rag_gates.tools", "rag_gates.answers",
-    "rag_gates.confidence", "rag_gates.methods", "rag_gates.registry", "rag_gates.peers",
+    "rag_gates.errors", "rag_gates.gated", "rag_gates.rerank", "rag_gates.tools",
+    "rag_gates.answers", "rag_gates.confidence", "rag_gates.methods", "rag_gates.registry",
+    "rag_gates.peers",
 )
 #: The integrations: LangChain's package and LlamaIndex's leaf packages (each LlamaIndex
 #: component type has its own namespace, ``llama_index.<type>.rag_gates``).

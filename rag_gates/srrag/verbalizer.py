@@ -33,7 +33,7 @@ from rag_gates.lm.base import TextLM
 from rag_gates.types import GateDecision, Generation, Passage
 
 __all__ = ["GENREAD_PROMPT", "PARAMETRIC", "Verbalizer", "VerbalizerConfig", "retrieve_instead",
-           "says_nothing"]
+           "says_nothing", "verbalizer_for"]
 
 #: The GenRead prompt of the SR-RAG paper (Fig. 5), verbatim; ``{question}`` is filled in.
 GENREAD_PROMPT = (
@@ -162,6 +162,23 @@ class Verbalizer:
                 "hit_token_cap": generation.finish_reason == "length",
                 "temperature": temperature, "seed": seed,
             })
+
+
+def verbalizer_for(gate: Any, verbalizer: Any = None) -> Any:
+    """The verbalizer a self-routing shell uses: ``verbalizer`` when it has ``verbalize``
+    (else a TypeError), or by default a :class:`Verbalizer` on ``gate.lm`` (a ValueError
+    when the gate has no model)."""
+    if verbalizer is None:
+        lm = getattr(gate, "lm", None)
+        if lm is None:
+            raise ValueError(
+                f"gate {getattr(gate, 'name', type(gate).__name__)!r} has no model to "
+                "verbalize with: pass verbalizer=Verbalizer(lm)")
+        return Verbalizer(lm)
+    if not callable(getattr(verbalizer, "verbalize", None)):
+        raise TypeError(f"verbalizer must be a rag_gates.srrag.Verbalizer, got "
+                        f"{type(verbalizer).__name__}")
+    return verbalizer
 
 
 def says_nothing(passage: Passage) -> bool:

@@ -1,63 +1,39 @@
-"""What the method runnables (QuCo, DeepRAG) share: turning their LangChain arguments into
-rag-gates parts, reading the question from the input, and gathering config fields given
-directly."""
+"""What the method runnables (QuCo, DeepRAG) share: their LangChain arguments as rag-gates
+parts (the core rule, :class:`rag_gates._frameworks.FrameworkInputs`, bound to LangChain's
+types), the question read from the input, config fields given directly, and the runnable
+shell itself (:class:`MethodRunnable`)."""
 
 from __future__ import annotations
 
+from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, Literal, TypeVar, overload
+from typing import Any, TypeVar
 
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
-from pydantic import BaseModel
+from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from pydantic import BaseModel, ConfigDict, Field
 
 from langchain_rag_gates.language_models import as_text_lm
 from langchain_rag_gates.retrievers import LangChainRetrieverAdapter
-from rag_gates._frameworks import retriever_from, text_lm_from
-from rag_gates.lm.base import TextLM
-from rag_gates.retrieval.base import Retriever
+from rag_gates._frameworks import FrameworkInputs, question_of
 
-__all__ = ["gather_config", "question_of", "rag_gates_retriever", "rag_gates_text_lm"]
+__all__ = ["MethodRunnable", "gather_config", "question_of", "rag_gates_retriever",
+           "rag_gates_text_lm"]
 
 C = TypeVar("C", bound=BaseModel)
 
+_LANGCHAIN = FrameworkInputs(
+    lm_type=BaseLanguageModel, as_text_lm=as_text_lm, lm_kind="LangChain chat model or LLM",
+    retriever_type=BaseRetriever, as_retriever=LangChainRetrieverAdapter,
+    retriever_kind="LangChain BaseRetriever (store.as_retriever())")
 
-def rag_gates_text_lm(llm: object) -> TextLM:
-    """A LangChain chat model or LLM through :func:`as_text_lm`; a TextLM as it is."""
-    return text_lm_from(llm, BaseLanguageModel, as_text_lm, "LangChain chat model or LLM")
-
-
-@overload
-def rag_gates_retriever(retriever: object, *, optional: Literal[False] = False) -> Retriever: ...
-
-
-@overload
-def rag_gates_retriever(retriever: object, *, optional: bool) -> Retriever | None: ...
-
-
-def rag_gates_retriever(retriever: object, *, optional: bool = False) -> Retriever | None:
-    """A LangChain retriever through :class:`LangChainRetrieverAdapter`; a rag-gates
-    Retriever as it is; None when ``optional``."""
-    return retriever_from(retriever, BaseRetriever, LangChainRetrieverAdapter,
-                          "LangChain BaseRetriever (store.as_retriever())", optional=optional)
-
-
-def question_of(input: Any, key: str, owner: str) -> str:
-    """The question: the input itself, or ``input[key]``; errors name ``owner``."""
-    if isinstance(input, str):
-        return input
-    if isinstance(input, Mapping):
-        if key not in input:
-            raise KeyError(
-                f"{owner} input has no {key!r} key (keys: {sorted(map(str, input))}); set "
-                "query_key to the key holding the question"
-            )
-        question = input[key]
-        if not isinstance(question, str):
-            raise TypeError(f"input[{key!r}] must be a str, got {type(question).__name__}")
-        return question
-    raise TypeError(f"{owner} takes a str or a dict with a {key!r} key, got "
-                    f"{type(input).__name__}")
+rag_gates_text_lm = _LANGCHAIN.text_lm
+"""A LangChain chat model or LLM through :func:`as_text_lm`; a TextLM as it is."""
+rag_gates_retriever = _LANGCHAIN.retriever
+"""A LangChain retriever through :class:`LangChainRetrieverAdapter`; a rag-gates Retriever as
+it is; None when ``optional``."""
 
 
 def gather_config(data: Any, config: type[C], field: str) -> Any:
@@ -74,3 +50,42 @@ def gather_config(data: Any, config: type[C], field: str) -> Any:
         base = config(**base)
     rest[field] = config(**{**dict(base), **direct})
     return rest
+
+
+class MethodRunnable(RunnableSerializable[Any, dict[str, Any]]):
+    """The shell of a method's runnable (QuCo, DeepRAG): the model field, the question read
+    from the input (the input itself, or ``input[query_key]``), and ``invoke`` / ``ainvoke``
+    through LangChain's run (callbacks, tracing) into :meth:`_run` / :meth:`_arun`."""
+
+    llm: Any = Field(
+        ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
+    )
+    query_key: str = Field(
+        "question", min_length=1, description="Key of the question when the input is a dict."
+    )
+
+    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    def question_of(self, input: Any) -> str:
+        """The question: the input itself, or ``input[query_key]``."""
+        return question_of(input, self.query_key, type(self).__name__)
+
+    @abstractmethod
+    def _run(self, input: Any, run_manager: CallbackManagerForChainRun, config: RunnableConfig
+             ) -> dict[str, Any]:
+        """The method's output for one input, inside the runnable's run."""
+
+    @abstractmethod
+    async def _arun(self, input: Any, run_manager: AsyncCallbackManagerForChainRun,
+                    config: RunnableConfig) -> dict[str, Any]:
+        """:meth:`_run` on the async path."""
+
+    def invoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return self._call_with_config(self._run, input, config)
+
+    async def ainvoke(
+        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
+    ) -> dict[str, Any]:
+        return await self._acall_with_config(self._arun, input, config)

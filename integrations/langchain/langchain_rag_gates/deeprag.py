@@ -12,13 +12,13 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.runnables import RunnableConfig, RunnableSerializable
+from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.utils import AddableDict
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr, model_validator
 
 from langchain_rag_gates._inputs import (
+    MethodRunnable,
     gather_config,
-    question_of,
     rag_gates_retriever,
     rag_gates_text_lm,
 )
@@ -43,7 +43,7 @@ def _step_dict(index: int, step: Step) -> dict[str, Any]:
     }
 
 
-class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
+class DeepRAGRunnable(MethodRunnable):
     """DeepRAG (:class:`rag_gates.deeprag.DeepRAG`) as a runnable: the model splits the
     question into subqueries one at a time, decides per subquery whether to retrieve (with
     the subquery) or answer from its own knowledge, and writes the final answer.
@@ -115,9 +115,6 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
         ```
     """
 
-    llm: Any = Field(
-        ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
-    )
     retriever: Any = Field(
         None, exclude=True, description="A LangChain retriever, or a rag-gates Retriever."
     )
@@ -125,12 +122,6 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
     deeprag_config: DeepRAGConfig = Field(
         default_factory=DeepRAGConfig, description="DeepRAG settings (mode, k, max_steps, ...)."
     )
-    query_key: str = Field(
-        "question", min_length=1, description="Key of the question when the input is a dict."
-    )
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-
     _agent: DeepRAG = PrivateAttr()
 
     @model_validator(mode="before")
@@ -155,10 +146,6 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
         return self._agent
 
     # ------------------------------------------------------------------ helpers
-    def question_of(self, input: Any) -> str:
-        """The question: the input itself, or ``input[query_key]``."""
-        return question_of(input, self.query_key, "DeepRAGRunnable")
-
     @staticmethod
     def _rest(result: DeepRAGResult) -> AddableDict:
         t = result.trajectory
@@ -220,15 +207,6 @@ class DeepRAGRunnable(RunnableSerializable[Any, dict[str, Any]]):
     ) -> dict[str, Any]:
         return self._merge([c async for c in self._astream_steps(_once(input), run_manager)])
 
-    def invoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        return self._call_with_config(self._run, input, config)
-
-    async def ainvoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        return await self._acall_with_config(self._arun, input, config)
 
     def stream(self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
                ) -> Iterator[dict[str, Any]]:

@@ -17,10 +17,11 @@ from langchain_core.runnables import RunnableConfig
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
+from rag_gates.cbdr.factories import RerankerFactories
 from rag_gates.rerank import (
-    PassageReranker,
     RerankResult,
     check_query,
+    check_reranker,
     check_result,
     check_top_n,
 )
@@ -32,16 +33,6 @@ RERANK_KEY = "rag_gates_rerank"
 RERANK_EVENT = RERANK_KEY
 SCORE_KEY = "relevance_score"
 """Document metadata key of the reranker's score (the key LangChain's rerankers write)."""
-
-
-def _check_reranker(value: Any) -> Any:
-    if not isinstance(value, PassageReranker):
-        raise TypeError(
-            f"reranker must follow rag_gates' PassageReranker protocol (name, rerank, "
-            f"arerank), got {type(value).__name__}; e.g. rag_gates.cbdr."
-            "ConfidenceGainReranker(lm, probe), or use ConfidenceGainReranker.from_probe"
-        )
-    return value
 
 
 def _event_data(result: RerankResult, documents: Sequence[Document]) -> dict[str, JsonValue]:
@@ -69,7 +60,7 @@ def _event_config(callbacks: Callbacks | None) -> RunnableConfig | None:
     return None
 
 
-class ConfidenceGainReranker(BaseDocumentCompressor):
+class ConfidenceGainReranker(RerankerFactories, BaseDocumentCompressor):
     """Rerank documents by how much each one raises the model's confidence (CBDR), or with
     any other rag-gates reranker.
 
@@ -161,54 +152,12 @@ class ConfidenceGainReranker(BaseDocumentCompressor):
     @field_validator("reranker")
     @classmethod
     def _check_reranker(cls, value: Any) -> Any:
-        return _check_reranker(value)
+        return check_reranker(value)
 
     @field_validator("top_n", mode="before")
     @classmethod
     def _check_top_n(cls, value: Any) -> int | None:
         return check_top_n(value)
-
-    @classmethod
-    def from_probe(
-        cls,
-        lm: Any,
-        probe: Any,
-        *,
-        batch_size: int = 4,
-        max_passage_tokens: int = 512,
-        **kwargs: Any,
-    ) -> ConfidenceGainReranker:
-        """CBDR's zero-shot reranker: score = ``Conf(q + c) - Conf(q)`` with ``probe`` on
-        ``lm`` (the white-box model it was trained on; another model is refused).
-
-        ``batch_size`` and ``max_passage_tokens`` go to
-        :class:`rag_gates.cbdr.ConfidenceGainReranker`; ``kwargs`` (``top_n``) to this class.
-        """
-        from rag_gates.cbdr import ConfidenceGainReranker as CoreReranker
-
-        core = CoreReranker(lm, probe, batch_size=batch_size,
-                            max_passage_tokens=max_passage_tokens)
-        return cls(reranker=core, **kwargs)
-
-    @classmethod
-    def from_cross_encoder(
-        cls,
-        model: Any,
-        *,
-        batch_size: int = 16,
-        max_length: int = 256,
-        **kwargs: Any,
-    ) -> ConfidenceGainReranker:
-        """Rerank with a sentence-transformers ``CrossEncoder`` (or the path of one, e.g.
-        the output of ``rag-gates cbdr train-reranker``), without the LLM.
-
-        ``batch_size`` and ``max_length`` go to :class:`rag_gates.cbdr.CrossEncoderReranker`;
-        ``kwargs`` (``top_n``) to this class.
-        """
-        from rag_gates.cbdr import CrossEncoderReranker
-
-        core = CrossEncoderReranker(model, batch_size=batch_size, max_length=max_length)
-        return cls(reranker=core, **kwargs)
 
     @property
     def last_result(self) -> RerankResult | None:

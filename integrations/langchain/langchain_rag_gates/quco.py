@@ -11,12 +11,12 @@ from langchain_core.callbacks import (
     adispatch_custom_event,
     dispatch_custom_event,
 )
-from langchain_core.runnables import RunnableConfig, RunnableSerializable
-from pydantic import ConfigDict, Field, PrivateAttr, model_validator
+from langchain_core.runnables import RunnableConfig
+from pydantic import Field, PrivateAttr, model_validator
 
 from langchain_rag_gates._inputs import (
+    MethodRunnable,
     gather_config,
-    question_of,
     rag_gates_retriever,
     rag_gates_text_lm,
 )
@@ -28,7 +28,7 @@ from rag_gates.quco import QuCoConfig, QuCoPipeline, QuCoResult
 __all__ = ["QuCoRunnable"]
 
 
-class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
+class QuCoRunnable(MethodRunnable):
     """QuCo-RAG (:class:`rag_gates.quco.QuCoPipeline`) as a runnable.
 
     Each input runs QuCo's loop: the pre-generation gate (rare question entities ->
@@ -110,9 +110,6 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
         ```
     """
 
-    llm: Any = Field(
-        ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
-    )
     retriever: Any = Field(
         ..., exclude=True, description="A LangChain retriever, or a rag-gates Retriever."
     )
@@ -125,12 +122,6 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
     quco_config: QuCoConfig = Field(
         default_factory=QuCoConfig, description="QuCo settings (tau_entity, k, ...)."
     )
-    query_key: str = Field(
-        "question", min_length=1, description="Key of the question when the input is a dict."
-    )
-
-    model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
-
     _pipeline: QuCoPipeline = PrivateAttr()
 
     @model_validator(mode="before")
@@ -156,10 +147,6 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
         return self._pipeline
 
     # ------------------------------------------------------------------ helpers
-    def question_of(self, input: Any) -> str:
-        """The question: the input itself, or ``input[query_key]``."""
-        return question_of(input, self.query_key, "QuCoRunnable")
-
     @staticmethod
     def output_of(result: QuCoResult) -> dict[str, Any]:
         """The runnable's output dict for a pipeline result."""
@@ -195,14 +182,3 @@ class QuCoRunnable(RunnableSerializable[Any, dict[str, Any]]):
                 config=RunnableConfig(callbacks=run_manager.get_child()),
             )
         return output
-
-    # ------------------------------------------------------------------ Runnable
-    def invoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        return self._call_with_config(self._run, input, config)
-
-    async def ainvoke(
-        self, input: Any, config: RunnableConfig | None = None, **kwargs: Any
-    ) -> dict[str, Any]:
-        return await self._acall_with_config(self._arun, input, config)

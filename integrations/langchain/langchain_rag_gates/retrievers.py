@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from typing import Any
 
 from langchain_core.callbacks import (
@@ -19,9 +20,8 @@ from langchain_core.runnables.utils import coro_with_context
 from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
-from rag_gates.gate import Gate, fail_closed
-from rag_gates.retrieval.base import BaseRetriever as RagGatesBaseRetriever
-from rag_gates.retrieval.base import check_query
+from rag_gates._frameworks import FrameworkRetrieverAdapter
+from rag_gates.gated import adecide, agated_retrieve, annotation, check_gate, decide, gated_retrieve
 from rag_gates.types import GateDecision, Passage
 
 __all__ = ["GatedRetriever", "LangChainRetrieverAdapter"]
@@ -30,40 +30,19 @@ DECISION_EVENT = "rag_gates_decision"
 """Name of the LangChain custom event carrying each gate decision."""
 
 
-def _check_gate(value: Any) -> Any:
-    """``value`` if it follows rag-gates' ``Gate`` protocol, else a helpful TypeError."""
-    if not isinstance(value, Gate):
-        raise TypeError(
-            f"gate must follow rag_gates' Gate protocol (name, threshold, decide, adecide, "
-            f"decide_batch), got {type(value).__name__}; subclass rag_gates.gate.BaseGate"
-        )
-    return value
-
-
-def _checked(gate: Any, decision: Any) -> GateDecision:
-    """``decision`` if it is a ``GateDecision`` (one that skips on a score that is no number
-    retrieves instead: :func:`rag_gates.gate.fail_closed`), else a TypeError naming the
-    gate."""
-    if not isinstance(decision, GateDecision):
-        raise TypeError(
-            f"gate {getattr(gate, 'name', type(gate).__name__)!r} returned "
-            f"{type(decision).__name__}, expected a rag_gates GateDecision"
-        )
-    return fail_closed(decision)
-
-
 def _decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
-    """The gate's decision, made inside the calling run's context: a LangChain model the
-    gate calls (``as_text_lm(chat)`` behind ``answer-logprob``, say) is traced as a child
-    of the retriever's or router's run, not as a run of its own."""
+    """The gate's decision (:func:`rag_gates.gated.decide`), made inside the calling run's
+    context: a LangChain model the gate calls (``as_text_lm(chat)`` behind
+    ``answer-logprob``, say) is traced as a child of the retriever's or router's run, not
+    as a run of its own."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
-        return _checked(gate, context.run(gate.decide, query))
+        return decide(gate, query, call=context.run)
 
 
 async def _adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
     """:func:`_decide_in_run` with ``gate.adecide``."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
-        return _checked(gate, await coro_with_context(gate.adecide(query), context))
+        return await adecide(gate, query, call=lambda coro: coro_with_context(coro, context))
 
 
 async def _ainvoke_retriever(retriever: BaseRetriever, query: str,
@@ -204,7 +183,7 @@ class GatedRetriever(BaseRetriever):
     @field_validator("gate")
     @classmethod
     def _check_gate(cls, value: Any) -> Any:
-        return _check_gate(value)
+        return check_gate(value)
 
     @property
     def last_decision(self) -> GateDecision | None:
@@ -235,27 +214,24 @@ class GatedRetriever(BaseRetriever):
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
         config = RunnableConfig(callbacks=run_manager.get_child())
-        decision = _decide_in_run(self.gate, query, run_manager.get_child())
-        data = self._report(decision, config)
-        if not decision.retrieve:
-            skipped = self._skipped(query, decision, data)
-            if isinstance(skipped, list):
-                return skipped
-            data = self._report(skipped, config)  # overturned: retrieve after all
-        docs = self.retriever.invoke(query, config=config, **inner_kwargs)
-        return self._annotated(docs, data, k)
+        return gated_retrieve(
+            _decide_in_run(self.gate, query, run_manager.get_child()),
+            record=lambda decision: self._report(decision, config),
+            skipped=lambda decision, data: self._skipped(query, decision, data),
+            retrieve=lambda: self.retriever.invoke(query, config=config, **inner_kwargs),
+            annotate=lambda docs, data: self._annotated(docs, data, k))
 
     def _report(self, decision: GateDecision, config: RunnableConfig) -> dict[str, JsonValue]:
         """Keep ``decision`` as the last one and send it to the callbacks; its JSON."""
         self._last_decision = decision
-        data = decision.model_dump(mode="json")
+        data = annotation(decision)
         dispatch_custom_event(DECISION_EVENT, data, config=config)
         return data
 
     async def _areport(self, decision: GateDecision, config: RunnableConfig
                        ) -> dict[str, JsonValue]:
         self._last_decision = decision
-        data = decision.model_dump(mode="json")
+        data = annotation(decision)
         await adispatch_custom_event(DECISION_EVENT, data, config=config)
         return data
 
@@ -279,18 +255,15 @@ class GatedRetriever(BaseRetriever):
     ) -> list[Document]:
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
         config = RunnableConfig(callbacks=run_manager.get_child())
-        decision = await _adecide_in_run(self.gate, query, run_manager.get_child())
-        data = await self._areport(decision, config)
-        if not decision.retrieve:
-            skipped = await self._askipped(query, decision, data)
-            if isinstance(skipped, list):
-                return skipped
-            data = await self._areport(skipped, config)  # overturned: retrieve after all
-        docs = await _ainvoke_retriever(self.retriever, query, config, **inner_kwargs)
-        return self._annotated(docs, data, k)
+        return await agated_retrieve(
+            await _adecide_in_run(self.gate, query, run_manager.get_child()),
+            record=lambda decision: self._areport(decision, config),
+            skipped=lambda decision, data: self._askipped(query, decision, data),
+            retrieve=lambda: _ainvoke_retriever(self.retriever, query, config, **inner_kwargs),
+            annotate=lambda docs, data: self._annotated(docs, data, k))
 
 
-class LangChainRetrieverAdapter(RagGatesBaseRetriever):
+class LangChainRetrieverAdapter(FrameworkRetrieverAdapter):
     """Any LangChain retriever as a rag-gates :class:`~rag_gates.retrieval.base.Retriever`.
 
     rag-gates pipelines (QuCo, and the later method pipelines) then retrieve from whatever a
@@ -316,24 +289,19 @@ class LangChainRetrieverAdapter(RagGatesBaseRetriever):
         >>> retriever.retrieve("Who directed Ed Wood?", k=3)[0].text
     """
 
+    native = BaseRetriever
+    kind = "LangChain BaseRetriever (e.g. store.as_retriever())"
+    prefix = "langchain"
+    retriever: BaseRetriever
+
     def __init__(self, retriever: BaseRetriever, name: str | None = None) -> None:
-        if not isinstance(retriever, BaseRetriever):
-            raise TypeError(
-                f"retriever must be a LangChain BaseRetriever (e.g. store.as_retriever()), "
-                f"got {type(retriever).__name__}"
-            )
-        self.retriever = retriever
-        self._name = name or f"langchain:{type(retriever).__name__}"
+        super().__init__(retriever, name)
 
-    @property
-    def name(self) -> str:
-        return self._name
+    def _fetch(self, query: str, k: int) -> list[Document]:
+        return self.retriever.invoke(query, k=k)
 
-    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
-        query, k = check_query(query, k)
-        return documents_to_passages(self.retriever.invoke(query, k=k)[:k])
+    async def _afetch(self, query: str, k: int) -> list[Document]:
+        return await _ainvoke_retriever(self.retriever, query, None, k=k)
 
-    async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
-        query, k = check_query(query, k)
-        return documents_to_passages((await _ainvoke_retriever(self.retriever, query, None,
-                                                              k=k))[:k])
+    def _passages(self, items: Sequence[Any]) -> list[Passage]:
+        return documents_to_passages(items)

@@ -27,13 +27,10 @@ from pydantic import ConfigDict, Field, JsonValue, field_validator, model_valida
 
 from langchain_rag_gates.chat_models import ChatRagGates
 from langchain_rag_gates.documents import ANNOTATION_KEY, documents_to_passages
-from langchain_rag_gates.retrievers import (
-    DECISION_EVENT,
-    _adecide_in_run,
-    _check_gate,
-    _decide_in_run,
-)
+from langchain_rag_gates.retrievers import DECISION_EVENT, _adecide_in_run, _decide_in_run
+from rag_gates._frameworks import question_of
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
+from rag_gates.gated import annotation, check_gate
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import GateDecision
 
@@ -257,7 +254,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
     @field_validator("gate")
     @classmethod
     def _check_gate(cls, value: Any) -> Any:
-        return _check_gate(value)
+        return check_gate(value)
 
     @field_validator("retrieve", "direct", mode="before")
     @classmethod
@@ -273,24 +270,25 @@ class GateRouter(RunnableSerializable[Any, Any]):
     # ------------------------------------------------------------------ helpers
     def query_of(self, input: Any) -> str:
         """The string the gate decides on: the input itself, or ``input[query_key]``."""
-        if isinstance(input, str):
-            return input
-        if isinstance(input, Mapping):
-            if self.query_key not in input:
-                raise KeyError(
-                    f"GateRouter input has no {self.query_key!r} key (keys: "
-                    f"{sorted(map(str, input))}); set query_key to the key holding the query"
-                )
-            query = input[self.query_key]
-            if not isinstance(query, str):
-                raise TypeError(
-                    f"input[{self.query_key!r}] must be a str, got {type(query).__name__}"
-                )
-            return query
-        raise TypeError(
-            f"GateRouter takes a str or a dict with a {self.query_key!r} key, got "
-            f"{type(input).__name__}"
-        )
+        return question_of(input, self.query_key, "GateRouter", what="query")
+
+    def _decided(self, input: Any, run_manager: Any) -> tuple[GateDecision,
+                                                              dict[str, JsonValue]]:
+        """The gate's decision inside the router's run, reported as the custom event."""
+        decision = _decide_in_run(self.gate, self.query_of(input), run_manager.get_child())
+        data = annotation(decision)
+        dispatch_custom_event(DECISION_EVENT, data,
+                              config=RunnableConfig(callbacks=run_manager.get_child()))
+        return decision, data
+
+    async def _adecided(self, input: Any, run_manager: Any
+                        ) -> tuple[GateDecision, dict[str, JsonValue]]:
+        decision = await _adecide_in_run(self.gate, self.query_of(input),
+                                         run_manager.get_child())
+        data = annotation(decision)
+        await adispatch_custom_event(DECISION_EVENT, data,
+                                     config=RunnableConfig(callbacks=run_manager.get_child()))
+        return decision, data
 
     def _three_way(self, decision: GateDecision) -> bool:
         return decision.retrieve and self.retriever is not None and bool(
@@ -391,12 +389,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = _decide_in_run(self.gate, self.query_of(input),
-                                     run_manager.get_child())
-            data = decision.model_dump(mode="json")
-            dispatch_custom_event(
-                DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
-            )
+            decision, data = self._decided(input, run_manager)
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
             if self._three_way(decision):
@@ -421,12 +414,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
             run_id=config.pop("run_id", None),
         )
         try:
-            decision = await _adecide_in_run(self.gate, self.query_of(input),
-                                           run_manager.get_child())
-            data = decision.model_dump(mode="json")
-            await adispatch_custom_event(
-                DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
-            )
+            decision, data = await self._adecided(input, run_manager)
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
             if self._three_way(decision):
@@ -452,12 +440,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = _decide_in_run(self.gate, self.query_of(input),
-                                     run_manager.get_child())
-            data = decision.model_dump(mode="json")
-            dispatch_custom_event(
-                DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
-            )
+            decision, data = self._decided(input, run_manager)
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
             if self._three_way(decision):
@@ -488,12 +471,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         )
         final: Any = None
         try:
-            decision = await _adecide_in_run(self.gate, self.query_of(input),
-                                           run_manager.get_child())
-            data = decision.model_dump(mode="json")
-            await adispatch_custom_event(
-                DECISION_EVENT, data, config=RunnableConfig(callbacks=run_manager.get_child())
-            )
+            decision, data = await self._adecided(input, run_manager)
             branch, tag = self._route(decision)
             child = _branch_config(config, run_manager.get_child(), tag)
             if self._three_way(decision):

@@ -16,7 +16,7 @@ from pydantic import Field, JsonValue, model_validator
 
 from langchain_rag_gates.documents import annotate_document, passage_to_document
 from langchain_rag_gates.retrievers import GatedRetriever
-from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing
+from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing, verbalizer_for
 from rag_gates.types import GateDecision, Passage
 
 __all__ = ["SelfRoutingRetriever"]
@@ -96,18 +96,7 @@ class SelfRoutingRetriever(GatedRetriever):
 
     @model_validator(mode="after")
     def _default_verbalizer(self) -> SelfRoutingRetriever:
-        if self.verbalizer is None:
-            lm = getattr(self.gate, "lm", None)
-            if lm is None:
-                raise ValueError(
-                    f"gate {getattr(self.gate, 'name', type(self.gate).__name__)!r} has no "
-                    "model to verbalize with: pass verbalizer=Verbalizer(lm)")
-            from rag_gates.srrag.verbalizer import Verbalizer
-
-            self.verbalizer = Verbalizer(lm)
-        elif not callable(getattr(self.verbalizer, "verbalize", None)):
-            raise TypeError(f"verbalizer must be a rag_gates.srrag.Verbalizer, got "
-                            f"{type(self.verbalizer).__name__}")
+        self.verbalizer = verbalizer_for(self.gate, self.verbalizer)
         return self
 
     def _verbalized(self, passage: Passage, decision: GateDecision,

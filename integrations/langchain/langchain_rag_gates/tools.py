@@ -28,6 +28,7 @@ from rag_gates.tools import (
     VERIFY_CLAIMS_DESCRIPTION,
     VERIFY_CLAIMS_NAME,
     gated_retrieval_summary,
+    the_call_decision,
 )
 from rag_gates.types import GateDecision
 
@@ -168,13 +169,6 @@ class _DecisionCatcher(BaseCallbackHandler):
         if name == DECISION_EVENT:
             self.decisions.append((run_id, data))
 
-    def final(self) -> Any:
-        """The tool's retriever's last decision: its run reports first (it decides before
-        anything it wraps runs), and last when it overturned its first decision (a
-        SelfRoutingRetriever whose verbalization came back empty retrieves after all)."""
-        own = self.decisions[0][0]
-        return [data for run, data in self.decisions if run == own][-1]
-
 
 class GatedRetrieverTool(BaseTool):
     """A :class:`~langchain_rag_gates.GatedRetriever` as an agent tool that says what its
@@ -258,12 +252,9 @@ class GatedRetrieverTool(BaseTool):
 
     def _output(self, catcher: _DecisionCatcher,
                 docs: list[Document]) -> tuple[str, GatedRetrieval]:
-        if not catcher.decisions:
-            raise RuntimeError(
-                f"the gated retriever reported no {DECISION_EVENT!r} event; "
-                "GatedRetrieverTool needs a langchain_rag_gates.GatedRetriever"
-            )
-        decision = GateDecision.model_validate(catcher.final())
+        decision = GateDecision.model_validate(the_call_decision(
+            catcher.decisions, "GatedRetrieverTool needs a langchain_rag_gates.GatedRetriever "
+            f"(it reports each decision as a {DECISION_EVENT!r} event)"))
         summary = gated_retrieval_summary(decision, documents_to_passages(docs))
         return json.dumps(summary, ensure_ascii=False), GatedRetrieval(decision, list(docs))
 

@@ -15,10 +15,12 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import annotate_node, nodes_to_passages
 from pydantic import ConfigDict, Field, PrivateAttr, field_validator
 
+from rag_gates.cbdr.factories import RerankerFactories
 from rag_gates.rerank import (
     PassageReranker,
     RerankResult,
     check_query,
+    check_reranker,
     check_result,
     check_top_n,
 )
@@ -34,7 +36,7 @@ RETRIEVAL_SCORE_KEY = "retrieval_score"
 LlamaIndex's ``SentenceTransformerRerank`` uses)."""
 
 
-class ConfidenceGainReranker(BaseNodePostprocessor):
+class ConfidenceGainReranker(RerankerFactories, BaseNodePostprocessor):
     """Rerank nodes by how much each one raises the model's confidence (CBDR), or with any
     other rag-gates reranker.
 
@@ -131,12 +133,7 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
         callback_manager: CallbackManager | None = None,
         **kwargs: Any,
     ) -> None:
-        if not isinstance(reranker, PassageReranker):
-            raise TypeError(
-                f"reranker must follow rag_gates' PassageReranker protocol (name, rerank, "
-                f"arerank), got {type(reranker).__name__}; e.g. rag_gates.cbdr."
-                "ConfidenceGainReranker(lm, probe), or use ConfidenceGainReranker.from_probe"
-            )
+        check_reranker(reranker)
         if callback_manager is not None:
             kwargs["callback_manager"] = callback_manager
         super().__init__(top_n=top_n, keep_retrieval_score=keep_retrieval_score, **kwargs)
@@ -146,49 +143,6 @@ class ConfidenceGainReranker(BaseNodePostprocessor):
     @classmethod
     def _check_top_n(cls, value: Any) -> int | None:
         return check_top_n(value)
-
-    @classmethod
-    def from_probe(
-        cls,
-        lm: Any,
-        probe: Any,
-        *,
-        batch_size: int = 4,
-        max_passage_tokens: int = 512,
-        **kwargs: Any,
-    ) -> ConfidenceGainReranker:
-        """CBDR's zero-shot reranker: score = ``Conf(q + c) - Conf(q)`` with ``probe`` on
-        ``lm`` (the white-box model it was trained on; another model is refused).
-
-        ``batch_size`` and ``max_passage_tokens`` go to
-        :class:`rag_gates.cbdr.ConfidenceGainReranker`; ``kwargs`` (``top_n``,
-        ``keep_retrieval_score``, ...) to this class.
-        """
-        from rag_gates.cbdr import ConfidenceGainReranker as CoreReranker
-
-        core = CoreReranker(lm, probe, batch_size=batch_size,
-                            max_passage_tokens=max_passage_tokens)
-        return cls(reranker=core, **kwargs)
-
-    @classmethod
-    def from_cross_encoder(
-        cls,
-        model: Any,
-        *,
-        batch_size: int = 16,
-        max_length: int = 256,
-        **kwargs: Any,
-    ) -> ConfidenceGainReranker:
-        """Rerank with a sentence-transformers ``CrossEncoder`` (or the path of one, e.g.
-        the output of ``rag-gates cbdr train-reranker``), without the LLM.
-
-        ``batch_size`` and ``max_length`` go to :class:`rag_gates.cbdr.CrossEncoderReranker`;
-        ``kwargs`` (``top_n``, ``keep_retrieval_score``, ...) to this class.
-        """
-        from rag_gates.cbdr import CrossEncoderReranker
-
-        core = CrossEncoderReranker(model, batch_size=batch_size, max_length=max_length)
-        return cls(reranker=core, **kwargs)
 
     @classmethod
     def class_name(cls) -> str:

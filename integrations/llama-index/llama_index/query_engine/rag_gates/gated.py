@@ -32,17 +32,12 @@ from llama_index.retrievers.rag_gates.convert import (
     annotate_node,
     nodes_to_passages,
 )
-from llama_index.retrievers.rag_gates.gated import (
-    GateErrorPolicy,
-    adecide_or_fail_closed,
-    check_gate_error_policy,
-    decide_or_fail_closed,
-    emit_decision,
-)
+from llama_index.retrievers.rag_gates.gated import emit_decision
 from pydantic import JsonValue
 
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
 from rag_gates.gate import Gate
+from rag_gates.gated import GateErrorPolicy, adecide, check_gate, check_gate_error_policy, decide
 from rag_gates.types import GateDecision
 
 __all__ = ["DEFAULT_ABSTAIN_MESSAGE", "DEFAULT_DIRECT_PROMPT", "GatedQueryEngine"]
@@ -187,11 +182,7 @@ class GatedQueryEngine(BaseQueryEngine):
                 f"query_engine must be a LlamaIndex BaseQueryEngine (e.g. "
                 f"index.as_query_engine()), got {type(query_engine).__name__}"
             )
-        if not isinstance(gate, Gate):
-            raise TypeError(
-                f"gate must follow rag_gates' Gate protocol (name, threshold, decide, "
-                f"adecide, decide_batch), got {type(gate).__name__}"
-            )
+        check_gate(gate)
         if llm is not None and not isinstance(llm, LLM):
             raise TypeError(f"llm must be a LlamaIndex LLM, got {type(llm).__name__}")
         if direct_prompt is not None and not isinstance(direct_prompt, BasePromptTemplate):
@@ -336,7 +327,7 @@ class GatedQueryEngine(BaseQueryEngine):
 
     # ------------------------------------------------------------------ query
     def _query(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        decision = decide_or_fail_closed(self.gate, query_bundle.query_str, self.on_gate_error)
+        decision = decide(self.gate, query_bundle.query_str, self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return self._retrieved(query_bundle, data)
@@ -351,8 +342,7 @@ class GatedQueryEngine(BaseQueryEngine):
         return self._answered(self.llm.predict(template, query_str=value), data, reuse)
 
     async def _aquery(self, query_bundle: QueryBundle) -> RESPONSE_TYPE:
-        decision = await adecide_or_fail_closed(self.gate, query_bundle.query_str,
-                                                self.on_gate_error)
+        decision = await adecide(self.gate, query_bundle.query_str, self.on_gate_error)
         data = self._record(query_bundle, decision)
         if data["retrieve"]:
             return await self._aretrieved(query_bundle, data)

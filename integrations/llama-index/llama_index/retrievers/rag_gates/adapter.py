@@ -8,16 +8,20 @@ retriever, a :class:`~llama_index.retrievers.rag_gates.GatedRetriever`, ...
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+from typing import Any
+
 from llama_index.core.base.base_retriever import BaseRetriever as LlamaIndexBaseRetriever
+from llama_index.core.schema import NodeWithScore
 from llama_index.retrievers.rag_gates.convert import nodes_to_passages
 
-from rag_gates.retrieval.base import BaseRetriever, check_query
+from rag_gates._frameworks import FrameworkRetrieverAdapter
 from rag_gates.types import Passage
 
 __all__ = ["LlamaIndexRetrieverAdapter"]
 
 
-class LlamaIndexRetrieverAdapter(BaseRetriever):
+class LlamaIndexRetrieverAdapter(FrameworkRetrieverAdapter):
     """A LlamaIndex retriever seen as a rag-gates :class:`~rag_gates.retrieval.base.Retriever`.
 
     ``retrieve(query, k)`` calls the wrapped retriever (``aretrieve`` calls its own async
@@ -40,23 +44,19 @@ class LlamaIndexRetrieverAdapter(BaseRetriever):
         >>> passages[0].title, passages[0].score
     """
 
+    native = LlamaIndexBaseRetriever
+    kind = "LlamaIndex BaseRetriever (e.g. index.as_retriever())"
+    prefix = "llama-index"
+    retriever: LlamaIndexBaseRetriever
+
     def __init__(self, retriever: LlamaIndexBaseRetriever, name: str | None = None) -> None:
-        if not isinstance(retriever, LlamaIndexBaseRetriever):
-            raise TypeError(
-                f"retriever must be a LlamaIndex BaseRetriever (e.g. index.as_retriever()), "
-                f"got {type(retriever).__name__}"
-            )
-        self.retriever = retriever
-        self._name = name or f"llama-index:{type(retriever).__name__}"
+        super().__init__(retriever, name)
 
-    @property
-    def name(self) -> str:
-        return self._name
+    def _fetch(self, query: str, k: int) -> list[NodeWithScore]:
+        return self.retriever.retrieve(query)
 
-    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
-        query, k = check_query(query, k)
-        return nodes_to_passages(self.retriever.retrieve(query)[:k])
+    async def _afetch(self, query: str, k: int) -> list[NodeWithScore]:
+        return await self.retriever.aretrieve(query)
 
-    async def aretrieve(self, query: str, k: int = 3) -> list[Passage]:
-        query, k = check_query(query, k)
-        return nodes_to_passages((await self.retriever.aretrieve(query))[:k])
+    def _passages(self, items: Sequence[Any]) -> list[Passage]:
+        return nodes_to_passages(items)

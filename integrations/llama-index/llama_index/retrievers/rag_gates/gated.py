@@ -9,9 +9,7 @@ decision is dispatched as a :class:`GateDecisionEvent` through LlamaIndex instru
 from __future__ import annotations
 
 import inspect
-import logging
-from contextvars import ContextVar
-from typing import Any, Literal
+from typing import Any
 
 import llama_index.core.instrumentation as instrument
 from llama_index.core.base.base_retriever import BaseRetriever
@@ -21,63 +19,23 @@ from llama_index.core.schema import NodeWithScore, QueryBundle
 from llama_index.retrievers.rag_gates.convert import ANNOTATION_KEY, annotate_node
 from pydantic import Field, JsonValue
 
-from rag_gates.gate import Gate, fail_closed, gate_error_decision
+from rag_gates.gate import Gate
+from rag_gates.gated import (
+    GateErrorPolicy,
+    adecide,
+    agated_retrieve,
+    annotation,
+    check_decision,
+    check_gate,
+    check_gate_error_policy,
+    decide,
+    gated_retrieve,
+)
 from rag_gates.types import GateDecision
 
 __all__ = ["GateDecisionEvent", "GatedRetriever"]
 
 dispatcher = instrument.get_dispatcher(__name__)
-logger = logging.getLogger(__name__)
-
-GateErrorPolicy = Literal["raise", "retrieve"]
-_GATE_ERROR_POLICY: ContextVar[GateErrorPolicy | None] = ContextVar(
-    "rag_gates_gate_error_policy", default=None)
-"""Set by ``gated_retriever_tool`` for one call: an agent's tool must not raise (below)."""
-
-
-def check_gate_error_policy(value: object) -> GateErrorPolicy:
-    """``value`` if it is an ``on_gate_error`` policy, else a ValueError naming both."""
-    if value == "raise" or value == "retrieve":
-        return value
-    raise ValueError(f"on_gate_error must be 'raise' or 'retrieve', got {value!r}")
-
-
-def _gate_failed(gate: Gate, query_str: str, error: Exception,
-                 policy: GateErrorPolicy) -> GateDecision:
-    if (_GATE_ERROR_POLICY.get() or policy) == "raise":
-        raise error
-    logger.warning("gate %r raised on %r (%s: %s); on_gate_error='retrieve': retrieve",
-                   getattr(gate, "name", "?"), query_str[:80], type(error).__name__, error)
-    return gate_error_decision(gate, error)
-
-
-def decide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
-                          ) -> GateDecision:
-    """The gate's decision; if it raises, the error (``policy="raise"``) or the fail-closed
-    decision that retrieves and names the error (``"retrieve"``). A tool call's policy
-    (``gated_retriever_tool``) overrides ``policy``."""
-    try:
-        decision = gate.decide(query_str)
-    except Exception as error:  # any failure to decide is "undecided"
-        return _gate_failed(gate, query_str, error, policy)
-    return _closed(decision)
-
-
-def _closed(decision: Any) -> Any:
-    """A decision that skips on a score that is no number retrieves instead (a gate outside
-    ``BaseGate`` can make one); anything not a decision is left to :func:`emit_decision`'s
-    TypeError."""
-    return fail_closed(decision) if isinstance(decision, GateDecision) else decision
-
-
-async def adecide_or_fail_closed(gate: Gate, query_str: str, policy: GateErrorPolicy
-                                 ) -> GateDecision:
-    """:func:`decide_or_fail_closed` with ``gate.adecide``."""
-    try:
-        decision = await gate.adecide(query_str)
-    except Exception as error:  # any failure to decide is "undecided"
-        return _gate_failed(gate, query_str, error, policy)
-    return _closed(decision)
 
 
 class GateDecisionEvent(BaseEvent):
@@ -112,12 +70,7 @@ class GateDecisionEvent(BaseEvent):
 def emit_decision(gate: Any, query_str: str, decision: Any) -> dict[str, JsonValue]:
     """Check that ``gate`` returned a GateDecision, send it as a :class:`GateDecisionEvent`
     through LlamaIndex's instrumentation, and return it as JSON (the node annotation)."""
-    if not isinstance(decision, GateDecision):
-        raise TypeError(
-            f"gate {getattr(gate, 'name', type(gate).__name__)!r} returned "
-            f"{type(decision).__name__}, expected a rag_gates GateDecision"
-        )
-    data = decision.model_dump(mode="json")
+    data = annotation(check_decision(gate, decision))
     dispatcher.event(GateDecisionEvent(query_str=query_str, retrieve=decision.retrieve,
                                        decision=data))
     return data
@@ -185,11 +138,7 @@ class GatedRetriever(BaseRetriever):
                 f"got {type(retriever).__name__}; for a rag-gates Retriever wrap it in "
                 "PassageRetriever first"
             )
-        if not isinstance(gate, Gate):
-            raise TypeError(
-                f"gate must follow rag_gates' Gate protocol (name, threshold, decide, "
-                f"adecide, decide_batch), got {type(gate).__name__}"
-            )
+        check_gate(gate)
         if not isinstance(annotation_key, str) or not annotation_key:
             raise ValueError(f"annotation_key must be a non-empty string, got {annotation_key!r}")
         policy = check_gate_error_policy(on_gate_error)
@@ -212,13 +161,6 @@ class GatedRetriever(BaseRetriever):
         self.last_decision = decision
         return data
 
-    def _decide(self, query_str: str) -> GateDecision:
-        """The gate's decision, or (``on_gate_error="retrieve"``) the fail-closed one."""
-        return decide_or_fail_closed(self.gate, query_str, self.on_gate_error)
-
-    async def _adecide(self, query_str: str) -> GateDecision:
-        return await adecide_or_fail_closed(self.gate, query_str, self.on_gate_error)
-
     def _annotated(
         self, nodes: list[NodeWithScore], data: dict[str, JsonValue]
     ) -> list[NodeWithScore]:
@@ -235,21 +177,20 @@ class GatedRetriever(BaseRetriever):
         return self._skipped(query_bundle, decision, data)
 
     def _retrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        decision = self._decide(query_bundle.query_str)
-        data = self._record(query_bundle, decision)
-        if not decision.retrieve:
-            skipped = self._skipped(query_bundle, decision, data)
-            if isinstance(skipped, list):
-                return skipped
-            data = self._record(query_bundle, skipped)  # overturned: retrieve after all
-        return self._annotated(self.retriever.retrieve(query_bundle), data)
+        return gated_retrieve(
+            decide(self.gate, query_bundle.query_str, self.on_gate_error),
+            record=lambda decision: self._record(query_bundle, decision),
+            skipped=lambda decision, data: self._skipped(query_bundle, decision, data),
+            retrieve=lambda: self.retriever.retrieve(query_bundle),
+            annotate=self._annotated)
 
     async def _aretrieve(self, query_bundle: QueryBundle) -> list[NodeWithScore]:
-        decision = await self._adecide(query_bundle.query_str)
-        data = self._record(query_bundle, decision)
-        if not decision.retrieve:
-            skipped = await self._askipped(query_bundle, decision, data)
-            if isinstance(skipped, list):
-                return skipped
-            data = self._record(query_bundle, skipped)  # overturned: retrieve after all
-        return self._annotated(await self.retriever.aretrieve(query_bundle), data)
+        async def record(decision: GateDecision) -> dict[str, JsonValue]:
+            return self._record(query_bundle, decision)
+
+        return await agated_retrieve(
+            await adecide(self.gate, query_bundle.query_str, self.on_gate_error),
+            record=record,
+            skipped=lambda decision, data: self._askipped(query_bundle, decision, data),
+            retrieve=lambda: self.retriever.aretrieve(query_bundle),
+            annotate=self._annotated)

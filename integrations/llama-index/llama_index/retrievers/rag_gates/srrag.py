@@ -19,7 +19,7 @@ from llama_index.retrievers.rag_gates.gated import GatedRetriever
 from pydantic import JsonValue
 
 from rag_gates.gate import Gate
-from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing
+from rag_gates.srrag.verbalizer import retrieve_instead, says_nothing, verbalizer_for
 from rag_gates.types import GateDecision, Passage
 
 __all__ = ["SelfRoutingRetriever"]
@@ -78,19 +78,7 @@ class SelfRoutingRetriever(GatedRetriever):
     ) -> None:
         super().__init__(retriever, gate, annotation_key=annotation_key,
                          callback_manager=callback_manager, **kwargs)
-        if verbalizer is None:
-            lm = getattr(gate, "lm", None)
-            if lm is None:
-                raise ValueError(
-                    f"gate {getattr(gate, 'name', type(gate).__name__)!r} has no model to "
-                    "verbalize with: pass verbalizer=Verbalizer(lm)")
-            from rag_gates.srrag.verbalizer import Verbalizer
-
-            verbalizer = Verbalizer(lm)
-        elif not callable(getattr(verbalizer, "verbalize", None)):
-            raise TypeError(f"verbalizer must be a rag_gates.srrag.Verbalizer, got "
-                            f"{type(verbalizer).__name__}")
-        self.verbalizer = verbalizer
+        self.verbalizer = verbalizer_for(gate, verbalizer)
 
     def _node(self, passage: Passage, decision: GateDecision, data: dict[str, JsonValue]
               ) -> list[NodeWithScore] | GateDecision:

@@ -15,13 +15,10 @@ from llama_index.core.schema import NodeWithScore
 from llama_index.core.tools import FunctionTool
 from llama_index.retrievers.rag_gates import gated
 from llama_index.retrievers.rag_gates.convert import nodes_to_passages
-from llama_index.retrievers.rag_gates.gated import (
-    GateDecisionEvent,
-    GatedRetriever,
-    GateErrorPolicy,
-)
+from llama_index.retrievers.rag_gates.gated import GateDecisionEvent, GatedRetriever
 from pydantic import BaseModel, Field
 
+from rag_gates.gated import GateErrorPolicy, check_gate_error_policy, gate_error_policy
 from rag_gates.quco import ClaimVerifier
 from rag_gates.tools import (
     SEARCH_DOCUMENTS_DESCRIPTION,
@@ -29,6 +26,7 @@ from rag_gates.tools import (
     VERIFY_CLAIMS_DESCRIPTION,
     VERIFY_CLAIMS_NAME,
     gated_retrieval_summary,
+    the_call_decision,
 )
 from rag_gates.types import GateDecision
 
@@ -86,7 +84,8 @@ def claim_verifier_tool(
         ```python
         from llama_index.tools.rag_gates import claim_verifier_tool
         from rag_gates.corpus import LocalInfiniGram
-        from rag_gates.quco import ClaimVerifier
+        from rag_gates.gated import GateErrorPolicy, check_gate_error_policy, gate_error_policy
+from rag_gates.quco import ClaimVerifier
 
         # indexes/docs: rag-gates index build docs/ --out indexes/docs
         tool = claim_verifier_tool(ClaimVerifier(LocalInfiniGram("indexes/docs")))
@@ -177,16 +176,9 @@ def _install_catcher() -> None:
 
 def _gated_retrieval(decisions: list[tuple[str | None, GateDecision]],
                      nodes: list[NodeWithScore]) -> GatedRetrieval:
-    if not decisions:
-        raise RuntimeError("the gated retriever dispatched no GateDecisionEvent; "
-                           "gated_retriever_tool needs a llama_index.retrievers.rag_gates."
-                           "GatedRetriever")
-    # The tool's retriever's span reports first (it decides before anything it wraps runs),
-    # and last when it overturned its first decision (a SelfRoutingRetriever whose
-    # verbalization came back empty retrieves after all): its last decision is the one.
-    own = decisions[0][0]
-    return GatedRetrieval(decision=[d for span, d in decisions if span == own][-1],
-                          nodes=list(nodes))
+    needs = ("gated_retriever_tool needs a llama_index.retrievers.rag_gates.GatedRetriever "
+             "(it dispatches each decision as a GateDecisionEvent)")
+    return GatedRetrieval(decision=the_call_decision(decisions, needs), nodes=list(nodes))
 
 
 def _content(result: Any) -> str:
@@ -254,18 +246,17 @@ def gated_retriever_tool(
         )
     if not isinstance(name, str) or not name:
         raise ValueError(f"name must be a non-empty string, got {name!r}")
-    gated.check_gate_error_policy(on_gate_error)
+    check_gate_error_policy(on_gate_error)
     _install_catcher()
 
     def search_documents(query: str) -> GatedRetrieval:
         """Search the documents behind a retrieval gate."""
         decisions: list[tuple[str | None, GateDecision]] = []
         token = _CALL_DECISIONS.set(decisions)
-        policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
-            nodes = retriever.retrieve(query)
+            with gate_error_policy(on_gate_error):
+                nodes = retriever.retrieve(query)
         finally:
-            gated._GATE_ERROR_POLICY.reset(policy)
             _CALL_DECISIONS.reset(token)
         return _gated_retrieval(decisions, nodes)
 
@@ -273,11 +264,10 @@ def gated_retriever_tool(
         """Search the documents behind a retrieval gate."""
         decisions: list[tuple[str | None, GateDecision]] = []
         token = _CALL_DECISIONS.set(decisions)
-        policy = gated._GATE_ERROR_POLICY.set(on_gate_error)
         try:
-            nodes = await retriever.aretrieve(query)
+            with gate_error_policy(on_gate_error):
+                nodes = await retriever.aretrieve(query)
         finally:
-            gated._GATE_ERROR_POLICY.reset(policy)
             _CALL_DECISIONS.reset(token)
         return _gated_retrieval(decisions, nodes)
 
