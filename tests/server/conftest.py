@@ -8,7 +8,7 @@
 
 These tests run only under ``-m server``; the default run skips them. A test that takes the
 ``engine`` fixture runs once per engine (``-k vllm`` or ``-k llamacpp`` picks one); an engine
-that is not set up skips with the reason."""
+that is not set up skips with the reason (vLLM: RAG_GATES_VLLM_PYTHON unset)."""
 
 from __future__ import annotations
 
@@ -51,16 +51,18 @@ def llama_server(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
 
 @pytest.fixture(scope="session")
 def vllm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    """vLLM's ``/v1`` URL, stopped at the end of the session; skips unless
-    ``RAG_GATES_VLLM_PYTHON`` names an existing python. Started eager (no compiling); the
-    wait for it is RAG_GATES_VLLM_STARTUP_S (default 900 s)."""
+    """vLLM's ``/v1`` URL, stopped at the end of the session; skips when
+    ``RAG_GATES_VLLM_PYTHON`` is unset, fails when it names no file. Started eager (no
+    compiling); the wait for it is RAG_GATES_VLLM_STARTUP_S (default 900 s)."""
     from rag_gates.lm.vllm_server import VLLM_PYTHON_ENV, vllm_python, vllm_server
 
     python = vllm_python()
     if python is None:
         given = os.environ.get(VLLM_PYTHON_ENV)
-        pytest.skip(f"{VLLM_PYTHON_ENV}={given} does not exist" if given else
-                    f"vLLM is not set up: `bash benchmarks/envs/vllm.sh`, then "
+        if given:  # asked for and missing: a broken set-up, not an absent one
+            pytest.fail(f"{VLLM_PYTHON_ENV}={given} does not exist: build it with "
+                        "`bash benchmarks/envs/vllm.sh` (VLLMVENV=DIR for another place)")
+        pytest.skip(f"vLLM is not set up: `bash benchmarks/envs/vllm.sh`, then "
                     f"{VLLM_PYTHON_ENV}=/work/vllmvenv/bin/python (make test-server-vllm)")
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     timeout = float(os.environ.get("RAG_GATES_VLLM_STARTUP_S", "900"))
