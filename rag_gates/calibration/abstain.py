@@ -226,7 +226,7 @@ def calibrate_abstention(records: Sequence[CalibrationRecord], *, max_loss: floa
         CalibrationError: what :func:`~rag_gates.calibration.calibrate` refuses, alpha
             outside (0, 1), unlabelled records, or records without the with-passages score.
     """
-    from rag_gates.calibration.calibrate import _check, _gate_names, random_u
+    from rag_gates.calibration.rows import _check, _gate_names, random_u
 
     _check(records, max_loss, delta, bound, seed)
     if isinstance(max_error, bool) or not isinstance(max_error, int | float) \

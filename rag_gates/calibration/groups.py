@@ -239,7 +239,7 @@ def calibrate_by_group(records: Sequence[CalibrationRecord], *, max_loss: float 
             all, one closed-book class, epsilon or delta outside (0, 1), duplicate ids,
             gates nobody scored).
     """
-    from rag_gates.calibration.calibrate import (
+    from rag_gates.calibration.rows import (
         _auroc,
         _certify,
         _check,

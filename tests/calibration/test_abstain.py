@@ -288,3 +288,37 @@ def test_the_cli_refuses_abstain_with_by_group_before_loading(
     refused = tiny_run["refused"]
     assert refused.exit_code == 2
     assert "--abstain certifies one policy" in " ".join(refused.output.split())
+
+
+def test_the_calibration_page_abstention_snippet_runs(tiny: Any, tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    import contextlib
+    import io
+    import re
+
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.types import Passage
+
+    text = (ROOT / "docs" / "calibration.md").read_text(encoding="utf-8")
+    match = re.search(r"<!-- run by tests/calibration/test_abstain.py -->\n```python\n(.*?)```",
+                      text, re.S)
+    assert match, "the tested abstention snippet is marked in docs/calibration.md"
+    gate = AnswerLogprobGate(tiny, max_new_tokens=32)
+    pop = population(120, seed=11)
+    questions = [f"Who wrote the book number {i}?" for i in range(120)]
+    scores = [gate.decide(q).score for q in questions]
+    records = [CalibrationRecord(
+        id=str(i), question=q, closed_book_correct=bool(pop["closed"][i]),
+        retrieved_correct=bool(pop["retrieved"][i]), scores={"answer-logprob": s},
+        retrieved_scores={PASSAGE_SCORE: float(pop["s2"][i]) * 20})
+        for i, (q, s) in enumerate(zip(questions, scores, strict=True))]
+    write_records(records, tmp_path / "records.jsonl")
+    monkeypatch.chdir(tmp_path)
+    passages = [Passage(id="a", title="Hamlet", text="Hamlet is a play by Shakespeare.")]
+    out = io.StringIO()
+    with contextlib.redirect_stdout(out):
+        exec(compile(match.group(1), "docs/calibration.md", "exec"),
+             {"lm": tiny, "passages": passages})
+    assert GateSpec.load(tmp_path / "gate.json").abstain is not None
+    printed = out.getvalue()
+    assert "abstention threshold" in printed or "no answer after retrieval" in printed
