@@ -341,6 +341,11 @@ class GateSpec(BaseModel):
     abstain: AbstainCertificate | None = Field(
         None, description="The certified abstention after retrieval (calibrate(abstain="
         "ALPHA)); None: the spec answers every retrieved question.")
+    population: str | None = Field(
+        None, min_length=1, max_length=2000,
+        description="The population the calibration questions were drawn from, and how "
+        "(the guarantee holds for questions drawn like them): rag-gates calibrate "
+        "--population, or GateSpec.with_population. None: not stated.")
     checksum: str = Field("", description="SHA-256 over the canonical JSON of every other "
                           "field; written by save().")
 
@@ -372,10 +377,24 @@ class GateSpec(BaseModel):
         skip = {"checksum"} | ({"cascade"} if self.cascade is None else set()) | (
             {"labels", "judge"} if self.labels == "gold" and self.judge is None else set()) | (
             {"groups"} if self.groups is None else set()) | (
-            {"abstain"} if self.abstain is None else set())
+            {"abstain"} if self.abstain is None else set()) | (
+            {"population"} if self.population is None else set())
         body = self.model_dump(mode="json", exclude=skip)
         text = json.dumps(body, sort_keys=True, separators=(",", ":"), allow_nan=False)
         return _sha(text)
+
+    def with_population(self, population: str) -> GateSpec:
+        """This spec, sealed, stating the population its questions were drawn from (what the
+        guarantee is about: questions drawn like them).
+
+        Example:
+            >>> spec.with_population("PopQA dev rows with a gold paragraph; a seeded "
+            ...                      "uniform draw of 300").save("gate.json")  # doctest: +SKIP
+        """
+        if not isinstance(population, str) or not population.strip():
+            raise ValueError("population must be a non-empty sentence: where the calibration "
+                             "questions came from and how they were drawn")
+        return self.model_copy(update={"population": population.strip()}).sealed()
 
     def sealed(self) -> GateSpec:
         """This spec with its checksum filled in."""
@@ -432,7 +451,8 @@ class GateSpec(BaseModel):
     def save_json(self) -> dict[str, Any]:
         """The sealed spec as the JSON object :meth:`save` writes (a spec with one
         threshold for every question has no ``groups`` key, as before groups existed)."""
-        absent = {name for name in ("groups", "abstain") if getattr(self, name) is None}
+        absent = {name for name in ("groups", "abstain", "population")
+                  if getattr(self, name) is None}
         return self.sealed().model_dump(mode="json", exclude=absent or None)
 
     def summary(self, name: str | None = None) -> dict[str, Any]:
@@ -444,6 +464,8 @@ class GateSpec(BaseModel):
             summary.update(labels=self.labels, judge=self.judge)
         if self.groups is not None:
             summary["groups"] = len(self.groups)
+        if self.population is not None:
+            summary["population"] = self.population
         if self.abstain is not None:
             summary.update(abstain_threshold=self.abstain.threshold,
                            max_error=self.abstain.max_error)
