@@ -2,7 +2,8 @@
 
 ``calibrate``, :func:`rag_gates.calibration.load_gate`, gate expressions, ``selective@GATE``,
 the CLI and the lab all build gates here. A name resolves, in order, to a core gate
-(``first-token-prob``, ``first-token-logprob``, ``answer-logprob``: need the model;
+(``first-token-prob``, ``first-token-logprob``, ``answer-logprob``, ``sample-agreement``:
+need the model;
 ``quco``: needs corpus statistics; ``cbdr``: needs the white-box model and a probe, the
 shipped one by default), a
 gate added with :func:`register_gate`, or a factory registered under the ``rag_gates.gates``
@@ -112,6 +113,24 @@ def _answer_logprob(ctx: GateContext, threshold: float | None) -> Gate:
                              **kwargs)
 
 
+def _sample_agreement(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.sample_agreement import SampleAgreementGate
+
+    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
+    options = ctx.options
+    # A spec's options fix the draw (how many, how hot, which seed), so a loaded spec scores
+    # as calibrate did; the run's answer budget makes its greedy answer the no-rag answer.
+    for key, option in (("samples", "samples"), ("temperature", "sample_temperature"),
+                        ("seed", "sample_seed"), ("agreement", "sample_agreement")):
+        if option in options:
+            kwargs[key] = options[option]
+    return SampleAgreementGate(ctx.need_lm("sample-agreement"),
+                               dataset=options.get("dataset", ctx.dataset),
+                               max_new_tokens=int(options.get("max_new_tokens",
+                                                              ctx.max_new_tokens)),
+                               **kwargs)
+
+
 def _quco(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.quco import QuCoGate
 
@@ -141,15 +160,17 @@ def _cbdr(ctx: GateContext, threshold: float | None) -> Gate:
 #: torch).
 CORE_GATE_RANGES: dict[str, tuple[float, float]] = {
     "first-token-prob": (0.0, 1.0), "first-token-logprob": (0.0, 1.0),
-    "answer-logprob": (0.0, 100.0), "quco": (0.0, 1.0), "cbdr": (0.0, 1.0)}
+    "answer-logprob": (0.0, 100.0), "quco": (0.0, 1.0), "cbdr": (0.0, 1.0),
+    "sample-agreement": (0.0, 1.0)}
 
 
 _CORE: dict[str, GateFactory] = {"first-token-prob": _first_token,
                                  "first-token-logprob": _first_token_logprob,
                                  "answer-logprob": _answer_logprob, "quco": _quco,
-                                 "cbdr": _cbdr}
+                                 "cbdr": _cbdr, "sample-agreement": _sample_agreement}
 _CORE_NEEDS_LM = {"first-token-prob": True, "first-token-logprob": True,
-                  "answer-logprob": True, "quco": False, "cbdr": True}
+                  "answer-logprob": True, "quco": False, "cbdr": True,
+                  "sample-agreement": True}
 _REGISTERED: dict[str, GateFactory] = {}
 
 

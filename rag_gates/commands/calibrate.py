@@ -28,10 +28,25 @@ reordering to resume: a line's default id is its number.
   Qdrant folder (read into a private copy, so another process may hold it), a URL
   (``http(s)://HOST:6333``) a Qdrant server (its API key from ``QDRANT_API_KEY``).
 
+The gates (``--gates auto``): for an in-process model ``answer-logprob``,
+``first-token-prob`` and ``cbdr``; for a served one (``--model openai:URL``) every gate its
+replies allow: ``answer-logprob`` and ``first-token-logprob`` (log-probabilities of the
+generated tokens and their top alternatives) and ``sample-agreement`` (text only); and
+``quco`` for both, counting the question's entities in an infini-gram index of the corpus
+that calibrate builds (cached; the ``corpus`` extra) or that ``--corpus-stats`` names. A gate
+that does not apply is skipped with why; the composites are fitted over those built.
+
+``--concurrency N`` (a served model only, as ``rag-gates bench``'s): N questions in flight, so
+a batching server (vLLM, llama.cpp's ``--parallel`` slots) answers them together; the
+records are written in question order, the same lines as a sequential run's, and an
+interrupted run leaves a prefix that the next run resumes.
+
 Example:
     rag-gates calibrate --data examples/data/calibration_questions.jsonl \\
         --corpus examples/data/calibration_corpus.jsonl --out gate.json
     rag-gates calibrate --data my_questions.jsonl --corpus qdrant:indexes/qdrant#docs
+    rag-gates calibrate --data my_questions.jsonl --corpus docs.jsonl \\
+        --model openai:http://127.0.0.1:8000/v1 --concurrency 8
 """
 
 from __future__ import annotations
@@ -40,10 +55,11 @@ import hashlib
 import json
 import math
 import os
+import threading
 from collections.abc import Callable, Collection, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Annotated, Any, cast
+from typing import TYPE_CHECKING, Annotated, Any, TypeVar, cast
 
 import typer
 from rich.console import Console
@@ -62,11 +78,19 @@ __all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot"
 
 console = Console()
 
-AUTO_GATES = ("answer-logprob", "first-token-prob", "cbdr", "quco")
-#: Why calibrate skips QuCo (a served-model issue will build the index of --corpus).
-QUCO_NOT_BUILT = ("needs corpus statistics (an infini-gram index of the corpus), which "
-                  "calibrate does not build")
-"""What ``--gates auto`` tries, in order; each is kept only where it applies to the model."""
+AUTO_GATES = ("answer-logprob", "first-token-prob", "first-token-logprob", "sample-agreement",
+              "cbdr", "quco")
+"""What ``--gates auto`` tries, in order; each is kept only where it applies to the model
+(``first-token-logprob`` where ``first-token-prob`` does not: the same score, read from a
+reply; ``sample-agreement`` for a model that is not in process: on one, it costs
+``samples`` generations a question, so ask for it with ``--gates``)."""
+#: Why calibrate skips QuCo on a Qdrant corpus without --corpus-stats (it does not read a
+#: whole collection back to index it).
+QUCO_NOT_BUILT = ("needs corpus statistics (an infini-gram index of the corpus): give "
+                  "--corpus-stats INDEX_DIR (rag-gates index build), or a JSONL / .txt "
+                  "folder --corpus, which calibrate indexes itself")
+MAX_CONCURRENCY = 64
+"""``--concurrency``'s ceiling, as ``rag-gates bench``'s."""
 PLOT_EPSILONS = (0.01, 0.02, 0.03, 0.05, 0.075, 0.1, 0.15, 0.2)
 SERVED_PREFIX = "openai:"
 QDRANT_PREFIX = "qdrant:"
@@ -465,9 +489,6 @@ def parse_gate_list(text: str) -> list[str] | None:
     if not names or unknown:
         raise ValueError(f"--gates: unknown gate(s) {', '.join(unknown) or '(none given)'}; "
                          f"give 'auto' or a comma-separated list of {', '.join(known)}")
-    if "quco" in names:  # said now, not after the model loads
-        raise ValueError(f"--gates quco: {QUCO_NOT_BUILT}; leave it out (the others: "
-                         f"{', '.join(n for n in known if n != 'quco')})")
     return names
 
 
@@ -496,31 +517,55 @@ def check_model_spec(model: str) -> str:
     return model
 
 
-def load_model(model: str, threads: int | None) -> Any:
-    """The model that answers: in process, or behind an OpenAI-compatible server."""
+def load_model(model: str, threads: int | None, concurrency: int = 1) -> Any:
+    """The model that answers: in process, or behind an OpenAI-compatible server (which
+    may take ``concurrency`` questions' requests at once: ``bench``'s bound)."""
     if model.startswith(SERVED_PREFIX):
         from rag_gates.lm.openai_compat import OpenAICompatibleLM
 
-        return OpenAICompatibleLM.from_spec(model)
+        return OpenAICompatibleLM.from_spec(model, max_concurrency=max(4, concurrency))
     from rag_gates.lm.defaults import load_lm
 
     return load_lm(model, num_threads=threads)
 
 
-def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, Any]
+def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, Any],
+                     corpus_stats: Callable[[], Any] | None = None
                      ) -> tuple[dict[str, Any], dict[str, str]]:
     """Build the gates that apply to ``lm`` (``requested=None``: every one of
     :data:`AUTO_GATES` that does): ``(built, skipped with why)``. A requested gate that does
-    not apply is an error."""
+    not apply is an error. ``corpus_stats`` opens (or builds) the corpus statistics QuCo
+    counts in; it raises ValueError or ImportError saying why there are none, and without
+    it QuCo is skipped (:data:`QUCO_NOT_BUILT`)."""
     from rag_gates.calibration.load import GateContext, _build
     from rag_gates.errors import WhiteBoxRequiredError
+    from rag_gates.lm.base import WhiteBoxLM
 
     ctx = GateContext(lm=lm, options=options)
     built: dict[str, Any] = {}
     skipped: dict[str, str] = {}
     for name in requested or AUTO_GATES:
+        if requested is None and name == "first-token-logprob" and "first-token-prob" in built:
+            skipped[name] = ("first-token-prob reads the same score from the logits, without "
+                             "generating")
+            continue
+        if requested is None and name == "sample-agreement" \
+                and isinstance(lm, WhiteBoxLM):
+            skipped[name] = (f"draws {options.get('samples', 5)} sampled answers a question "
+                             "from an in-process model; ask for it with --gates")
+            continue
         if name == "quco":
-            why = QUCO_NOT_BUILT
+            if corpus_stats is None:
+                why = QUCO_NOT_BUILT
+            else:
+                try:
+                    stats = corpus_stats()
+                except (ValueError, ImportError, OSError) as exc:
+                    why = str(exc).splitlines()[0]
+                else:
+                    built[name] = _build(name, GateContext(lm=lm, corpus=stats,
+                                                           options=options), None)
+                    continue
         else:
             try:
                 built[name] = _build(name, ctx, None)
@@ -536,6 +581,53 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
     return built, skipped
 
 
+#: The documents calibrate indexes for QuCo: changes whenever their shape does.
+_STATS_FORMAT = "calibrate-passages/title-newline-text/v1"
+
+
+def corpus_stats_index(passages: Sequence[Any], corpus_sha: str) -> Path:
+    """The corpus-statistics (infini-gram) index of ``--corpus``'s passages, built once and
+    cached under ``$RAG_GATES_HOME/indexes/corpus-stats-calibrate-<hash>`` (the hash covers
+    the corpus, the tokenizer and the build options): one document per passage, its title on
+    the first line, so an entity named only in a title counts, as
+    :func:`rag_gates.corpus.paragraphs.build_paragraph_stats` indexes QA paragraphs. Needs the
+    ``corpus`` extra (infini-gram): without it, ImportError naming it."""
+    from rag_gates._optional import require
+    from rag_gates.corpus.index_format import MANIFEST_NAME
+    from rag_gates.corpus.paragraphs import publish_stats_index, stats_options
+    from rag_gates.corpus.tokenizer import CorpusTokenizer
+    from rag_gates.lm.defaults import rag_gates_home
+
+    require("infini_gram", "corpus")
+    tok = CorpusTokenizer.resolve(None)
+    options = stats_options(name="corpus-stats-calibrate")
+    identity = {"format": _STATS_FORMAT, "corpus": corpus_sha, "tokenizer": tok.sha256(),
+                "options": options.model_dump(exclude={"force", "progress", "name", "cpus",
+                                                       "mem_gb", "ulimit", "batch_docs",
+                                                       "verify"})}
+    key = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:16]
+    target = rag_gates_home() / "indexes" / f"corpus-stats-calibrate-{key}"
+    if (target / MANIFEST_NAME).is_file():
+        return target
+    docs = [{"id": str(p.id), "title": p.title or "",
+             "text": f"{p.title}\n{p.text}" if p.title else p.text} for p in passages]
+    return publish_stats_index(docs, target, tok, options,
+                               {"format": _STATS_FORMAT, "corpus_sha256": corpus_sha})
+
+
+def open_corpus_stats(index_dir: Path) -> Any:
+    """A :class:`~rag_gates.corpus.LocalInfiniGram` over ``index_dir`` (``--corpus-stats``, or
+    the index calibrate built), or ValueError / ImportError saying why not."""
+    from rag_gates._optional import require
+    from rag_gates.corpus import CorpusError, LocalInfiniGram
+
+    require("infini_gram", "corpus")
+    try:
+        return LocalInfiniGram(index_dir)
+    except CorpusError as exc:
+        raise ValueError(f"--corpus-stats {index_dir}: {exc}") from None
+
+
 def _score(decision: Any) -> float | None:
     from rag_gates.gate import UNDECIDED_SCORE
 
@@ -545,12 +637,55 @@ def _score(decision: Any) -> float | None:
     return float(decision.score)
 
 
+#: Gates that decide one question at a time under ``--concurrency``.
+_SERIAL_GATES = frozenset({"quco"})
+
+T = TypeVar("T")
+R = TypeVar("R")
+
+
+def in_order(items: Sequence[T], work: Callable[[T], R], concurrency: int
+             ) -> Iterator[tuple[T, R]]:
+    """``(item, work(item))`` in the order of ``items``, ``concurrency`` computed at once
+    (threads; at most twice that many started ahead of the one awaited). An error or an
+    interruption starts nothing new and is raised for the first item it hit, in order."""
+    if concurrency <= 1:
+        for item in items:
+            yield item, work(item)
+        return
+    import concurrent.futures
+    from collections import deque
+
+    with concurrent.futures.ThreadPoolExecutor(
+            concurrency, thread_name_prefix="rag-gates-calibrate") as pool:
+        window: deque[tuple[T, concurrent.futures.Future[R]]] = deque()
+        try:
+            for item in items:
+                window.append((item, pool.submit(work, item)))
+                if len(window) >= 2 * concurrency:  # a bounded read-ahead
+                    first, future = window.popleft()
+                    yield first, future.result()
+            while window:
+                first, future = window.popleft()
+                yield first, future.result()
+        finally:  # start nothing new; the pool waits for the ones running
+            for _, future in window:
+                future.cancel()
+
+
+def _decide(gate: Any, question: str, lock: threading.Lock | None) -> Any:
+    if lock is None:
+        return gate.decide(question)
+    with lock:
+        return gate.decide(question)
+
+
 def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever: Any,
                     gates: dict[str, Any], path: Path, *, k: int, max_new_tokens: int,
                     progress: Callable[[int, int], None] | None = None,
                     known: Collection[str] = (),
                     unused: Callable[[int], None] | None = None,
-                    same_answer: Any = None) -> list[Any]:
+                    same_answer: Any = None, concurrency: int = 1) -> list[Any]:
     """Answer every question closed book and with retrieval, score every gate, and append
     one :class:`~rag_gates.calibration.CalibrationRecord` per question to ``path``
     (questions already there are kept: resumable); return the records of ``questions``, in
@@ -562,7 +697,11 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
     record of any other question raises ValueError. A question without gold answers gets an
     agreement record judged by ``same_answer`` (``--no-labels``;
     :meth:`CalibrationRecord.from_agreement`). Every record returned carries its question's
-    ``group`` as ``--data`` gives it now (a record written before keeps its line)."""
+    ``group`` as ``--data`` gives it now (a record written before keeps its line).
+
+    ``concurrency``: questions answered at once (threads; a served model's client bounds
+    the requests in flight, so the server can batch them); the records are written in the
+    order of ``questions`` all the same."""
     from rag_gates._io import append_locked, drop_torn_tail
     from rag_gates.answer_once import reusable_answer
     from rag_gates.answers import accuracy
@@ -587,12 +726,10 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                              "other questions")
         if unused is not None:
             unused(len(set(done) - wanted))
-        for i, q in enumerate(questions):
-            if progress is not None:
-                progress(i, len(questions))
-            if q.id in done:
-                continue
-            decisions = {name: gate.decide(q.question) for name, gate in gates.items()}
+
+        def record_of(q: CalibrationQuestion) -> Any:
+            decisions = {name: _decide(gate, q.question, serial.get(name))
+                         for name, gate in gates.items()}
             closed = None
             for d in decisions.values():
                 reuse = reusable_answer(d.model_copy(update={"retrieve": False}), lm=lm,
@@ -620,27 +757,39 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                 if same_answer is None:
                     raise ValueError(f"question {q.id!r} has no gold answers: pass "
                                      "--no-labels to certify from agreement")
-                record = CalibrationRecord.from_agreement(
+                return CalibrationRecord.from_agreement(
                     id=q.id, question=q.question, closed_book_answer=closed,
                     retrieved_answer=retrieved, judge=same_answer, scores=scores,
                     retrieved_scores=retrieved_scores).model_copy(update={"group": q.group})
-            else:
-                record = CalibrationRecord(
-                    id=q.id, question=q.question,
-                    closed_book_correct=accuracy(closed, q.answers) > 0,
-                    retrieved_correct=accuracy(retrieved, q.answers) > 0,
-                    scores=scores, closed_book_answer=closed, retrieved_answer=retrieved,
-                    retrieved_scores=retrieved_scores, group=q.group)
+            return CalibrationRecord(
+                id=q.id, question=q.question,
+                closed_book_correct=accuracy(closed, q.answers) > 0,
+                retrieved_correct=accuracy(retrieved, q.answers) > 0,
+                scores=scores, closed_book_answer=closed, retrieved_answer=retrieved,
+                retrieved_scores=retrieved_scores, group=q.group)
+
+        # Gates whose lookups are not known to be thread-safe (QuCo's corpus engine and
+        # extractor) decide one question at a time; the model's requests overlap.
+        serial = {name: threading.Lock() for name in gates if name in _SERIAL_GATES}
+        todo = [q for q in questions if q.id not in done]
+        finished = len(questions) - len(todo)
+        if progress is not None:
+            progress(finished, len(questions))
+        # Written in question order whatever order they finish in, so a run at any
+        # concurrency writes the lines of a sequential one (and an interrupted one a prefix).
+        for q, record in in_order(todo, record_of, concurrency):
             handle.write(record.dump_json() + "\n")
             handle.flush()
             done[q.id] = record
-        if progress is not None:
-            progress(len(questions), len(questions))
+            finished += 1
+            if progress is not None:
+                progress(finished, len(questions))
     return [done[q.id] if done[q.id].group == q.group else
             done[q.id].model_copy(update={"group": q.group}) for q in questions]
 
 
 _IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)",
+                   "corpus_stats": "--corpus-stats index (QuCo's counts)",
                    "model_files": "model (its files differ)",
                    "same_answer": "--same-answer judge (or --no-labels)"}
 
@@ -648,7 +797,7 @@ _IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answer
 #: The work directory's lock file: held by one calibrate run for its whole length.
 WORK_LOCK = ".calibrate.lock"
 #: Identity entries known only once the model is loaded (checked after it loads).
-_AFTER_LOAD = ("model", "gates")
+_AFTER_LOAD = ("model", "gates", "corpus_stats")
 
 
 def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha: str,
@@ -865,7 +1014,8 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                     threads: int | None = None, work_dir: Path | None = None,
                     seed: int = 0, no_labels: bool = False,
                     same_answer: str = "exact", by_group: bool = False,
-                    abstain: float | None = None) -> Any:
+                    abstain: float | None = None, concurrency: int = 1,
+                    corpus_stats: Path | None = None) -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
     name and option, and the corpus (a Qdrant collection is opened and checked), is checked
     before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``.
@@ -876,7 +1026,10 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     :class:`~rag_gates.calibration.GroupCalibrationReport`. ``abstain``: alpha, certify a
     three-way spec (answer closed book, retrieve, or abstain) whose share of questions
     answered wrongly is at most alpha (:mod:`rag_gates.calibration.abstain`), and return its
-    :class:`~rag_gates.calibration.AbstentionReport`."""
+    :class:`~rag_gates.calibration.AbstentionReport`. ``concurrency``: questions answered at
+    once, a served model only (``rag-gates bench``'s ``--concurrency``); the records are the
+    same as a sequential run's, in the same order. ``corpus_stats``: an infini-gram index of
+    the corpus for QuCo (default: calibrate indexes a JSONL or .txt folder corpus itself)."""
     from rag_gates.calibration.judges import parse_same_answer
 
     judge = parse_same_answer(same_answer) if no_labels else None
@@ -897,7 +1050,28 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                              f"{'--by-group' if by_group else '--no-labels'}")
     requested = parse_gate_list(gates)
     model = check_model_spec(model)
+    if isinstance(concurrency, bool) or not isinstance(concurrency, int) \
+            or not 1 <= concurrency <= MAX_CONCURRENCY:
+        raise ValueError(f"--concurrency is a count in [1, {MAX_CONCURRENCY}], got "
+                         f"{concurrency!r}")
+    if concurrency > 1 and not model.startswith(SERVED_PREFIX):
+        raise ValueError(
+            f"--concurrency {concurrency} needs a served model (--model "
+            "openai:URL[#model-name]): an in-process model runs one forward pass at a time, "
+            "so questions would only wait for each other. Use --concurrency 1, or serve the "
+            "model (e.g. vLLM's or llama.cpp's OpenAI-compatible server)")
+    if corpus_stats is not None and not (corpus_stats.is_dir()):
+        raise ValueError(f"--corpus-stats {corpus_stats}: not a directory; give an "
+                         "infini-gram index of the corpus (rag-gates index build)")
     source = parse_corpus(str(corpus)) if isinstance(corpus, str) else corpus
+    if requested is not None and "quco" in requested:  # said now, not after the model loads
+        if isinstance(source, QdrantCorpus) and corpus_stats is None:
+            raise ValueError(f"--gates quco: {QUCO_NOT_BUILT}")
+        import importlib.util
+
+        if importlib.util.find_spec("infini_gram") is None:
+            raise ValueError('--gates quco counts entities in an infini-gram index of the '
+                             'corpus: pip install "rag-gates[corpus]"')
     every = read_questions(data, labels_optional=no_labels)
     questions = every[:limit]
     from rag_gates.calibration import MIN_QUESTIONS
@@ -924,12 +1098,14 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
         try:
             return _calibrate(every, questions, data, collection, out, model, requested,
                               max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed,
-                              judge=judge, by_group=by_group, abstain=abstain)
+                              judge=judge, by_group=by_group, abstain=abstain,
+                              concurrency=concurrency, corpus_stats=corpus_stats)
         finally:
             collection.client.close()
     return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
                       bound, k, max_new_tokens, threads, work_dir, seed, judge=judge,
-                      by_group=by_group, abstain=abstain)
+                      by_group=by_group, abstain=abstain, concurrency=concurrency,
+                      corpus_stats=corpus_stats)
 
 
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
@@ -938,7 +1114,8 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                bound: str, k: int, max_new_tokens: int,
                threads: int | None, work_dir: Path | None, seed: int, *,
                judge: Any = None, by_group: bool = False,
-               abstain: float | None = None) -> Any:
+               abstain: float | None = None, concurrency: int = 1,
+               corpus_stats: Path | None = None) -> Any:
     """:func:`run_calibration` once its input is checked: the work directory held (one
     run at a time) and checked, then load, answer, certify, write."""
     from rag_gates._io import append_locked
@@ -952,7 +1129,8 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                 "to finish, or give this run another --work-dir")):
             return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
                                  max_loss, delta, bound, k, max_new_tokens, threads, seed,
-                                 judge=judge, by_group=by_group, abstain=abstain)
+                                 judge=judge, by_group=by_group, abstain=abstain,
+                                 concurrency=concurrency, corpus_stats=corpus_stats)
     except BaseException:
         # A run refused before it wrote anything leaves no work directory behind.
         if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
@@ -967,7 +1145,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                   requested: list[str] | None, max_loss: float, delta: float, bound: str,
                   k: int, max_new_tokens: int, threads: int | None, seed: int, *,
                   judge: Any = None, by_group: bool = False,
-                  abstain: float | None = None) -> Any:
+                  abstain: float | None = None, concurrency: int = 1,
+                  corpus_stats: Path | None = None) -> Any:
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
@@ -1019,17 +1198,42 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
             retriever = BM25Retriever.from_passages(passages)
             description = (f"bm25 over {corpus.name} ({len(passages)} passages, sha256 "
                            f"{corpus_identity[:12]}), k={k}")
-        lm = load_model(model, threads)
+        lm = load_model(model, threads, concurrency)
         identity = ModelIdentity.of(lm)
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     if abstain is not None and not getattr(lm, "supports_logprobs", False):
         raise ValueError(f"--abstain needs the answer's log-probabilities with the passages; "
                          f"{model} does not return them")
-    built, skipped = applicable_gates(lm, requested, options)
+    opened: list[Any] = []
+
+    def stats() -> Any:
+        """QuCo's corpus statistics: --corpus-stats, or the index of --corpus (built once)."""
+        from rag_gates.corpus import CorpusError
+
+        if corpus_stats is None and passages is None:
+            raise ValueError(QUCO_NOT_BUILT)
+        try:
+            if corpus_stats is None:
+                assert passages is not None and isinstance(corpus_identity, str)
+                with console.status(f"indexing {len(passages)} passages for QuCo's entity "
+                                    "counts (infini-gram; cached)"):
+                    index = corpus_stats_index(passages, corpus_identity)
+            else:
+                index = corpus_stats
+            opened.append(open_corpus_stats(index))
+        except CorpusError as exc:
+            raise ValueError(f"the corpus statistics could not be built: {exc}") from None
+        return opened[-1]
+
+    built, skipped = applicable_gates(lm, requested, options, corpus_stats=stats)
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
-    _check_work_dir(work, {**early, "model": identity.fingerprint, "gates": sorted(built)},
-                    data_bytes_sha=data_bytes_sha)
+    after_load = {**early, "model": identity.fingerprint, "gates": sorted(built)}
+    if opened and "quco" in built:  # QuCo's scores are counts in this index
+        after_load["corpus_stats"] = opened[-1].index_key
+    _check_work_dir(work, after_load, data_bytes_sha=data_bytes_sha)
+    if concurrency > 1:
+        console.print(f"answering {concurrency} questions at once", highlight=False)
     kept: list[int] = []
     with Progress("[progress.description]{task.description}", BarColumn(),
                   MofNCompleteColumn(), TimeRemainingColumn(), console=console) as bar:
@@ -1038,7 +1242,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
             questions, lm, retriever, built, work / "records.jsonl", k=k,
             max_new_tokens=max_new_tokens,
             progress=lambda done, total: bar.update(task, completed=done, total=total),
-            known={q.id for q in every}, unused=kept.append, same_answer=judge)
+            known={q.id for q in every}, unused=kept.append, same_answer=judge,
+            concurrency=concurrency)
     if kept and kept[0]:
         console.print(f"{kept[0]} records of questions beyond --limit kept in the work dir, "
                       f"not used ({len(questions)} of the {len(every)} questions of --data "
@@ -1207,11 +1412,13 @@ def calibrate_command(
                                            "beside it (gate.png).")] = Path("gate.json"),
     model: Annotated[str, typer.Option(
         help="'default' (the embedded SmolLM2), a local Hugging Face model directory, or "
-             "openai:URL\\[#model-name] (a served model: the answer-logprob gate only, from the "
-             "log-probabilities the server returns).")] = "default",
+             "openai:URL\\[#model-name] (a served model: answer-logprob, first-token-logprob, "
+             "sample-agreement and quco, from the replies' text and log-probabilities).")
+    ] = "default",
     gates: Annotated[str, typer.Option(
         help="'auto' (every gate that applies to the model) or a comma-separated list: "
-             "answer-logprob, first-token-prob, cbdr.")] = "auto",
+             "answer-logprob, first-token-prob, first-token-logprob, sample-agreement, cbdr, "
+             "quco.")] = "auto",
     max_loss: Annotated[float, typer.Option(
         help="Epsilon: the accuracy drop against always retrieving you accept, in (0, 1).")
     ] = 0.05,
@@ -1255,6 +1462,15 @@ def calibrate_command(
              "questions gets a wrong answer (closed book or with passages), at --delta with "
              "--max-loss; the spec answers closed book, retrieves, or says it does not know. "
              "Needs gold answers and a model with log-probabilities.")] = None,
+    concurrency: Annotated[int, typer.Option(
+        min=1, max=MAX_CONCURRENCY,
+        help="Questions answered at once (a served model only; the server batches them; "
+             "the records are a sequential run's, in the same order). In-process models "
+             "answer one at a time.")] = 1,
+    corpus_stats: Annotated[Path | None, typer.Option(
+        help="An infini-gram index of the corpus (rag-gates index build) for the quco gate; "
+             "default: calibrate indexes a JSONL or .txt folder --corpus itself (cached; "
+             "needs the corpus extra).")] = None,
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,
@@ -1267,7 +1483,8 @@ def calibrate_command(
                         bound=bound,  # checked inside
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed, no_labels=no_labels,
-                        same_answer=same_answer, by_group=by_group, abstain=abstain)
+                        same_answer=same_answer, by_group=by_group, abstain=abstain,
+                        concurrency=concurrency, corpus_stats=corpus_stats)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
             ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)

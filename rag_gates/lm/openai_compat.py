@@ -157,6 +157,9 @@ class OpenAICompatibleLM(BaseTextLM):
         self._template: Any = _compile_template(self.config.chat_template)
         self._model: str | None = self.config.model
         self.alignment: dict[PromptKind, Alignment] = {}
+        #: Whether the server answers the API's ``n`` with ``n`` choices (None: not asked yet).
+        self.batched_samples: bool | None = None
+        self._n_lock: asyncio.Lock | None = None
         if self.config.probe:
             self._capabilities = self._transport.call(self._probe())
         else:
@@ -296,7 +299,16 @@ class OpenAICompatibleLM(BaseTextLM):
                                       seed, stream=False)
         data = await self._transport.request(path, payload)
         url = f"{self.base_url}{path}"
-        choice = first_choice(data, url)
+        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+        return self._read_choice(kind, first_choice(data, url), url, logprobs, stops, usage,
+                                 start)
+
+    @staticmethod
+    def _read_choice(kind: PromptKind, choice: dict[str, Any], url: str, logprobs: int | None,
+                     stops: tuple[str, ...], usage: dict[str, Any], start: float
+                     ) -> Generation:
+        """One choice of a reply as a :class:`Generation` (``usage``: the reply's, whose
+        completion tokens count this choice's only when it is the reply's one choice)."""
         if kind == "messages":
             text = reply_field(choice, url, "message", "content", kind=str, nullable=True) or ""
             tokens = chat_logprobs(choice, url, logprobs) if logprobs is not None else None
@@ -309,12 +321,84 @@ class OpenAICompatibleLM(BaseTextLM):
                                    "asked for (start the server with logits_all / logprobs "
                                    "enabled)")
         text, tokens, finish = finish_of(text, tokens, stops, choice)
-        usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
         return Generation(
             text=text, finish_reason=finish, logprobs=tokens,
             prompt_tokens=int(usage.get("prompt_tokens") or 0),
             completion_tokens=int(usage.get("completion_tokens") or len(tokens or ())),
             latency_ms=(time.perf_counter() - start) * 1000.0)
+
+    async def _asample(self, prompt: Prompt, n: int, max_new_tokens: int,
+                       stop: Sequence[str] | None, temperature: float, seed: int | None
+                       ) -> list[Generation]:
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n is a count of samples >= 1, got {n!r}")
+        stops = validate_generation_args(max_new_tokens, stop, temperature, None)
+        if temperature <= 0:
+            raise ValueError(f"sampling needs temperature > 0 (0 is greedy: {n} equal "
+                             f"replies), got {temperature}")
+        kind, body = self.route(prompt)
+        await self._resolve_model()
+        if n > 1 and await self._takes_n(kind):
+            start = time.perf_counter()
+            path, payload = self._payload(kind, body, max_new_tokens, stops, temperature, None,
+                                          seed, stream=False)
+            payload["n"] = n
+            url = f"{self.base_url}{path}"
+            data = await self._transport.request(path, payload)
+            first_choice(data, url)  # a reply without choices is malformed, n or not
+            choices = data["choices"]
+            if len(choices) < n:
+                raise ServerReplyError(f"{url} sent {len(choices)} choices for n={n}, after "
+                                       "answering n with n choices before")
+            usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
+            # The reply's completion tokens are all n choices': they say nothing of one.
+            shared = {k: v for k, v in usage.items() if k != "completion_tokens"}
+            return [self._read_choice(kind, c if isinstance(c, dict) else {}, url, None, stops,
+                                      shared, start) for c in choices[:n]]
+        # A server that ignores n (llama.cpp's answers with one choice): one request each,
+        # seeded seed + i, so the same call draws the same samples every time.
+        return list(await asyncio.gather(*(
+            self._agenerate_routed(kind, body, max_new_tokens, stops, temperature, None,
+                                   None if seed is None else seed + i)
+            for i in range(n))))
+
+    async def _takes_n(self, kind: PromptKind) -> bool:
+        """Whether the server answers the API's ``n`` with ``n`` choices: asked once, with a
+        fixed one-token request, before any sample is drawn (so which requests a sampling
+        call sends never depends on which call came first: concurrent runs send the same)."""
+        if self._n_lock is None:  # made on the client's loop, where every call runs
+            self._n_lock = asyncio.Lock()
+        async with self._n_lock:
+            if self.batched_samples is None:
+                probe = PROBE_RAW if kind != "messages" else PROBE_QUESTION
+                probe_kind, body = self.route(probe) if kind != "raw" else ("raw", probe)
+                path, payload = self._payload(probe_kind, body, 1, (), 1.0, None, 0,
+                                              stream=False)
+                payload["n"] = 2
+                try:
+                    data = await self._transport.request(path, payload)
+                except ServerRequestError:  # a server that refuses n
+                    self.batched_samples = False
+                else:
+                    choices = data.get("choices") if isinstance(data, dict) else None
+                    self.batched_samples = isinstance(choices, list) and len(choices) >= 2
+            return self.batched_samples
+
+    def sample(self, prompt: Prompt, n: int, *, max_new_tokens: int = 128,
+               stop: Sequence[str] | None = None, temperature: float = 1.0,
+               seed: int | None = None) -> list[Generation]:
+        """``n`` sampled replies to ``prompt`` (``temperature > 0``): one request with the API's
+        ``n`` where the server honours it (vLLM, OpenAI), else ``n`` requests in flight at
+        once, the i-th seeded ``seed + i`` (llama.cpp's servers answer ``n`` with one choice).
+        Which one the server does is asked once, by a one-token request, before the first
+        sample (:attr:`batched_samples`).
+
+        Example:
+            >>> [g.text for g in lm.sample("Who wrote Hamlet?", 3, max_new_tokens=8,
+            ...                            seed=0)]                          # doctest: +SKIP
+        """
+        return self._transport.call(
+            self._asample(prompt, n, max_new_tokens, stop, temperature, seed))
 
     def generate(self, prompt: Prompt, *, max_new_tokens: int = 128,
                  stop: Sequence[str] | None = None, temperature: float = 0.0,

@@ -84,7 +84,7 @@ class ReplayServer:
 
     def answer(self, method: str, path: str, body: bytes) -> tuple[int, str, bytes]:
         key = request_key(method, path, body)
-        if self.upstream:
+        if self.upstream and key not in self.replies:  # a request seen before: its reply
             reply = httpx.request(method, self.upstream + path.split("/v1", 1)[-1],
                                   content=body or None, timeout=600,
                                   headers={"Content-Type": "application/json"})

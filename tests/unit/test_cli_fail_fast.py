@@ -292,6 +292,7 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
     )
     from rag_gates.quco.gate import QuCoGate
     from rag_gates.registry import CORE_GATE_RANGES
+    from rag_gates.sample_agreement import SampleAgreementGate
     from rag_gates_lab.plugins.options import SHIPPED_GATE_RANGES
 
     shipped = {ep.name: ep for ep in entry_points(group="rag_gates.gates")
@@ -301,5 +302,5 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
         assert ep.load().threshold_range == SHIPPED_GATE_RANGES[name], name
     core = {"first-token-prob": FirstTokenProbGate, "answer-logprob": AnswerLogprobGate,
             "first-token-logprob": FirstTokenLogprobGate,
-            "quco": QuCoGate, "cbdr": CBDRGate}
+            "quco": QuCoGate, "cbdr": CBDRGate, "sample-agreement": SampleAgreementGate}
     assert {name: cls.threshold_range for name, cls in core.items()} == CORE_GATE_RANGES

@@ -333,11 +333,13 @@ def test_calibrate_cli_refuses_a_negative_seed_before_the_model_loads(tmp_path: 
     assert "seed" in result.output and "tokenizer" not in result.output
 
 
-def test_calibrate_cli_refuses_quco_before_the_model_loads(tmp_path: Path) -> None:
-    result = _calibrate_cli(tmp_path, "--corpus", str(CORPUS), "--model",
-                            str(_broken_model(tmp_path)), "--gates", "quco")
+def test_calibrate_cli_refuses_quco_without_corpus_statistics_before_the_model_loads(
+        tmp_path: Path) -> None:
+    """A Qdrant corpus is not read back to be indexed: QuCo needs --corpus-stats there."""
+    result = _calibrate_cli(tmp_path, "--corpus", f"qdrant:{tmp_path / 'nothing'}#docs",
+                            "--model", str(_broken_model(tmp_path)), "--gates", "quco")
     assert result.exit_code == 2
-    assert "quco" in result.output and "tokenizer" not in result.output
+    assert "--corpus-stats" in result.output and "tokenizer" not in result.output
 
 
 # ================================================================ specs and load_gate
