@@ -5,7 +5,8 @@ against the in-process model.
         --out benchmarks/results/served_throughput.json
     # vLLM (a batching engine; its environment: bash benchmarks/envs/vllm.sh), the plain
     # pipeline and a gated one, at 1/4/8/16 questions at once:
-    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/served_throughput.py --engine vllm \
+    OMP_NUM_THREADS=1 RAG_GATES_VLLM_PYTHON=/work/vllmvenv/bin/python \
+        .venv/bin/python benchmarks/served_throughput.py --engine vllm \
         --methods single selective@first-token-logprob --concurrency 1 4 8 16 --n 32 \
         --skip-hf --out benchmarks/results/served_throughput_vllm.json
 
@@ -40,6 +41,7 @@ import contextlib
 import json
 import os
 import platform
+import shlex
 import shutil
 import statistics
 import subprocess
@@ -154,14 +156,18 @@ def main() -> None:
     parser.add_argument("--note", default="", help="what else ran on the machine (recorded)")
     args = parser.parse_args()
 
+    from rag_gates.lm.vllm_server import VLLM_PYTHON_ENV
     from rag_gates_lab.corpus import load_retriever
     from rag_gates_lab.runner import BenchConfig, load_bench_lm
 
     started = time.time()
     retriever = load_retriever("hotpotqa", "bm25", None)
     out: dict[str, Any] = {
-        "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/served_throughput.py "
-                   + " ".join(sys.argv[1:]),
+        "command": "OMP_NUM_THREADS=1 " + (
+            f"{VLLM_PYTHON_ENV}={shlex.quote(os.environ[VLLM_PYTHON_ENV])} "
+            if args.engine == "vllm" and args.vllm_python is None
+            and os.environ.get(VLLM_PYTHON_ENV) else "")
+        + ".venv/bin/python benchmarks/served_throughput.py " + shlex.join(sys.argv[1:]),
         "machine": {"platform": platform.platform(), "cpus": os.cpu_count(),
                     "python": platform.python_version()},
         "started_utc": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(started)),
