@@ -65,7 +65,8 @@ def vllm_command(python: str | os.PathLike[str], model: str | os.PathLike[str], 
 def vllm_server(python: str | os.PathLike[str] | None = None,
                 model: str | os.PathLike[str] | None = None, *, port: int | None = None,
                 kv_cache_gb: int = 2, max_model_len: int = 2048, max_logprobs: int = 20,
-                eager: bool = False, startup_timeout: float = 900.0,
+                eager: bool = False, cpu_bind: str | None = None,
+                startup_timeout: float = 900.0,
                 log: str | os.PathLike[str] | None = None,
                 extra_args: Sequence[str] = ()) -> Iterator[str]:
     """Run vLLM's OpenAI-compatible server with ``python`` (default
@@ -73,8 +74,11 @@ def vllm_server(python: str | os.PathLike[str] | None = None,
     is stopped when the block ends. ``model`` defaults to the embedded SmolLM2's converted
     folder, served under the name ``SmolLM2-135M-Instruct``. ``kv_cache_gb`` is
     ``VLLM_CPU_KVCACHE_SPACE`` (2 GB holds 46,592 tokens of SmolLM2: 22 requests of 2,048);
-    ``eager`` skips compiling (see the module's note). vLLM's CPU default binds its engine to
-    one core and leaves the others to the API server. Output goes to ``log`` (see
+    ``eager`` skips compiling (see the module's note). ``cpu_bind`` is
+    ``VLLM_CPU_OMP_THREADS_BIND``: vLLM's CPU default (``auto``) pins its engine to the first
+    core and leaves the others to the API server, so two servers on one machine share that
+    core (seen here: the second one's start stalled for minutes); ``nobind`` leaves placement
+    to the OS, with ``OMP_NUM_THREADS`` threads. Output goes to ``log`` (see
     :func:`~rag_gates.lm.llamacpp_server.child_server`)."""
     from rag_gates.errors import ServerUnavailableError
 
@@ -103,6 +107,8 @@ def vllm_server(python: str | os.PathLike[str] | None = None,
     env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": str(kv_cache_gb), "HF_HUB_OFFLINE": "1",
            "TRANSFORMERS_OFFLINE": "1", "VLLM_NO_USAGE_STATS": "1", "DO_NOT_TRACK": "1",
            "VLLM_USE_AOT_COMPILE": "0"}
+    if cpu_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = cpu_bind
     with child_server(command, f"http://127.0.0.1:{port}/v1", startup_timeout=startup_timeout,
                       log=log, env=env) as url:
         yield url

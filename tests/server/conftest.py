@@ -67,8 +67,10 @@ def vllm_server_url(tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
     log = tmp_path_factory.mktemp("vllm-server") / "server.log"
     timeout = float(os.environ.get("RAG_GATES_VLLM_STARTUP_S", "900"))
     # --enforce-eager: starts in about 50 s instead of 80-145 s (compiling), with the same
-    # numbers for this model (rag_gates.lm.vllm_server's note).
-    with vllm_server(python, log=log, startup_timeout=timeout, eager=True) as url:
+    # numbers for this model (rag_gates.lm.vllm_server's note). nobind: vLLM's default pins
+    # its engine to core 0, where another vLLM on the machine (a benchmark) would starve it.
+    with vllm_server(python, log=log, startup_timeout=timeout, eager=True,
+                     cpu_bind="nobind") as url:
         yield url
 
 
