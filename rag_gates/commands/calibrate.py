@@ -1226,6 +1226,10 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         return opened[-1]
 
     built, skipped = applicable_gates(lm, requested, options, corpus_stats=stats)
+    sampler = built.get("sample-agreement")
+    if sampler is not None:  # the spec fixes the draw: a loaded spec scores as calibrate did
+        options.update({"samples": sampler.samples, "sample_temperature": sampler.temperature,
+                        "sample_seed": sampler.seed, "sample_agreement": sampler.agreement})
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
     after_load = {**early, "model": identity.fingerprint, "gates": sorted(built)}

@@ -90,6 +90,10 @@ def test_a_served_model_gets_every_gate_its_replies_allow(sequential: tuple[Path
     rows = {row["gate"]: row for row in report["rows"]}
     assert set(rows) >= SERVED_GATES
     assert rows["quco"]["auroc"] is not None
+    # The spec fixes sample-agreement's draw, so a loaded spec samples as calibrate did.
+    assert report["options"] == {"max_new_tokens": 8, "samples": 5,
+                                 "sample_temperature": 0.7, "sample_seed": 0,
+                                 "sample_agreement": "f1"}
 
 
 def test_quco_is_certified_by_calibrate_and_its_spec_loads_with_the_index(
