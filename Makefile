@@ -6,6 +6,9 @@
 #                  each integration's install line in a fresh venv of its own
 #   make test-server - builds llama.cpp's server (llama-cpp-python[server]) and runs the tests
 #                  of OpenAICompatibleLM against it (tests/server; skipped by make test)
+#   make test-server-vllm - vLLM's CPU build in a venv of its own (benchmarks/envs/vllm.sh, kept
+#                  between runs in $(VLLMVENV)) and the OpenAICompatibleLM tests of tests/server
+#                  against it: a batching engine under test
 # Both are idempotent: the install steps re-run only when a pyproject or the constraints change.
 
 PYTHON ?= $(shell command -v python3.11 || command -v python3)
@@ -19,7 +22,7 @@ PACKAGES := -e ".[hf,qdrant,eval,corpus,train,api]" -e "integrations/langchain[e
 	-e "integrations/llama-index[examples]" -e benchmarks/lab
 LINT_PATHS := rag_gates integrations tests benchmarks examples docs/api/conf.py
 
-.PHONY: demo test test-install test-server lint typecheck pytest bench clean install install-dev
+.PHONY: demo test test-install test-server test-server-vllm lint typecheck pytest bench clean install install-dev
 
 $(BIN)/python:
 	$(PYTHON) -m venv $(VENV)
@@ -98,6 +101,12 @@ test-server: $(VENV)/.installed-dev
 	$(BIN)/python -m pip install --quiet --disable-pip-version-check --force-reinstall \
 	--no-deps --no-index --find-links "$(LLAMA_CPP_WHEELS)" "llama-cpp-python==$(LLAMA_CPP_VERSION)"
 	OMP_NUM_THREADS=1 $(BIN)/python -m pytest -q -m server tests/server
+
+VLLMVENV ?= .venv-vllm
+test-server-vllm: $(VENV)/.installed-dev
+	VLLMVENV="$(abspath $(VLLMVENV))" PYTHON="$(PYTHON)" bash benchmarks/envs/vllm.sh
+	OMP_NUM_THREADS=1 RAG_GATES_VLLM_PYTHON="$(abspath $(VLLMVENV))/bin/python" \
+	$(BIN)/python -m pytest -q -m server tests/server -k vllm
 
 bench: $(VENV)/.installed
 	$(BIN)/python benchmarks/lm.py --out benchmarks/results/lm.json

@@ -197,7 +197,12 @@ def continuation_span(echo: Echo, prompt: str, continuation: str) -> tuple[int, 
     generated = echo.text[len(full):]
     joined = "".join(echo.tokens)
     end = len(echo.tokens)
-    if generated and joined.endswith(continuation + generated):
+    if not generated and echo.tokens and not joined.endswith(continuation) \
+            and joined[: len(joined) - len(echo.tokens[-1])].endswith(continuation):
+        # vLLM leaves a generated special token (<|im_end|>) out of the echoed text but not
+        # out of its tokens: the last token is the generated one.
+        end -= 1
+    elif generated and joined.endswith(continuation + generated):
         tail = ""
         while end > 0 and len(tail) < len(generated):
             end -= 1

@@ -36,7 +36,6 @@ from rag_gates.confidence import AnswerLogprobGate, FirstTokenLogprobGate, First
 from rag_gates.deeprag.gates import MarkerLikelihoodGate
 from rag_gates.errors import (
     ContextLengthError,
-    ServerReplyError,
     ServerRequestError,
     WhiteBoxRequiredError,
 )
@@ -134,15 +133,7 @@ def test_greedy_generation_and_logprobs_agree_with_hf(served: OpenAICompatibleLM
 
 def test_score_agrees_with_hf_on_chat_prompts(engine: tuple[str, str],
                                               served: OpenAICompatibleLM, smol: Any,
-                                              tol: Tolerance, request: pytest.FixtureRequest
-                                              ) -> None:
-    if engine[0] == "vllm":
-        # vLLM leaves a generated special token out of the echoed text (skip_special_tokens)
-        # but not out of its tokens: when the one token an echo generates is <|im_end|>, the
-        # echo's tokens end past its text and continuation_span refuses the reply.
-        request.applymarker(pytest.mark.xfail(
-            strict=True, raises=ServerReplyError,
-            reason="continuation_span: vLLM's echo drops a generated <|im_end|> from its text"))
+                                              tol: Tolerance) -> None:
     q = "What is the capital of France?"
     continuations = ["Paris", "The capital of France is Paris.", "London is the capital."]
     mine = served.score(q, continuations)
