@@ -112,6 +112,25 @@ def _first_token_logprob_empty(tiny: Any) -> BaseGate:
     return FirstTokenLogprobGate(SilentModel(), threshold=0.5)
 
 
+class UnreadableServer:
+    """A served model (as a proxy in front of a server can be) whose every reply is
+    malformed: the client raises ServerReplyError, as OpenAICompatibleLM does."""
+
+    model_id = "unreadable-api"
+    supports_logprobs = True
+
+    def generate(self, prompt: Any, **kwargs: Any) -> Generation:
+        from rag_gates.errors import ServerReplyError
+
+        raise ServerReplyError("the reply has no 'choices' (got {'detail': 'bad gateway'})")
+
+
+def _sample_agreement_unreadable(tiny: Any) -> BaseGate:
+    from rag_gates.sample_agreement import SampleAgreementGate
+
+    return SampleAgreementGate(UnreadableServer(), threshold=0.5, samples=2)
+
+
 def _answer_logprob_empty(tiny: Any) -> BaseGate:
     from rag_gates.confidence import AnswerLogprobGate
 
@@ -189,6 +208,8 @@ CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
     ("first-token-logprob-empty-answer", "FirstTokenLogprobGate", _first_token_logprob_empty,
      "nan", {}),
     ("quco-nan-count", "QuCoGate", _quco, "nan", {}),
+    ("sample-agreement-unreadable-reply", "SampleAgreementGate", _sample_agreement_unreadable,
+     "nan", {}),
     # Composites: a sub-gate that cannot decide makes the whole decision retrieve.
     ("all-of-nan-sub-gate", "AllOf", lambda lm: _composite("all", lm), "nan", {}),
     ("any-of-nan-sub-gate", "AnyOf", lambda lm: _composite("any", lm), "nan", {}),
@@ -247,8 +268,9 @@ def test_cbdr_prefill_fails_closed_too(tiny: Any) -> None:
 
 def test_every_gate_in_the_tree_is_covered() -> None:
     # Import every module that defines gates, then walk BaseGate's subclasses.
-    for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.quco.gate",
-                   "rag_gates.srrag.gate", "rag_gates.srrag.skr", "rag_gates.deeprag.gates",
+    for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.sample_agreement",
+                   "rag_gates.quco.gate", "rag_gates.srrag.gate", "rag_gates.srrag.skr",
+                   "rag_gates.deeprag.gates",
                    "langchain_rag_gates", "llama_index.retrievers.rag_gates",
                    "llama_index.query_engine.rag_gates"):
         importlib.import_module(module)
