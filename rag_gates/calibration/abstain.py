@@ -50,6 +50,7 @@ from rag_gates.calibration.bounds import binomial_max_harms, clopper_pearson
 from rag_gates.calibration.certify import Bound, certified_cut, cut_table
 from rag_gates.calibration.fit import usable_score
 from rag_gates.calibration.records import CalibrationRecord
+from rag_gates.calibration.rows import row_named
 from rag_gates.calibration.spec import (
     ASSUMPTION,
     AbstainCertificate,
@@ -119,11 +120,7 @@ class AbstentionReport(BaseModel):
     options: dict[str, object] = Field(default_factory=dict)
 
     def row(self, gate: str) -> AbstentionRow:
-        for row in self.rows:
-            if row.gate == gate:
-                return row
-        raise KeyError(f"no gate {gate!r} in this report; gates: "
-                       f"{', '.join(r.gate for r in self.rows)}")
+        return row_named(self.rows, gate)
 
     @property
     def best(self) -> GateSpec:

@@ -54,6 +54,7 @@ from rag_gates.calibration.rows import (
     fit_cascade,
     fit_composite,
     random_u,
+    row_named,
 )
 from rag_gates.calibration.spec import (
     ASSUMPTION,
@@ -101,11 +102,7 @@ class CalibrationReport(BaseModel):
     judge: str | None = None
 
     def row(self, gate: str) -> GateRow:
-        for row in self.rows:
-            if row.gate == gate:
-                return row
-        raise KeyError(f"no gate {gate!r} in this report; gates: "
-                       f"{', '.join(r.gate for r in self.rows)}")
+        return row_named(self.rows, gate)
 
     @property
     def best(self) -> GateSpec:

@@ -54,6 +54,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from rag_gates.calibration.bounds import EXACT_MAX_N, clopper_pearson
 from rag_gates.calibration.certify import BOUNDS, Bound
 from rag_gates.calibration.records import CalibrationRecord
+from rag_gates.calibration.rows import row_named
 from rag_gates.calibration.spec import (
     ASSUMPTION,
     GateSpec,
@@ -169,11 +170,7 @@ class GroupCalibrationReport(BaseModel):
     judge: str | None = None
 
     def row(self, gate: str) -> GroupedGateRow:
-        for row in self.rows:
-            if row.gate == gate:
-                return row
-        raise KeyError(f"no gate {gate!r} in this report; gates: "
-                       f"{', '.join(r.gate for r in self.rows)}")
+        return row_named(self.rows, gate)
 
     @property
     def best(self) -> GateSpec:

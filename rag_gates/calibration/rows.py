@@ -10,7 +10,7 @@ import math
 import numbers
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Literal
+from typing import Literal, Protocol, TypeVar
 
 import numpy as np
 from numpy.typing import NDArray
@@ -25,7 +25,24 @@ from rag_gates.errors import CalibrationError
 from rag_gates.gate import logistic_combination
 
 __all__ = ["CASCADE_SHARES", "MIN_QUESTIONS", "GateRow", "cascade_scores", "fit_cascade",
-           "fit_composite", "random_u"]
+           "fit_composite", "random_u", "row_named"]
+
+class _Named(Protocol):
+    @property
+    def gate(self) -> str: ...
+
+
+NamedRow = TypeVar("NamedRow", bound=_Named)
+
+
+def row_named(rows: Sequence[NamedRow], gate: str) -> NamedRow:
+    """The row of ``gate`` in a report's rows; KeyError naming the gates there."""
+    for row in rows:
+        if row.gate == gate:
+            return row
+    raise KeyError(f"no gate {gate!r} in this report; gates: "
+                   f"{', '.join(r.gate for r in rows)}")
+
 
 MIN_QUESTIONS = 30
 """Fewer calibration questions than this are refused: no bound certifies anything useful."""
