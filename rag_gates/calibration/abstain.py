@@ -46,7 +46,7 @@ import numpy as np
 from numpy.typing import NDArray
 from pydantic import BaseModel, ConfigDict, Field
 
-from rag_gates.calibration.bounds import binomial_max_harms, clopper_pearson
+from rag_gates.calibration.bounds import clopper_pearson
 from rag_gates.calibration.certify import Bound, certified_cut, cut_table
 from rag_gates.calibration.fit import usable_score
 from rag_gates.calibration.records import CalibrationRecord
@@ -134,9 +134,7 @@ class AbstentionReport(BaseModel):
 
     def spec_for(self, gate: str) -> GateSpec:
         row = self.row(gate)
-        retrieval = RateInterval(observed=1.0 - row.skip_rate.observed,
-                                 lower=1.0 - row.skip_rate.upper,
-                                 upper=1.0 - row.skip_rate.lower)
+        retrieval = row.skip_rate.complement()
         skip = (f"skipping retrieval when the {gate} score is below {row.threshold:.6g} loses "
                 f"at most {self.epsilon:g} accuracy against always retrieving"
                 if row.threshold is not None else "retrieving always")
@@ -170,16 +168,11 @@ def _fixed_sequence(scores: NDArray[np.float64], event: NDArray[np.bool_], rate:
                     delta: float) -> int:
     """The largest cut (the lowest-scoring rows taken) of the fixed sequence from cut 0
     upward, each cut tested at ``delta`` by the exact binomial tail for "the share of all
-    rows that are taken and have ``event`` exceeds ``rate``"."""
+    rows that are taken and have ``event`` exceeds ``rate``": the skip certificate's
+    ``binomial`` test with ``event`` as the harm."""
     pos, ok, _ = cut_table(scores[None, :])
-    kmax = binomial_max_harms(scores.size, rate, delta)
-    ordered = np.zeros(scores.size)
-    ordered[pos[0]] = event
-    counts = np.concatenate([[0.0], np.cumsum(ordered)])
-    fails = ok[0] & (counts > kmax)
-    first = int(np.argmax(fails)) if fails.any() else ok.shape[1]
-    allowed = np.nonzero(ok[0][:first])[0]
-    return int(allowed.max()) if allowed.size else 0
+    return int(certified_cut(pos, event.astype(np.float64)[None, :], ok, epsilon=rate,
+                             delta=delta, bound="binomial")[0])
 
 
 def policy_outcomes(s1: NDArray[np.float64], s2: NDArray[np.float64], t1: float | None,

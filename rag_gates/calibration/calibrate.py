@@ -61,7 +61,6 @@ from rag_gates.calibration.spec import (
     CascadeFit,
     GateSpec,
     ModelIdentity,
-    RateInterval,
     WeightedFit,
     package_versions,
     utc_now,
@@ -120,9 +119,7 @@ class CalibrationReport(BaseModel):
         row = self.row(gate)
         composite = self.composite if gate == self.composite_name else None
         cascade = self.cascade if gate == self.cascade_name else None
-        retrieval = RateInterval(observed=1.0 - row.skip_rate.observed,
-                                 lower=1.0 - row.skip_rate.upper,
-                                 upper=1.0 - row.skip_rate.lower)
+        retrieval = row.skip_rate.complement()
         if row.certified:
             picked = (f" (each of {self.family} gates certified at delta/{self.family}, so "
                       "the guarantee holds for the one picked)") if self.family > 1 else ""

@@ -185,9 +185,7 @@ class GroupCalibrationReport(BaseModel):
     def spec_for(self, gate: str) -> GateSpec:
         """The per-group spec of one gate of this report."""
         row = self.row(gate)
-        retrieval = RateInterval(observed=1.0 - row.skip_rate.observed,
-                                 lower=1.0 - row.skip_rate.upper,
-                                 upper=1.0 - row.skip_rate.lower)
+        retrieval = row.skip_rate.complement()
         certified = [g.group for g in row.groups if g.certified]
         if certified:
             note = (f"Per group: with probability >= {1 - self.delta:g} over the {row.n} "

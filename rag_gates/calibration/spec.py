@@ -151,6 +151,11 @@ class RateInterval(BaseModel):
     lower: float = Field(..., ge=0.0, le=1.0)
     upper: float = Field(..., ge=0.0, le=1.0)
 
+    def complement(self) -> RateInterval:
+        """The interval of the other outcome's share (a skip rate's retrieval rate)."""
+        return RateInterval(observed=1.0 - self.observed, lower=1.0 - self.upper,
+                            upper=1.0 - self.lower)
+
 
 class WeightedFit(BaseModel):
     """A fitted :class:`~rag_gates.gate.Weighted` composite (its sub-gates by name)."""
