@@ -51,6 +51,7 @@ Example:
 
 from __future__ import annotations
 
+import concurrent.futures
 import hashlib
 import json
 import math
@@ -517,13 +518,21 @@ def check_model_spec(model: str) -> str:
     return model
 
 
+#: The requests one question of a served model's calibration sends at once: its gates
+#: (``auto``: answer-logprob, first-token-logprob, sample-agreement) and its answer with
+#: retrieval, decided together under ``--concurrency``.
+REQUESTS_PER_QUESTION = 4
+
+
 def load_model(model: str, threads: int | None, concurrency: int = 1) -> Any:
     """The model that answers: in process, or behind an OpenAI-compatible server (which
-    may take ``concurrency`` questions' requests at once: ``bench``'s bound)."""
+    may take ``concurrency`` questions' requests at once, each question's
+    :data:`REQUESTS_PER_QUESTION` together)."""
     if model.startswith(SERVED_PREFIX):
         from rag_gates.lm.openai_compat import OpenAICompatibleLM
 
-        return OpenAICompatibleLM.from_spec(model, max_concurrency=max(4, concurrency))
+        return OpenAICompatibleLM.from_spec(
+            model, max_concurrency=max(4, concurrency * REQUESTS_PER_QUESTION))
     from rag_gates.lm.defaults import load_lm
 
     return load_lm(model, num_threads=threads)
@@ -727,9 +736,29 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
         if unused is not None:
             unused(len(set(done) - wanted))
 
+        def retrieved_of(q: CalibrationQuestion) -> tuple[str, dict[str, float | None]]:
+            if not with_passages_score:
+                return single.answer(q.question).answer, {}
+            # One generation gives the answer and its with-passages score (what --abstain
+            # certifies on): the single method's prompt, retriever and budget.
+            passage_answer = answer_with_passages(
+                lm, q.question, retriever.retrieve(q.question, k), max_new_tokens=max_new_tokens)
+            score = passage_answer.score if math.isfinite(passage_answer.score) else None
+            return passage_answer.answer, {PASSAGE_SCORE: score}
+
         def record_of(q: CalibrationQuestion) -> Any:
-            decisions = {name: _decide(gate, q.question, serial.get(name))
-                         for name, gate in gates.items()}
+            if inner is None:
+                decisions = {name: _decide(gate, q.question, serial.get(name))
+                             for name, gate in gates.items()}
+                retrieved, retrieved_scores = retrieved_of(q)
+            else:
+                # A question's gates and its answer with retrieval do not depend on each
+                # other: sent together, a batching server gets more requests per question.
+                pending = {name: inner.submit(_decide, gate, q.question, serial.get(name))
+                           for name, gate in gates.items()}
+                with_retrieval = inner.submit(retrieved_of, q)
+                decisions = {name: future.result() for name, future in pending.items()}
+                retrieved, retrieved_scores = with_retrieval.result()
             closed = None
             for d in decisions.values():
                 reuse = reusable_answer(d.model_copy(update={"retrieve": False}), lm=lm,
@@ -740,18 +769,6 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
                     break
             if closed is None:
                 closed = closed_book.answer(q.question).answer
-            retrieved_scores: dict[str, float | None] = {}
-            if with_passages_score:
-                # One generation gives the answer and its with-passages score (what
-                # --abstain certifies on): the single method's prompt, retriever and budget.
-                passage_answer = answer_with_passages(
-                    lm, q.question, retriever.retrieve(q.question, k),
-                    max_new_tokens=max_new_tokens)
-                retrieved = passage_answer.answer
-                retrieved_scores[PASSAGE_SCORE] = (
-                    passage_answer.score if math.isfinite(passage_answer.score) else None)
-            else:
-                retrieved = single.answer(q.question).answer
             scores = {name: _score(d) for name, d in decisions.items()}
             if not q.answers:
                 if same_answer is None:
@@ -777,13 +794,21 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
             progress(finished, len(questions))
         # Written in question order whatever order they finish in, so a run at any
         # concurrency writes the lines of a sequential one (and an interrupted one a prefix).
-        for q, record in in_order(todo, record_of, concurrency):
-            handle.write(record.dump_json() + "\n")
-            handle.flush()
-            done[q.id] = record
-            finished += 1
-            if progress is not None:
-                progress(finished, len(questions))
+        inner: concurrent.futures.ThreadPoolExecutor | None = None
+        if concurrency > 1:
+            inner = concurrent.futures.ThreadPoolExecutor(
+                concurrency * (len(gates) + 1), thread_name_prefix="rag-gates-calibrate-gate")
+        try:
+            for q, record in in_order(todo, record_of, concurrency):
+                handle.write(record.dump_json() + "\n")
+                handle.flush()
+                done[q.id] = record
+                finished += 1
+                if progress is not None:
+                    progress(finished, len(questions))
+        finally:
+            if inner is not None:
+                inner.shutdown(wait=True, cancel_futures=True)
     return [done[q.id] if done[q.id].group == q.group else
             done[q.id].model_copy(update={"group": q.group}) for q in questions]
 

@@ -13,8 +13,10 @@ from __future__ import annotations
 
 import json
 import os
+import threading
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from typer.testing import CliRunner
@@ -250,3 +252,40 @@ def test_auto_gates_for_an_in_process_model_skip_the_reply_gates_with_why() -> N
     built, _ = applicable_gates(tiny_lm(), ["sample-agreement"], {"max_new_tokens": 4,
                                                                    "samples": 2})
     assert built["sample-agreement"].samples == 2
+
+
+class _MeetingGate:
+    """A gate that decides only once every other gate of the same question is deciding too
+    (a barrier): collect_records passes only if it sends a question's gates at once."""
+
+    def __init__(self, name: str, barrier: threading.Barrier) -> None:
+        self.name, self.barrier = name, barrier
+
+    def decide(self, question: str) -> Any:
+        from rag_gates.types import GateDecision
+
+        self.barrier.wait()  # raises BrokenBarrierError after its timeout if alone
+        return GateDecision(gate=self.name, retrieve=True, score=0.5, threshold=0.4,
+                            reason="met the other gate")
+
+
+def test_concurrency_decides_a_questions_gates_at_once(server: ReplayServer, data: Path,
+                                                        tmp_path: Path) -> None:
+    from rag_gates.lm.openai_compat import OpenAICompatibleLM
+    from rag_gates.retrieval.bm25 import BM25Retriever
+
+    question = read_questions(data)[:1]  # one question: the gates can meet only each other
+    lm = OpenAICompatibleLM(server.url, max_concurrency=8)
+    retriever = BM25Retriever.from_passages(read_corpus(CORPUS))
+
+    def gates(timeout: float) -> dict[str, Any]:
+        barrier = threading.Barrier(2, timeout=timeout)
+        return {name: _MeetingGate(name, barrier) for name in ("first", "second")}
+
+    records = collect_records(question, lm, retriever, gates(30.0), tmp_path / "a.jsonl",
+                              k=1, max_new_tokens=8, concurrency=2)
+    assert records[0].scores == {"first": 0.5, "second": 0.5}
+    # The control: one at a time, the first gate waits alone and the barrier breaks.
+    with pytest.raises(threading.BrokenBarrierError):
+        collect_records(question, lm, retriever, gates(0.5), tmp_path / "b.jsonl",
+                        k=1, max_new_tokens=8, concurrency=1)
