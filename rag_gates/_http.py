@@ -1,8 +1,8 @@
 """Plumbing shared by the HTTP clients (model servers, hosted corpus indexes): a private event
 loop on a daemon thread, so sync, batch and async calls from any thread share one connection
-pool and one concurrency bound; the retry schedule (exponential backoff with jitter,
-``Retry-After`` honoured, never past the call's deadline); and the two rules every reply and
-every server URL pass through here:
+pool and one concurrency bound; the retry loop (:func:`with_retries`: bounded attempts,
+exponential backoff with jitter, ``Retry-After`` honoured, never past the call's deadline);
+and the two rules every reply and every server URL pass through here:
 
 * **Secrets stay out** (:func:`check_server_url`, :func:`scrub`): a URL carrying credentials
   (``user:KEY@host``) or a query string (``?api_key=...``) is refused, and the refusal shows
@@ -34,9 +34,11 @@ import os
 import random
 import re
 import threading
+import time
 import weakref
-from collections.abc import AsyncIterator, Callable, Coroutine, Mapping, Sequence
-from typing import Any, TypeVar
+from collections.abc import AsyncIterator, Awaitable, Callable, Coroutine, Mapping, Sequence
+from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 from urllib.parse import urlsplit
 
 from rag_gates._fork import rebuild_after_fork
@@ -48,7 +50,10 @@ __all__ = [
     "RETRY_STATUS",
     "SERVED_PREFIX",
     "ClientLoop",
+    "GaveUp",
     "LoopThread",
+    "RetryPolicy",
+    "RetryableReply",
     "backoff_delay",
     "check_api_key",
     "check_served_spec",
@@ -60,8 +65,10 @@ __all__ = [
     "redact_url",
     "register_secret",
     "retry_after_seconds",
+    "retryable_status",
     "scrub",
     "scrub_text",
+    "with_retries",
 ]
 
 T = TypeVar("T")
@@ -248,6 +255,143 @@ def backoff_delay(attempt: int, retry_after: float | None, base: float, cap: flo
     if retry_after is not None:
         return min(cap, max(0.0, retry_after))
     return float(min(cap, base * (2 ** attempt)) * random.uniform(0.5, 1.0))
+
+
+def retryable_status(status: int) -> bool:
+    """Is an HTTP ``status`` worth another try (:data:`RETRY_STATUS`, or any 5xx)?
+
+    Example:
+        >>> retryable_status(503), retryable_status(429), retryable_status(400)
+        (True, True, False)
+    """
+    return status in RETRY_STATUS or status >= 500
+
+
+class RetryPolicy(Protocol):
+    """The retry options a client's config carries (``HostedConfig`` and ``OpenAIConfig``
+    both do): read, never set."""
+
+    @property
+    def max_retries(self) -> int:
+        """Retries after the first attempt."""
+        ...
+
+    @property
+    def attempt_timeout(self) -> float:
+        """Seconds one attempt may take (the call's deadline may cut it shorter)."""
+        ...
+
+    @property
+    def backoff_base(self) -> float:
+        """The first backoff, seconds."""
+        ...
+
+    @property
+    def backoff_max(self) -> float:
+        """The largest backoff, seconds."""
+        ...
+
+
+class RetryableReply(Exception):
+    """Raised by an attempt of :func:`with_retries` for a reply worth another try (a 429 or
+    5xx, a malformed body). ``reason`` names it in the final error and the debug log (after
+    :func:`scrub_text` with the client's secrets); ``retry_after``: the server's
+    ``Retry-After`` in seconds, if it sent one."""
+
+    reason: str
+    retry_after: float | None
+
+    def __init__(self, reason: str, retry_after: float | None = None) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class GaveUp:
+    """How a call's retries ended, for the caller to build its own error from.
+
+    ``attempts``: attempts made; ``last``: the last failure (a :class:`RetryableReply`'s
+    reason or the transport error, scrubbed of the client's secrets, or the caller's words
+    for a timed-out attempt); ``timed_out``: the last attempt timed out at the call's
+    deadline.
+    """
+
+    attempts: int
+    last: str
+    timed_out: bool
+
+    @property
+    def summary(self) -> str:
+        """``failed after N attempt(s); last: ...``, the words both clients' errors use."""
+        return f"failed after {self.attempts} attempt(s); last: {self.last}"
+
+
+async def with_retries(attempt: Callable[[float], Awaitable[T]], *, policy: RetryPolicy,
+                       deadline: float, give_up: Callable[[GaveUp], Exception],
+                       where: str, log: logging.Logger, timed_out: str,
+                       slots: asyncio.Semaphore | None = None,
+                       secrets: Sequence[str | None] = ()) -> T:
+    """One logical request: ``await attempt(per_try)`` until it returns, at most
+    ``policy.max_retries + 1`` times, each under ``slots`` (the client's bound on requests
+    in flight) and given ``per_try`` seconds (``policy.attempt_timeout``, cut to what is
+    left before ``deadline``, a ``time.monotonic()`` value).
+
+    An attempt is retried when it raises :class:`RetryableReply`, times out (``TimeoutError``
+    or httpx's), or fails in transport (refused, reset, dropped mid-reply); anything else it
+    raises (a refusal, an unreadable reply) ends the call as it is. Between attempts it waits
+    :func:`backoff_delay`, and gives up early rather than sleep past ``deadline``. Once it
+    gives up it raises ``give_up(GaveUp(...))``. Every failure's words (a transport error's,
+    a :class:`RetryableReply`'s reason) pass through :func:`scrub_text` with ``secrets`` (the
+    keys the client sends) before they are kept, so neither the error nor the debug line
+    (``log``, naming ``where``) can repeat a key; ``timed_out`` is the reason a timed-out
+    attempt is given.
+
+    Example:
+        >>> replies = [503, 200]
+        >>> async def flaky(per_try: float) -> int:
+        ...     status = replies.pop(0)
+        ...     if retryable_status(status):
+        ...         raise RetryableReply(f"HTTP {status}")
+        ...     return status
+        >>> class Policy:
+        ...     max_retries, attempt_timeout, backoff_base, backoff_max = 2, 1.0, 0.0, 0.0
+        >>> asyncio.run(with_retries(
+        ...     flaky, policy=Policy(), deadline=time.monotonic() + 5,
+        ...     give_up=lambda g: RuntimeError(g.summary), where="example",
+        ...     log=logging.getLogger("example"), timed_out="timed out"))
+        200
+    """
+    # The caller's client is an httpx client, so httpx is installed (imported here, not at
+    # the top: this module is imported by clients whose extra may not be installed).
+    import httpx
+
+    shown = [s for s in secrets if s]
+    last = "no attempt made"
+    attempts = 0
+    for number in range(policy.max_retries + 1):
+        attempts = number + 1
+        retry_after: float | None = None
+        try:
+            async with slots if slots is not None else contextlib.nullcontext():
+                per_try = max(0.001, min(policy.attempt_timeout, deadline - time.monotonic()))
+                return await attempt(per_try)
+        except RetryableReply as reply:
+            # Fail closed: a reply body is scrubbed as it is read, and once more here.
+            last, retry_after = scrub_text(reply.reason, shown), reply.retry_after
+        except (TimeoutError, httpx.TimeoutException):
+            last = timed_out
+        except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...
+            last = scrub_text(f"{type(exc).__name__}: {exc}", shown)
+        if number == policy.max_retries:
+            break
+        delay = backoff_delay(number, retry_after, policy.backoff_base, policy.backoff_max)
+        if time.monotonic() + delay >= deadline:
+            break
+        log.debug("retrying %s after %s (%.2f s)", where, last, delay)
+        await asyncio.sleep(delay)
+    raise give_up(GaveUp(attempts=attempts, last=last,
+                         timed_out=last == timed_out and time.monotonic() >= deadline - 0.05))
 
 
 def redact_url(url: str) -> str:

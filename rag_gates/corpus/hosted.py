@@ -47,12 +47,14 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rag_gates._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     ERROR_BODY_BYTES,
-    RETRY_STATUS,
     ClientLoop,
-    backoff_delay,
+    GaveUp,
+    RetryableReply,
     check_server_url,
     read_body,
     retry_after_seconds,
+    retryable_status,
+    with_retries,
 )
 from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
@@ -237,87 +239,65 @@ class HostedInfiniGram(CorpusStats):
             finally:
                 _DEADLINE.reset(token)
 
-    def _backoff(self, attempt: int, retry_after: float | None) -> float:
-        return backoff_delay(attempt, retry_after, self.config.backoff_base,
-                             self.config.backoff_max)
-
     async def _post(self, payload: dict[str, Any]) -> dict[str, Any]:
         """One logical request: bounded retries with backoff, within the item's deadline."""
-        httpx = require("httpx", "corpus")
         client = await self._http()
-        assert self._requests is not None
+        assert self._requests is not None  # made with the client
         deadline = _DEADLINE.get() or time.monotonic() + self.config.timeout
-        last = "no attempt made"
-        for attempt in range(self.config.max_retries + 1):
-            retry_after: float | None = None
+        url = self.config.url
+
+        async def attempt(per_try: float) -> dict[str, Any]:
+            self.requests_sent += 1
+            async with asyncio.timeout(per_try):
+                reply = await client.send(client.build_request(
+                    "POST", url, json=payload, timeout=per_try), stream=True)
+                try:
+                    failed = reply.status_code >= 400
+                    body = await read_body(
+                        reply, ERROR_BODY_BYTES if failed else self.config.max_response_bytes,
+                        where=url, setting="max_response_bytes", error=HostedProtocolError,
+                        truncate=failed)
+                finally:
+                    await reply.aclose()
+            text = body.decode("utf-8", "replace")
+            if retryable_status(reply.status_code):
+                raise RetryableReply(f"HTTP {reply.status_code}",
+                                     retry_after_seconds(reply.headers))
+            if reply.status_code >= 400:
+                raise HostedQueryError(
+                    f"{url} refused the query (HTTP {reply.status_code}): {text[:300]}")
             try:
-                async with self._requests:
-                    per_try = max(0.001, min(self.config.attempt_timeout,
-                                             deadline - time.monotonic()))
-                    self.requests_sent += 1
-                    async with asyncio.timeout(per_try):
-                        reply = await client.send(client.build_request(
-                            "POST", self.config.url, json=payload, timeout=per_try),
-                            stream=True)
-                        try:
-                            failed = reply.status_code >= 400
-                            body = await read_body(
-                                reply, ERROR_BODY_BYTES if failed else
-                                self.config.max_response_bytes, where=self.config.url,
-                                setting="max_response_bytes", error=HostedProtocolError,
-                                truncate=failed)
-                        finally:
-                            await reply.aclose()
-                text = body.decode("utf-8", "replace")
-                if reply.status_code in RETRY_STATUS or reply.status_code >= 500:
-                    last = f"HTTP {reply.status_code}"
-                    retry_after = retry_after_seconds(reply.headers)
-                elif reply.status_code >= 400:
-                    raise HostedQueryError(
-                        f"{self.config.url} refused the query (HTTP {reply.status_code}): "
-                        f"{text[:300]}")
-                else:
-                    try:
-                        data = loads_bounded(body, what=f"the reply of {self.config.url}")
-                    except JSONDepthError as exc:
-                        raise HostedProtocolError(str(exc)) from None
-                    except ValueError:  # JSONDecodeError and UnicodeDecodeError
-                        data = None
-                    if isinstance(data, dict) and "error" in data:
-                        raise HostedQueryError(
-                            f"{self.config.url} answered with an error for index "
-                            f"{self.index!r}: {data['error']}")
-                    if isinstance(data, dict) and type(data.get("count")) is int and \
-                            data["count"] >= 0:
-                        if data.get("lowercase") is True and not self.config.lowercase and \
-                                not self._warned_lowercase:
-                            self._warned_lowercase = True
-                            logger.warning(
-                                "%s serves a lower-cased index; pass lowercase=True to "
-                                "HostedInfiniGram for counts equal to the local backend's",
-                                self.config.url)
-                        return data
-                    last = f"malformed reply: {text[:200]!r}"
-            except (TimeoutError, httpx.TimeoutException):
-                last = "attempt timed out"
-            except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...
-                last = f"{type(exc).__name__}: {exc}"
-            if attempt == self.config.max_retries:
-                break
-            delay = self._backoff(attempt, retry_after)
-            if time.monotonic() + delay >= deadline:
-                break
-            logger.debug("retrying %s after %s (%.2f s)", self.config.url, last, delay)
-            await asyncio.sleep(delay)
-        if last.startswith("malformed"):
-            raise HostedProtocolError(
-                f"{self.config.url} does not speak the infini-gram protocol: {last}")
-        if last == "attempt timed out" and time.monotonic() >= deadline - 0.05:
-            raise HostedTimeoutError(
-                f"no answer from {self.config.url} within {self.config.timeout:.1f} s")
-        raise HostedUnavailableError(
-            f"{self.config.url} failed after {attempt + 1} attempt(s); last: {last}. Try "
-            "later, or raise max_retries/timeout")
+                data = loads_bounded(body, what=f"the reply of {url}")
+            except JSONDepthError as exc:
+                raise HostedProtocolError(str(exc)) from None
+            except ValueError:  # JSONDecodeError and UnicodeDecodeError
+                data = None
+            if isinstance(data, dict) and "error" in data:
+                raise HostedQueryError(
+                    f"{url} answered with an error for index {self.index!r}: {data['error']}")
+            if isinstance(data, dict) and type(data.get("count")) is int and data["count"] >= 0:
+                if data.get("lowercase") is True and not self.config.lowercase and \
+                        not self._warned_lowercase:
+                    self._warned_lowercase = True
+                    logger.warning(
+                        "%s serves a lower-cased index; pass lowercase=True to "
+                        "HostedInfiniGram for counts equal to the local backend's", url)
+                return data
+            raise RetryableReply(f"malformed reply: {text[:200]!r}")
+
+        def give_up(failure: GaveUp) -> Exception:
+            if failure.last.startswith("malformed"):
+                return HostedProtocolError(
+                    f"{url} does not speak the infini-gram protocol: {failure.last}")
+            if failure.timed_out:
+                return HostedTimeoutError(
+                    f"no answer from {url} within {self.config.timeout:.1f} s")
+            return HostedUnavailableError(
+                f"{url} {failure.summary}. Try later, or raise max_retries/timeout")
+
+        return await with_retries(attempt, policy=self.config, deadline=deadline,
+                                  give_up=give_up, where=url, log=logger,
+                                  timed_out="attempt timed out", slots=self._requests)
 
     # ----------------------------------------------------------------------------- phrases
     def _normalize(self, phrase: str) -> str:

@@ -26,16 +26,17 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator
 from rag_gates._http import (
     DEFAULT_MAX_RESPONSE_BYTES,
     ERROR_BODY_BYTES,
-    RETRY_STATUS,
     ClientLoop,
-    backoff_delay,
+    GaveUp,
+    RetryableReply,
     check_api_key,
     check_server_url,
     read_body,
     read_lines,
     register_secret,
     retry_after_seconds,
-    scrub_text,
+    retryable_status,
+    with_retries,
 )
 from rag_gates._json import JSONDepthError, loads_bounded
 from rag_gates._optional import require
@@ -177,72 +178,58 @@ class OpenAITransport:
         """One logical request with retries. Without ``on_open`` the JSON reply is returned;
         with it, ``on_open(response)`` reads a streamed reply (retried only if it fails before
         it has read anything)."""
-        httpx = require("httpx", "api")
         client = self._loop.http(self._new_client)
-        assert self._slots is not None
+        assert self._slots is not None  # made with the client
         url = f"{self.base_url}{path}"
         deadline = time.monotonic() + self.config.timeout
-        last = "no attempt made"
-        attempt = 0
-        for attempt in range(self.config.max_retries + 1):
-            retry_after: float | None = None
+
+        async def attempt(per_try: float) -> Any:
+            self.requests_sent += 1
+            method = "GET" if payload is None else "POST"
+            request = client.build_request(method, url, json=payload, timeout=per_try)
+            async with asyncio.timeout(per_try):  # until the headers arrive
+                response = await client.send(request, stream=True)
             try:
-                async with self._slots:
-                    per_try = max(0.001, min(self.config.attempt_timeout,
-                                             deadline - time.monotonic()))
-                    self.requests_sent += 1
-                    method = "GET" if payload is None else "POST"
-                    request = client.build_request(method, url, json=payload,
-                                                   timeout=per_try)
-                    async with asyncio.timeout(per_try):  # until the headers arrive
-                        response = await client.send(request, stream=True)
+                if response.status_code < 400 and on_open is not None:
                     try:
-                        if response.status_code < 400 and on_open is not None:
-                            async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
-                                return await on_open(response)
-                        async with asyncio.timeout(per_try):
-                            body = await self._read(response, url)
-                    finally:
-                        await response.aclose()
-                status = response.status_code
-                if status in RETRY_STATUS or status >= 500:
-                    last = f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}"
-                    retry_after = retry_after_seconds(response.headers)
-                elif status >= 400:
-                    raise refusal(url, status, body)
-                else:
-                    try:
-                        return loads_bounded(body, what=f"the reply of {url}")
-                    except JSONDepthError as exc:
-                        raise ServerReplyError(str(exc)) from None
-                    except ValueError as exc:
-                        raise ServerReplyError(
-                            f"{url} answered HTTP {status} with a body that is not JSON: "
-                            f"{body[:200]!r}") from exc
-            except (TimeoutError, httpx.TimeoutException):
-                last = "the attempt timed out"
-            except httpx.TransportError as exc:  # refused, reset, dropped mid-reply, ...
-                last = scrub_text(f"{type(exc).__name__}: {exc}",
-                                  [s.decode("utf-8", "replace") for s in self._secrets])
-            except StreamStarted as exc:  # failed after text was handed out: no retry
-                raise ServerUnavailableError(
-                    f"{url} dropped a streamed reply after it had started: {exc.__cause__}"
-                ) from exc
-            if attempt == self.config.max_retries:
-                break
-            delay = backoff_delay(attempt, retry_after, self.config.backoff_base,
-                                  self.config.backoff_max)
-            if time.monotonic() + delay >= deadline:
-                break
-            logger.debug("retrying %s after %s (%.2f s)", url, last, delay)
-            await asyncio.sleep(delay)
-        if last == "the attempt timed out" and time.monotonic() >= deadline - 0.05:
-            raise ServerTimeoutError(
-                f"no answer from {url} within {self.config.timeout:.0f} s (retries "
-                "included); raise timeout= or check that the server is up")
-        raise ServerUnavailableError(
-            f"{url} failed after {attempt + 1} attempt(s); last: {last}. Check that the "
-            "server is up, or raise max_retries/timeout")
+                        async with asyncio.timeout(max(0.001, deadline - time.monotonic())):
+                            return await on_open(response)
+                    except StreamStarted as exc:  # failed after text was handed out: no retry
+                        raise ServerUnavailableError(
+                            f"{url} dropped a streamed reply after it had started: "
+                            f"{exc.__cause__}") from exc
+                async with asyncio.timeout(per_try):
+                    body = await self._read(response, url)
+            finally:
+                await response.aclose()
+            status = response.status_code
+            if retryable_status(status):
+                raise RetryableReply(f"HTTP {status}: {body[:200].decode('utf-8', 'replace')}",
+                                     retry_after_seconds(response.headers))
+            if status >= 400:
+                raise refusal(url, status, body)
+            try:
+                return loads_bounded(body, what=f"the reply of {url}")
+            except JSONDepthError as exc:
+                raise ServerReplyError(str(exc)) from None
+            except ValueError as exc:
+                raise ServerReplyError(
+                    f"{url} answered HTTP {status} with a body that is not JSON: "
+                    f"{body[:200]!r}") from exc
+
+        def give_up(failure: GaveUp) -> Exception:
+            if failure.timed_out:
+                return ServerTimeoutError(
+                    f"no answer from {url} within {self.config.timeout:.0f} s (retries "
+                    "included); raise timeout= or check that the server is up")
+            return ServerUnavailableError(
+                f"{url} {failure.summary}. Check that the server is up, or raise "
+                "max_retries/timeout")
+
+        return await with_retries(
+            attempt, policy=self.config, deadline=deadline, give_up=give_up, where=url,
+            log=logger, timed_out="the attempt timed out", slots=self._slots,
+            secrets=[s.decode("utf-8", "replace") for s in self._secrets])
 
     async def _read(self, response: Any, url: str) -> bytes:
         """A reply's body: bounded, scrubbed of the key (an error reply: its first 64 KiB)."""
