@@ -14,6 +14,12 @@ non-finite score ranks as most uncertain) and the certified skip rate at epsilon
 0.02 (delta 0.1, :func:`rag_gates.calibration.calibrate` on that score alone, exact bound,
 no composite: each row's own certificate, not a family's), and the median seconds per decision.
 The closed-book answers of the two runs are checked to agree (same model, prompt and budget).
+
+``--llm-free FILE`` (repeatable) adds the rows of ``benchmarks/llm_free_gates.py`` (kind
+``llm-free``: the top passage's similarity, the top BM25 score, entity popularity, QuCo's
+entity counts; no model run), joined by question id like the LM-Polygraph rows; a name that
+the records already score is left out (the records' row stands). ``--polygraph`` is optional,
+so a data set without an LM-Polygraph run gets our gates beside the LLM-free rows.
 """
 
 from __future__ import annotations
@@ -35,39 +41,53 @@ MODEL = ModelIdentity(name="SmolLM2-135M-Instruct", fingerprint="table")
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--polygraph", type=Path, required=True)
+    parser.add_argument("--polygraph", type=Path,
+                        help="benchmarks/polygraph_gates.py's JSONL (optional)")
     parser.add_argument("--records", type=Path, required=True)
+    parser.add_argument("--llm-free", type=Path, action="append", default=[],
+                        help="benchmarks/llm_free_gates.py's JSONL (repeatable)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    poly = {}
-    for line in args.polygraph.read_text().splitlines():
-        if line.strip():
-            row = json.loads(line)
-            poly[row["id"]] = row
+    poly = read_rows(args.polygraph) if args.polygraph is not None else {}
+    free: dict[str, dict[str, Any]] = {}
+    for path in args.llm_free:
+        for i, extra in read_rows(path).items():
+            merged = free.setdefault(i, {"scores": {}, "seconds": {}})
+            merged["scores"].update(extra["scores"])
+            merged["seconds"].update(extra["seconds"])
     records = {r.id: r for r in read_records(args.records)}
-    ids = [i for i in poly if i in records]
-    agree = sum(poly[i]["closed_book_answer"] == records[i].closed_book_answer for i in ids)
+    # The questions every source holds, in the polygraph file's order (else the records').
+    ids = [i for i in (poly or records) if i in records and (not poly or i in poly)
+           and (not free or i in free)]
+    agree = sum(poly[i]["closed_book_answer"] == records[i].closed_book_answer
+                for i in ids) if poly else 0
     label_agree = sum(poly[i]["closed_book_correct"] == records[i].closed_book_correct
-                      for i in ids)
+                      for i in ids) if poly else 0
     ours = sorted({k for i in ids for k in records[i].scores})
-    estimators = sorted({k for i in ids for k in poly[i]["scores"]})
+    estimators = sorted({k for i in ids for k in poly[i]["scores"]}) if poly else []
+    llm_free = sorted({k for i in ids for k in free[i]["scores"]}) if free else []
+    left_out = [k for k in llm_free if k in ours]
+    llm_free = [k for k in llm_free if k not in ours]
     import numpy as np
 
     wrong = np.array([0.0 if records[i].closed_book_correct else 1.0 for i in ids])
     rows: list[dict[str, Any]] = []
+    sources = {"rag-gates": {i: {"scores": records[i].scores} for i in ids},
+               "lm-polygraph": poly, "llm-free": free}
 
-    def score_of(i: str, name: str, ours_row: bool) -> float | None:
-        value = records[i].scores.get(name) if ours_row else poly[i]["scores"].get(name)
+    def score_of(i: str, name: str, kind: str) -> float | None:
+        value = sources[kind][i]["scores"].get(name)
         if value is None or value == "nan":
             return None
         value = float(value)
         return value if math.isfinite(value) else None
 
-    for name, is_ours in [(g, True) for g in ours] + [(e, False) for e in estimators]:
-        values = [score_of(i, name, is_ours) for i in ids]
+    for name, kind in ([(g, "rag-gates") for g in ours]
+                       + [(e, "lm-polygraph") for e in estimators]
+                       + [(f, "llm-free") for f in llm_free]):
+        values = [score_of(i, name, kind) for i in ids]
         scores = np.array([math.nan if v is None else v for v in values])
-        row: dict[str, Any] = {"gate": name, "kind": "rag-gates" if is_ours else "lm-polygraph",
-                               "auroc": _auroc(scores, wrong),
+        row: dict[str, Any] = {"gate": name, "kind": kind, "auroc": _auroc(scores, wrong),
                                "unscored": int(np.isnan(scores).sum())}
         recs = [CalibrationRecord(id=i, question=records[i].question,
                                   closed_book_correct=records[i].closed_book_correct,
@@ -80,19 +100,31 @@ def main(argv: list[str] | None = None) -> None:
             r = report.row(name)
             row[f"certified_skip_{eps}"] = r.certified_skip_rate
             row[f"observed_skip_{eps}"] = r.observed_skip_rate if r.certified else 0.0
-        if not is_ours:
-            secs = [poly[i]["seconds"].get(name) for i in ids]
+        if kind != "rag-gates":
+            secs = [sources[kind][i]["seconds"].get(name) for i in ids]
             row["median_seconds"] = statistics.median(s for s in secs if s is not None)
         rows.append(row)
         print(json.dumps({k: row[k] for k in row if k != "kind"}), flush=True)
     write_text_atomic(args.out, json.dumps({
         "command": "python benchmarks/polygraph_table.py " + " ".join(
             sys.argv[1:] if argv is None else argv),
-        "questions": len(ids), "closed_book_answers_identical": agree,
-        "closed_book_labels_identical": label_agree,
+        "questions": len(ids),
+        **({"closed_book_answers_identical": agree, "closed_book_labels_identical": label_agree}
+           if poly else {}),
+        **({"llm_free_left_out": left_out} if left_out else {}),
         "closed_book_accuracy": float(1 - wrong.mean()),
         "retrieved_accuracy": float(np.mean([records[i].retrieved_correct for i in ids])),
         "rows": rows}, indent=2) + "\n")
+
+
+def read_rows(path: Path) -> dict[str, dict[str, Any]]:
+    """A JSONL of per-question rows (``id``, ``scores``, ``seconds``) by id."""
+    rows = {}
+    for line in path.read_text().splitlines():
+        if line.strip():
+            row = json.loads(line)
+            rows[row["id"]] = row
+    return rows
 
 
 if __name__ == "__main__":
