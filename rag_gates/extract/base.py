@@ -23,12 +23,12 @@ from __future__ import annotations
 
 import asyncio
 from abc import ABC, abstractmethod
-from collections.abc import Sequence
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
-__all__ = ["BaseExtractor", "Claim", "Extractor"]
+__all__ = ["BaseExtractor", "Claim", "Extractor", "unique_claims", "unique_names"]
 
 
 class Claim(BaseModel):
@@ -54,6 +54,32 @@ class Claim(BaseModel):
     def query(self) -> str:
         """The semantic query QuCo-RAG retrieves with for this claim: ``head + " " + relation``."""
         return f"{self.head} {self.relation}".strip()
+
+
+def unique_names(names: Iterable[str]) -> list[str]:
+    """``names`` de-duplicated without regard to case, in order, each as first written: what
+    an extractor's ``entities`` returns.
+
+    Example:
+        >>> unique_names(["Ed Wood", "Tim Burton", "ED WOOD"])
+        ['Ed Wood', 'Tim Burton']
+    """
+    seen: dict[str, str] = {}
+    for name in names:
+        seen.setdefault(name.lower(), name)
+    return list(seen.values())
+
+
+def unique_claims(claims: Iterable[Claim]) -> list[Claim]:
+    """``claims`` de-duplicated without regard to case, in order (the first of each kept)."""
+    seen: set[tuple[str, str, str | None]] = set()
+    out = []
+    for c in claims:
+        key = (c.head.lower(), c.relation.lower(), c.tail.lower() if c.tail else None)
+        if key not in seen:
+            seen.add(key)
+            out.append(c)
+    return out
 
 
 @runtime_checkable

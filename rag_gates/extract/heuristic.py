@@ -49,9 +49,9 @@ import re
 from dataclasses import dataclass
 from typing import Literal
 
-from rag_gates.extract.base import BaseExtractor, Claim
+from rag_gates.extract.base import BaseExtractor, Claim, unique_claims, unique_names
 
-__all__ = ["HeuristicExtractor", "is_non_factual"]
+__all__ = ["HeuristicExtractor", "factual_text", "is_non_factual"]
 
 
 
@@ -167,6 +167,15 @@ class _Mention:
 def is_non_factual(sentence: str) -> bool:
     """True for reasoning conclusions ("Thus, ...", "Therefore ...", "So the answer is ...")."""
     return bool(_NON_FACTUAL.match(sentence))
+
+
+def factual_text(sentence: str) -> str | None:
+    """``sentence`` stripped, for an extractor's ``claims`` to read; None when it is empty or
+    a reasoning conclusion (no claims); TypeError for anything but a str."""
+    if not isinstance(sentence, str):
+        raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
+    text = sentence.strip()
+    return None if not text or is_non_factual(text) else text
 
 
 def _tokens(text: str) -> list[_Tok]:
@@ -476,18 +485,13 @@ class HeuristicExtractor(BaseExtractor):
         if not isinstance(question, str):
             raise TypeError(f"question must be a str, got {type(question).__name__}")
         toks, mentions = self._mentions(question, question=True)
-        seen: dict[str, str] = {}
-        for m in _key_mentions(toks, [m for m in mentions if m.kind == "entity"]):
-            if m.text.lower() not in seen:
-                seen[m.text.lower()] = m.text
-        return list(seen.values())
+        return unique_names(
+            m.text for m in _key_mentions(toks, [m for m in mentions if m.kind == "entity"]))
 
     def claims(self, sentence: str) -> list[Claim]:
         """Claims of one sentence (partial claims for a question); ``[]`` if non-factual."""
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
-        text = sentence.strip()
-        if not text or is_non_factual(text):
+        text = factual_text(sentence)
+        if text is None:
             return []
         toks, mentions = self._mentions(text)
         if text.endswith("?"):
@@ -512,7 +516,7 @@ class HeuristicExtractor(BaseExtractor):
             relation = self._relation(toks, prev.last + 1, m.first)
             out.append(Claim(head=head.text, relation=relation, tail=m.text))
             prev = m
-        return _dedupe(out)
+        return unique_claims(out)
 
     # ------------------------------------------------------------------ relations
     def _question_claims(self, toks: list[_Tok], mentions: list[_Mention]) -> list[Claim]:
@@ -526,7 +530,7 @@ class HeuristicExtractor(BaseExtractor):
         for m in ents:
             rel = self._possessive_relation(toks, m.last) if m.possessive else generic
             out.append(Claim(head=m.text, relation=rel, tail=None))
-        return _dedupe(out)
+        return unique_claims(out)
 
     def _possessive_relation(self, toks: list[_Tok], last: int) -> str:
         """The noun phrase after "X's": "husband" in "X's husband graduate from"."""
@@ -579,14 +583,3 @@ def _key_mentions(toks: list[_Tok], mentions: list[_Mention]) -> list[_Mention]:
             inside.add(k)
     outside = [m for m in mentions if m.first not in inside]
     return outside or mentions
-
-
-def _dedupe(claims: list[Claim]) -> list[Claim]:
-    seen: set[tuple[str, str, str | None]] = set()
-    out = []
-    for c in claims:
-        key = (c.head.lower(), c.relation.lower(), c.tail.lower() if c.tail else None)
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out

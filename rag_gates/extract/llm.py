@@ -44,7 +44,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from rag_gates.errors import ExtractionError
-from rag_gates.extract.base import BaseExtractor, Claim
+from rag_gates.extract.base import BaseExtractor, Claim, unique_names
 from rag_gates.extract.heuristic import is_non_factual
 from rag_gates.lm.base import Prompt, TextLM
 
@@ -286,9 +286,5 @@ class LLMExtractor(BaseExtractor):
         """The heads (and tails) of the question's items, de-duplicated, in order. The
         "Thus/So ..." shortcut is for generated conclusions, never a question: "So who
         directed Ed Wood?" names an entity, and QuCo skips retrieval on a question without."""
-        seen: dict[str, str] = {}
-        for claim in self._extract(question, conclusion_shortcut=False):
-            for value in (claim.head, claim.tail):
-                if value and value.lower() not in seen:
-                    seen[value.lower()] = value
-        return list(seen.values())
+        return unique_names(value for claim in self._extract(question, conclusion_shortcut=False)
+                            for value in (claim.head, claim.tail) if value)

@@ -27,9 +27,9 @@ import threading
 from typing import Any
 
 from rag_gates._optional import require
-from rag_gates.extract.base import BaseExtractor, Claim
+from rag_gates.extract.base import BaseExtractor, Claim, unique_claims, unique_names
 from rag_gates.extract.heuristic import _AUX as _SKIP
-from rag_gates.extract.heuristic import is_non_factual
+from rag_gates.extract.heuristic import factual_text
 
 __all__ = ["ENTITY_LABELS", "SpacyExtractor", "load_spacy_pipeline"]
 
@@ -105,17 +105,12 @@ class SpacyExtractor(BaseExtractor):
         if not question.strip():
             return []
         _, spans = self._mentions(question, ENTITY_LABELS)
-        seen: dict[str, str] = {}
-        for _, _, value, _ in spans:
-            seen.setdefault(value.lower(), value)
-        return list(seen.values())
+        return unique_names(value for _, _, value, _ in spans)
 
     def claims(self, sentence: str) -> list[Claim]:
         """Claims of one sentence (partial claims for a question); ``[]`` if non-factual."""
-        if not isinstance(sentence, str):
-            raise TypeError(f"sentence must be a str, got {type(sentence).__name__}")
-        text = sentence.strip()
-        if not text or is_non_factual(text):
+        text = factual_text(sentence)
+        if text is None:
             return []
         question = text.endswith("?")
         doc, spans = self._mentions(text, ENTITY_LABELS if question else _TAIL_LABELS)
@@ -126,7 +121,8 @@ class SpacyExtractor(BaseExtractor):
             verbs = [t.lemma_ for t in doc if t.pos_ in ("VERB", "NOUN") and not any(
                 s <= t.idx < e for s, e, _, _ in spans)]
             relation = " ".join(verbs[:2])
-            return _dedupe([Claim(head=v, relation=relation, tail=None) for _, _, v, _ in names])
+            return unique_claims(Claim(head=v, relation=relation, tail=None)
+                                 for _, _, v, _ in names)
         subject = [t for t in doc if t.dep_ in ("nsubj", "nsubjpass")]
         head = names[0]
         for s in names:
@@ -142,7 +138,7 @@ class SpacyExtractor(BaseExtractor):
             between = text[start:s[0]] if s[0] >= start else text[s[1]:head[0]]
             out.append(Claim(head=head[2], relation=self._relation(between), tail=s[2]))
             prev_end = max(prev_end, s[1])
-        return _dedupe(out)
+        return unique_claims(out)
 
     def _relation(self, between: str) -> str:
         words = re.findall(r"[\w'’-]+", between)
@@ -151,14 +147,3 @@ class SpacyExtractor(BaseExtractor):
         while words and words[-1].lower() in _SKIP:
             words.pop()
         return " ".join(words[-self.max_relation_words:])
-
-
-def _dedupe(claims: list[Claim]) -> list[Claim]:
-    seen: set[tuple[str, str, str | None]] = set()
-    out = []
-    for c in claims:
-        key = (c.head.lower(), c.relation.lower(), c.tail.lower() if c.tail else None)
-        if key not in seen:
-            seen.add(key)
-            out.append(c)
-    return out
