@@ -1,19 +1,19 @@
 """What the method runnables (QuCo, DeepRAG) share: their LangChain arguments as rag-gates
 parts (the core rule, :class:`rag_gates._frameworks.FrameworkInputs`, bound to LangChain's
-types), the question read from the input, config fields given directly, and the runnable
-shell itself (:class:`MethodRunnable`)."""
+types), the question read from the input, config fields given directly (gathered into the
+runnable's config field), and the runnable shell itself (:class:`MethodRunnable`)."""
 
 from __future__ import annotations
 
 from abc import abstractmethod
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import Any, ClassVar, TypeVar
 
 from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.language_models import BaseLanguageModel
 from langchain_core.retrievers import BaseRetriever
 from langchain_core.runnables import RunnableConfig, RunnableSerializable
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, model_validator
 
 from langchain_rag_gates.language_models import as_text_lm
 from langchain_rag_gates.retrievers import LangChainRetrieverAdapter
@@ -54,8 +54,14 @@ def gather_config(data: Any, config: type[C], field: str) -> Any:
 
 class MethodRunnable(RunnableSerializable[Any, dict[str, Any]]):
     """The shell of a method's runnable (QuCo, DeepRAG): the model field, the question read
-    from the input (the input itself, or ``input[query_key]``), and ``invoke`` / ``ainvoke``
-    through LangChain's run (callbacks, tracing) into :meth:`_run` / :meth:`_arun`."""
+    from the input (the input itself, or ``input[query_key]``), the method's config fields
+    given directly gathered into its config field (:attr:`config_type`, :attr:`config_field`),
+    and ``invoke`` / ``ainvoke`` through LangChain's run (callbacks, tracing) into
+    :meth:`_run` / :meth:`_arun`."""
+
+    #: The method's config model and the field holding it (``QuCoConfig``, ``"quco_config"``).
+    config_type: ClassVar[type[BaseModel]]
+    config_field: ClassVar[str]
 
     llm: Any = Field(
         ..., exclude=True, description="A LangChain chat model or LLM, or a rag-gates TextLM."
@@ -65,6 +71,12 @@ class MethodRunnable(RunnableSerializable[Any, dict[str, Any]]):
     )
 
     model_config = ConfigDict(arbitrary_types_allowed=True, extra="forbid")
+
+    @model_validator(mode="before")
+    @classmethod
+    def _gather_config(cls, data: Any) -> Any:
+        """Move config fields given directly (``tau_entity=82``) into :attr:`config_field`."""
+        return gather_config(data, cls.config_type, cls.config_field)
 
     def question_of(self, input: Any) -> str:
         """The question: the input itself, or ``input[query_key]``."""

@@ -4,25 +4,16 @@ chat model or LLM and any LangChain retriever, streaming its steps."""
 from __future__ import annotations
 
 from collections.abc import AsyncIterator, Iterator
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForChainRun,
-    CallbackManagerForChainRun,
-    adispatch_custom_event,
-    dispatch_custom_event,
-)
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.runnables import RunnableConfig
 from langchain_core.runnables.utils import AddableDict
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr
 
-from langchain_rag_gates._inputs import (
-    MethodRunnable,
-    gather_config,
-    rag_gates_retriever,
-    rag_gates_text_lm,
-)
+from langchain_rag_gates._inputs import MethodRunnable, rag_gates_retriever, rag_gates_text_lm
 from langchain_rag_gates.documents import passages_to_documents
+from langchain_rag_gates.retrievers import _adispatch_in_run, _dispatch_in_run
 from rag_gates.deeprag import DeepRAG, DeepRAGConfig, DeepRAGResult, Step
 from rag_gates.gate import Gate
 
@@ -123,12 +114,8 @@ class DeepRAGRunnable(MethodRunnable):
         default_factory=DeepRAGConfig, description="DeepRAG settings (mode, k, max_steps, ...)."
     )
     _agent: DeepRAG = PrivateAttr()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gather_config(cls, data: Any) -> Any:
-        """Move DeepRAGConfig fields given directly (``mode="always"``) into the config."""
-        return gather_config(data, DeepRAGConfig, "deeprag_config")
+    config_type: ClassVar[type[DeepRAGConfig]] = DeepRAGConfig
+    config_field: ClassVar[str] = "deeprag_config"
 
     def model_post_init(self, context: Any, /) -> None:
         lm = rag_gates_text_lm(self.llm)
@@ -178,9 +165,7 @@ class DeepRAGRunnable(MethodRunnable):
             for i, item in enumerate(self._agent.stream(self.question_of(input))):
                 chunk = self._chunks(item, i)
                 if isinstance(item, Step):
-                    dispatch_custom_event(
-                        STEP_EVENT, chunk["steps"][0],
-                        config=RunnableConfig(callbacks=run_manager.get_child()))
+                    _dispatch_in_run(STEP_EVENT, chunk["steps"][0], run_manager)
                 yield chunk
 
     async def _astream_steps(self, inputs: AsyncIterator[Any],
@@ -192,9 +177,7 @@ class DeepRAGRunnable(MethodRunnable):
                 chunk = self._chunks(item, i)
                 i += 1
                 if isinstance(item, Step):
-                    await adispatch_custom_event(
-                        STEP_EVENT, chunk["steps"][0],
-                        config=RunnableConfig(callbacks=run_manager.get_child()))
+                    await _adispatch_in_run(STEP_EVENT, chunk["steps"][0], run_manager)
                 yield chunk
 
     def _run(

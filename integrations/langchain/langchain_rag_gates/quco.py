@@ -3,25 +3,15 @@ LangChain chat model or LLM and any LangChain retriever."""
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, ClassVar
 
-from langchain_core.callbacks import (
-    AsyncCallbackManagerForChainRun,
-    CallbackManagerForChainRun,
-    adispatch_custom_event,
-    dispatch_custom_event,
-)
+from langchain_core.callbacks import AsyncCallbackManagerForChainRun, CallbackManagerForChainRun
 from langchain_core.runnables import RunnableConfig
-from pydantic import Field, PrivateAttr, model_validator
+from pydantic import Field, PrivateAttr
 
-from langchain_rag_gates._inputs import (
-    MethodRunnable,
-    gather_config,
-    rag_gates_retriever,
-    rag_gates_text_lm,
-)
+from langchain_rag_gates._inputs import MethodRunnable, rag_gates_retriever, rag_gates_text_lm
 from langchain_rag_gates.documents import passages_to_documents
-from langchain_rag_gates.retrievers import DECISION_EVENT
+from langchain_rag_gates.retrievers import DECISION_EVENT, _adispatch_in_run, _dispatch_in_run
 from rag_gates.corpus.base import CorpusStats
 from rag_gates.quco import QuCoConfig, QuCoPipeline, QuCoResult
 
@@ -123,12 +113,8 @@ class QuCoRunnable(MethodRunnable):
         default_factory=QuCoConfig, description="QuCo settings (tau_entity, k, ...)."
     )
     _pipeline: QuCoPipeline = PrivateAttr()
-
-    @model_validator(mode="before")
-    @classmethod
-    def _gather_config(cls, data: Any) -> Any:
-        """Move QuCoConfig fields given directly (``tau_entity=82``) into ``quco_config``."""
-        return gather_config(data, QuCoConfig, "quco_config")
+    config_type: ClassVar[type[QuCoConfig]] = QuCoConfig
+    config_field: ClassVar[str] = "quco_config"
 
     def model_post_init(self, context: Any, /) -> None:
         lm = rag_gates_text_lm(self.llm)
@@ -166,10 +152,7 @@ class QuCoRunnable(MethodRunnable):
     ) -> dict[str, Any]:
         output = self.output_of(self._pipeline.run(self.question_of(input)))
         if output["decision"] is not None:
-            dispatch_custom_event(
-                DECISION_EVENT, output["decision"],
-                config=RunnableConfig(callbacks=run_manager.get_child()),
-            )
+            _dispatch_in_run(DECISION_EVENT, output["decision"], run_manager)
         return output
 
     async def _arun(
@@ -177,8 +160,5 @@ class QuCoRunnable(MethodRunnable):
     ) -> dict[str, Any]:
         output = self.output_of(await self._pipeline.arun(self.question_of(input)))
         if output["decision"] is not None:
-            await adispatch_custom_event(
-                DECISION_EVENT, output["decision"],
-                config=RunnableConfig(callbacks=run_manager.get_child()),
-            )
+            await _adispatch_in_run(DECISION_EVENT, output["decision"], run_manager)
         return output

@@ -8,7 +8,9 @@ from typing import Any
 
 from langchain_core.callbacks import (
     AsyncCallbackManagerForRetrieverRun,
+    AsyncParentRunManager,
     CallbackManagerForRetrieverRun,
+    ParentRunManager,
     adispatch_custom_event,
     dispatch_custom_event,
 )
@@ -43,6 +45,18 @@ async def _adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision
     """:func:`_decide_in_run` with ``gate.adecide``."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
         return await adecide(gate, query, call=lambda coro: coro_with_context(coro, context))
+
+
+def _dispatch_in_run(event: str, data: Any, run_manager: ParentRunManager) -> None:
+    """Send the custom ``event`` to the calling run's handlers (its child callbacks), so
+    they and tracing see it under that run."""
+    dispatch_custom_event(event, data, config=RunnableConfig(callbacks=run_manager.get_child()))
+
+
+async def _adispatch_in_run(event: str, data: Any, run_manager: AsyncParentRunManager) -> None:
+    """:func:`_dispatch_in_run` on the async path."""
+    await adispatch_custom_event(event, data,
+                                 config=RunnableConfig(callbacks=run_manager.get_child()))
 
 
 async def _ainvoke_retriever(retriever: BaseRetriever, query: str,

@@ -7,7 +7,6 @@ import asyncio
 from collections.abc import AsyncIterator, Callable, Iterator, Mapping
 from typing import Any
 
-from langchain_core.callbacks import adispatch_custom_event, dispatch_custom_event
 from langchain_core.messages import AIMessage, AIMessageChunk, BaseMessage
 from langchain_core.prompts import BasePromptTemplate, ChatPromptTemplate
 from langchain_core.runnables import (
@@ -27,7 +26,13 @@ from pydantic import ConfigDict, Field, JsonValue, field_validator, model_valida
 
 from langchain_rag_gates.chat_models import ChatRagGates
 from langchain_rag_gates.documents import ANNOTATION_KEY, documents_to_passages
-from langchain_rag_gates.retrievers import DECISION_EVENT, _adecide_in_run, _decide_in_run
+from langchain_rag_gates.retrievers import (
+    DECISION_EVENT,
+    _adecide_in_run,
+    _adispatch_in_run,
+    _decide_in_run,
+    _dispatch_in_run,
+)
 from rag_gates._frameworks import question_of
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
 from rag_gates.gated import annotation, check_gate
@@ -277,8 +282,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         """The gate's decision inside the router's run, reported as the custom event."""
         decision = _decide_in_run(self.gate, self.query_of(input), run_manager.get_child())
         data = annotation(decision)
-        dispatch_custom_event(DECISION_EVENT, data,
-                              config=RunnableConfig(callbacks=run_manager.get_child()))
+        _dispatch_in_run(DECISION_EVENT, data, run_manager)
         return decision, data
 
     async def _adecided(self, input: Any, run_manager: Any
@@ -286,8 +290,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
         decision = await _adecide_in_run(self.gate, self.query_of(input),
                                          run_manager.get_child())
         data = annotation(decision)
-        await adispatch_custom_event(DECISION_EVENT, data,
-                                     config=RunnableConfig(callbacks=run_manager.get_child()))
+        await _adispatch_in_run(DECISION_EVENT, data, run_manager)
         return decision, data
 
     def _three_way(self, decision: GateDecision) -> bool:

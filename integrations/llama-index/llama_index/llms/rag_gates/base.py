@@ -379,140 +379,145 @@ class RagGatesLLM(CustomLLM):
             return validate_prompt(to_rag_gates_messages(messages)), None
         return validate_prompt(FormattedPrompt(formatter(messages))), False
 
+    # The arguments are checked before the prompt, and both before the model is called.
+    def _completion_request(self, prompt: str, formatted: bool, kwargs: Mapping[str, Any], *,
+                            logprobs: bool) -> tuple[Prompt, dict[str, Any]]:
+        """The model's prompt and generation arguments (with the chat-template choice)."""
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=logprobs)
+        text, template = self._completion_input(prompt, formatted)
+        return text, {"chat_template": template, **gen_kwargs}
+
+    def _chat_request(self, messages: Sequence[ChatMessage], kwargs: Mapping[str, Any], *,
+                      logprobs: bool) -> tuple[Prompt, dict[str, Any]]:
+        """:meth:`_completion_request` for chat messages."""
+        gen_kwargs = self._gen_kwargs(kwargs, logprobs=logprobs)
+        prompt, template = self._chat_input(messages)
+        return prompt, {"chat_template": template, **gen_kwargs}
+
     # ------------------------------------------------------------------ completion
     @llm_completion_callback()
     def complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
-        text, template = self._completion_input(prompt, formatted)
-        generation = self.lm.generate(text, chat_template=template, **gen_kwargs)
-        return _completion_response(generation, self._alternatives(kwargs))
+        text, call = self._completion_request(prompt, formatted, kwargs, logprobs=True)
+        return _completion_response(self.lm.generate(text, **call), self._alternatives(kwargs))
 
     @llm_completion_callback()
     def stream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseGen:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
-        text, template = self._completion_input(prompt, formatted)
-        return _completion_stream(self.lm.stream(text, chat_template=template, **gen_kwargs))
+        text, call = self._completion_request(prompt, formatted, kwargs, logprobs=False)
+        return _completion_stream(self.lm.stream(text, **call))
 
     @_loads_model_first(alm)
     @llm_completion_callback()
     async def acomplete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponse:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
-        text, template = self._completion_input(prompt, formatted)
+        text, call = self._completion_request(prompt, formatted, kwargs, logprobs=True)
         lm = await self.alm()
-        generation = await lm.agenerate(text, chat_template=template, **gen_kwargs)
-        return _completion_response(generation, self._alternatives(kwargs))
+        return _completion_response(await lm.agenerate(text, **call), self._alternatives(kwargs))
 
     @_loads_model_first(alm)
     @llm_completion_callback()
     async def astream_complete(
         self, prompt: str, formatted: bool = False, **kwargs: Any
     ) -> CompletionResponseAsyncGen:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
-        text, template = self._completion_input(prompt, formatted)
+        text, call = self._completion_request(prompt, formatted, kwargs, logprobs=False)
         lm = await self.alm()
-        return _acompletion_stream(lm.astream(text, chat_template=template, **gen_kwargs))
+        return _acompletion_stream(lm.astream(text, **call))
 
     # ------------------------------------------------------------------ chat
     @llm_chat_callback()
     def chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
-        prompt, template = self._chat_input(messages)
-        generation = self.lm.generate(prompt, chat_template=template, **gen_kwargs)
-        return _chat_response(generation, self._alternatives(kwargs))
+        prompt, call = self._chat_request(messages, kwargs, logprobs=True)
+        return _chat_response(self.lm.generate(prompt, **call), self._alternatives(kwargs))
 
     @llm_chat_callback()
     def stream_chat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponseGen:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
-        prompt, template = self._chat_input(messages)
-        return _chat_stream(self.lm.stream(prompt, chat_template=template, **gen_kwargs))
+        prompt, call = self._chat_request(messages, kwargs, logprobs=False)
+        return _chat_stream(self.lm.stream(prompt, **call))
 
     @_loads_model_first(alm)
     @llm_chat_callback()
     async def achat(self, messages: Sequence[ChatMessage], **kwargs: Any) -> ChatResponse:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=True)
-        prompt, template = self._chat_input(messages)
+        prompt, call = self._chat_request(messages, kwargs, logprobs=True)
         lm = await self.alm()
-        generation = await lm.agenerate(prompt, chat_template=template, **gen_kwargs)
-        return _chat_response(generation, self._alternatives(kwargs))
+        return _chat_response(await lm.agenerate(prompt, **call), self._alternatives(kwargs))
 
     @_loads_model_first(alm)
     @llm_chat_callback()
     async def astream_chat(
         self, messages: Sequence[ChatMessage], **kwargs: Any
     ) -> ChatResponseAsyncGen:
-        gen_kwargs = self._gen_kwargs(kwargs, logprobs=False)
-        prompt, template = self._chat_input(messages)
+        prompt, call = self._chat_request(messages, kwargs, logprobs=False)
         lm = await self.alm()
-        return _achat_stream(lm.astream(prompt, chat_template=template, **gen_kwargs))
+        return _achat_stream(lm.astream(prompt, **call))
+
+
+def _generation_fields(generation: Generation, alternatives: int | None) -> dict[str, Any]:
+    """What a completion and a chat response both carry of a generation."""
+    return {
+        "logprobs": (
+            to_llama_index_logprobs(generation.logprobs, alternatives)
+            if generation.logprobs is not None
+            else None
+        ),
+        "additional_kwargs": _response_kwargs(generation),
+        "raw": generation,
+    }
 
 
 def _completion_response(generation: Generation, alternatives: int | None) -> CompletionResponse:
-    return CompletionResponse(
-        text=generation.text,
-        logprobs=(
-            to_llama_index_logprobs(generation.logprobs, alternatives)
-            if generation.logprobs is not None
-            else None
-        ),
-        additional_kwargs=_response_kwargs(generation),
-        raw=generation,
-    )
+    return CompletionResponse(text=generation.text,
+                              **_generation_fields(generation, alternatives))
 
 
 def _chat_response(generation: Generation, alternatives: int | None) -> ChatResponse:
-    return ChatResponse(
-        message=ChatMessage(role=MessageRole.ASSISTANT, content=generation.text),
-        logprobs=(
-            to_llama_index_logprobs(generation.logprobs, alternatives)
-            if generation.logprobs is not None
-            else None
-        ),
-        additional_kwargs=_response_kwargs(generation),
-        raw=generation,
-    )
+    return ChatResponse(message=_assistant(generation.text),
+                        **_generation_fields(generation, alternatives))
+
+
+def _assistant(text: str) -> ChatMessage:
+    return ChatMessage(role=MessageRole.ASSISTANT, content=text)
+
+
+def _texts(deltas: Iterator[str]) -> Iterator[tuple[str, str]]:
+    """``(text so far, delta)`` per delta; one ``("", "")`` when the model ended at once, so
+    consumers still get one (empty) response."""
+    text = ""
+    for delta in deltas:
+        text += delta
+        yield text, delta
+    if not text:
+        yield "", ""
+
+
+async def _atexts(deltas: AsyncIterator[str]) -> AsyncIterator[tuple[str, str]]:
+    """:func:`_texts` over an async stream."""
+    text = ""
+    async for delta in deltas:
+        text += delta
+        yield text, delta
+    if not text:
+        yield "", ""
 
 
 def _completion_stream(deltas: Iterator[str]) -> CompletionResponseGen:
-    text = ""
-    for delta in deltas:
-        text += delta
+    for text, delta in _texts(deltas):
         yield CompletionResponse(text=text, delta=delta)
-    if not text:  # the model ended at once: consumers still get one (empty) response
-        yield CompletionResponse(text="", delta="")
 
 
 def _chat_stream(deltas: Iterator[str]) -> ChatResponseGen:
-    text = ""
-    for delta in deltas:
-        text += delta
-        yield ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
-        )
-    if not text:
-        yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=""), delta="")
+    for text, delta in _texts(deltas):
+        yield ChatResponse(message=_assistant(text), delta=delta)
 
 
 async def _acompletion_stream(deltas: AsyncIterator[str]) -> CompletionResponseAsyncGen:
-    text = ""
-    async for delta in deltas:
-        text += delta
+    async for text, delta in _atexts(deltas):
         yield CompletionResponse(text=text, delta=delta)
-    if not text:
-        yield CompletionResponse(text="", delta="")
 
 
 async def _achat_stream(deltas: AsyncIterator[str]) -> ChatResponseAsyncGen:
-    text = ""
-    async for delta in deltas:
-        text += delta
-        yield ChatResponse(
-            message=ChatMessage(role=MessageRole.ASSISTANT, content=text), delta=delta
-        )
-    if not text:
-        yield ChatResponse(message=ChatMessage(role=MessageRole.ASSISTANT, content=""), delta="")
+    async for text, delta in _atexts(deltas):
+        yield ChatResponse(message=_assistant(text), delta=delta)
