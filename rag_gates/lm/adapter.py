@@ -46,9 +46,7 @@ from abc import abstractmethod
 from collections.abc import AsyncIterator, Iterator, Sequence
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
-
-from rag_gates.lm.base import BaseTextLM, Prompt, validate_generation_args, validate_prompt
+from rag_gates.lm.base import BaseTextLM, GenerationArgs, Prompt, validate_prompt
 from rag_gates.lm.stops import StopCutter, find_stop
 from rag_gates.types import Generation
 
@@ -56,18 +54,6 @@ __all__ = ["FrameworkTextLM", "GenerationArgs", "cut_at_stop"]
 
 FinishReason = Literal["stop", "length", "eos"]
 Call = TypeVar("Call")
-
-
-class GenerationArgs(BaseModel):
-    """One call's generation arguments, checked (:func:`validate_generation_args`)."""
-
-    model_config = ConfigDict(frozen=True)
-
-    max_new_tokens: int = Field(..., description="Most tokens to generate.")
-    temperature: float = Field(..., description="Sampling temperature; 0 = greedy.")
-    logprobs: int | None = Field(
-        ..., description="Top alternatives per token wanted; None = no log-probabilities.")
-    stop: tuple[str, ...] = Field((), description="Stop strings (applied by truncation too).")
 
 
 def cut_at_stop(text: str, stops: Sequence[str], finish: FinishReason
@@ -119,9 +105,7 @@ class FrameworkTextLM(BaseTextLM, Generic[Call]):
     def _call(self, prompt: Prompt, max_new_tokens: int, stop: Sequence[str] | None,
               temperature: float, logprobs: int | None, options: dict[str, Any]
               ) -> tuple[Call, GenerationArgs]:
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        args = GenerationArgs(max_new_tokens=max_new_tokens, temperature=temperature,
-                              logprobs=logprobs, stop=stops)
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, logprobs)
         return self.prepare(validate_prompt(prompt), args, options), args
 
     def generate(self, prompt: Prompt, *, max_new_tokens: int = 128,

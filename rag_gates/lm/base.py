@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import asyncio
 import functools
+import operator
 import queue
 import threading
 from abc import ABC, abstractmethod
@@ -34,6 +35,7 @@ __all__ = [
     "Capabilities",
     "ContinuationScore",
     "FormattedPrompt",
+    "GenerationArgs",
     "Prompt",
     "TextLM",
     "WhiteBoxLM",
@@ -159,6 +161,42 @@ def validate_generation_args(
         raise ValueError(f"logprobs (number of top alternatives) must be 0..{MAX_TOP_LOGPROBS}, "
                          f"got {logprobs!r}")
     return stops
+
+
+class GenerationArgs(BaseModel):
+    """One call's generation arguments, checked once (:meth:`checked`, from the public
+    keywords every model takes) and carried inside the model, to the request or the decoding
+    loop, in place of the keywords.
+
+    Example:
+        >>> args = GenerationArgs.checked(16, stop="\\n", temperature=0, logprobs=None)
+        >>> args.max_new_tokens, args.stop, args.seed
+        (16, ('\\n',), None)
+    """
+
+    model_config = ConfigDict(frozen=True)
+
+    max_new_tokens: int = Field(..., description="Most tokens to generate.")
+    temperature: float = Field(..., description="Sampling temperature; 0 = greedy.")
+    logprobs: int | None = Field(
+        ..., description="Top alternatives per token wanted; None = no log-probabilities.")
+    stop: tuple[str, ...] = Field((), description="Stop strings (applied by truncation too).")
+    seed: int | None = Field(None, description="Sampling seed, for a model that takes one; "
+                                               "None: every call draws afresh.")
+
+    @classmethod
+    def checked(cls, max_new_tokens: int, stop: Sequence[str] | None, temperature: float,
+                logprobs: int | None, seed: int | None = None) -> GenerationArgs:
+        """The arguments of one call, checked (:func:`validate_generation_args`, and ``seed``
+        an integer or None: TypeError or ValueError saying what is wrong)."""
+        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
+        if seed is not None:
+            # Any integer type (numpy's too), never a bool, str or float pydantic would coerce.
+            if isinstance(seed, bool) or not hasattr(type(seed), "__index__"):
+                raise TypeError(f"seed must be an int or None, got {type(seed).__name__}")
+            seed = operator.index(seed)
+        return cls(max_new_tokens=max_new_tokens, temperature=temperature, logprobs=logprobs,
+                   stop=stops, seed=seed)
 
 
 @runtime_checkable

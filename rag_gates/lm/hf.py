@@ -41,9 +41,9 @@ from rag_gates.lm.base import (
     BaseTextLM,
     ContinuationScore,
     FormattedPrompt,
+    GenerationArgs,
     Prompt,
     as_messages,
-    validate_generation_args,
     validate_prompt,
 )
 from rag_gates.lm.hooks import (
@@ -477,45 +477,36 @@ class HFWhiteBoxLM(BaseTextLM):
 
     # ------------------------------------------------------------------ generation
     def _decode_loop(
-        self,
-        group: StreamGroup,
-        *,
-        max_new_tokens: int,
-        stops: tuple[str, ...],
-        temperature: float,
-        logprobs: int | None,
-        seed: int | None,
-        top_p: float,
-        start: float,
+        self, group: StreamGroup, args: GenerationArgs, *, top_p: float, start: float
     ) -> Generator[str, None, Generation]:
         """Yield text deltas; the finished Generation is the generator's return value."""
         if not 0.0 < top_p <= 1.0:
             raise ValueError(f"top_p must be in (0, 1], got {top_p}")
         if group.n_streams != 1:
             raise ValueError(f"generation needs a single-stream group, got {group.n_streams}")
-        if group.stream_length(0) + max_new_tokens > self.max_context:
+        if group.stream_length(0) + args.max_new_tokens > self.max_context:
             raise ContextLengthError(
-                f"{group.stream_length(0)} tokens + max_new_tokens={max_new_tokens} exceed the "
-                f"{self.max_context}-token context; lower max_new_tokens"
+                f"{group.stream_length(0)} tokens + max_new_tokens={args.max_new_tokens} exceed "
+                f"the {self.max_context}-token context; lower max_new_tokens"
             )
         # Per-step hidden states are for inspection before generating; decoding does not
         # need them, and capturing them every step would cost time.
         group.hidden_layers = ()
         generator = None
-        if temperature > 0:
+        if args.temperature > 0:
             generator = torch.Generator()
             # A seed makes sampling repeatable; without one, every call draws afresh.
-            if seed is not None:
-                generator.manual_seed(seed)
+            if args.seed is not None:
+                generator.manual_seed(args.seed)
             else:
                 generator.seed()
 
         def choose(_position: int) -> tuple[int, torch.Tensor]:
             logits = group.logits[0]
-            return self._choose(logits, temperature, top_p, generator), logits
+            return self._choose(logits, args.temperature, top_p, generator), logits
 
-        done = yield from self.decode_steps(group, choose, max_new_tokens=max_new_tokens,
-                                            stops=stops, logprobs=logprobs)
+        done = yield from self.decode_steps(group, choose, max_new_tokens=args.max_new_tokens,
+                                            stops=args.stop, logprobs=args.logprobs)
         return Generation(
             text=done.text,
             finish_reason=done.finish_reason,
@@ -626,13 +617,10 @@ class HFWhiteBoxLM(BaseTextLM):
         ``k`` most likely alternatives (OpenAI shape; ``k=0`` for the chosen token only).
         """
         start = time.perf_counter()
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        group = self.open_streams(
-            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
-        )
-        return self.generate_from(group, max_new_tokens=max_new_tokens, stop=stops,
-                                  temperature=temperature, logprobs=logprobs, seed=seed,
-                                  top_p=top_p, _start=start)
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, logprobs, seed)
+        group = self.open_streams([prompt], chat_template=chat_template,
+                                  reserve=args.max_new_tokens, truncation=truncation)
+        return _finished(self._decode_loop(group, args, top_p=top_p, start=start))
 
     def generate_from(
         self,
@@ -644,7 +632,6 @@ class HFWhiteBoxLM(BaseTextLM):
         logprobs: int | None = None,
         seed: int | None = None,
         top_p: float = 1.0,
-        _start: float | None = None,
     ) -> Generation:
         """Continue generating from an already prefilled single-stream group.
 
@@ -653,17 +640,9 @@ class HFWhiteBoxLM(BaseTextLM):
         ``group.hidden(15)``, and if it decides not to retrieve, the answer continues from
         the same KV cache with no second prefill. Per-step hidden capture is switched off.
         """
-        start = time.perf_counter() if _start is None else _start
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        loop = self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
-                                 temperature=temperature, logprobs=logprobs, seed=seed,
-                                 top_p=top_p, start=start)
-        while True:
-            try:
-                next(loop)
-            except StopIteration as done:
-                result: Generation = done.value
-                return result
+        start = time.perf_counter()
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, logprobs, seed)
+        return _finished(self._decode_loop(group, args, top_p=top_p, start=start))
 
     def stream(
         self,
@@ -679,15 +658,12 @@ class HFWhiteBoxLM(BaseTextLM):
     ) -> Generator[str, None, Generation]:
         """Yield text deltas as they are generated; joined, they equal ``generate().text``."""
         start = time.perf_counter()
-        stops = validate_generation_args(max_new_tokens, stop, temperature, None)
-        group = self.open_streams(
-            [prompt], chat_template=chat_template, reserve=max_new_tokens, truncation=truncation
-        )
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, None, seed)
+        group = self.open_streams([prompt], chat_template=chat_template,
+                                  reserve=args.max_new_tokens, truncation=truncation)
         # The finished Generation (finish reason, token counts) is the generator's return
         # value: ``result = yield from lm.stream(...)`` inside another generator gets it.
-        return (yield from self._decode_loop(group, max_new_tokens=max_new_tokens, stops=stops,
-                                             temperature=temperature, logprobs=None, seed=seed,
-                                             top_p=top_p, start=start))
+        return (yield from self._decode_loop(group, args, top_p=top_p, start=start))
 
     # ------------------------------------------------------------------ scoring
     def score(
@@ -902,3 +878,13 @@ class Decoded:
     finish_reason: Literal["stop", "length", "eos"]
     logprobs: list[TokenLogprob] | None
     completion_tokens: int
+
+
+def _finished(loop: Generator[str, None, Generation]) -> Generation:
+    """Run a decoding generator to its end; its return value (the Generation)."""
+    while True:
+        try:
+            next(loop)
+        except StopIteration as done:
+            result: Generation = done.value
+            return result

@@ -80,9 +80,9 @@ from rag_gates.lm.base import (
     Capabilities,
     ContinuationScore,
     FormattedPrompt,
+    GenerationArgs,
     Prompt,
     as_messages,
-    validate_generation_args,
     validate_prompt,
 )
 from rag_gates.lm.openai_replies import (
@@ -113,7 +113,11 @@ PromptKind = Literal["raw", "chat", "messages"]
 # The probe: a prompt whose continuation is near-certain for any instruction-tuned model.
 PROBE_RAW = "The capital of France is"
 PROBE_QUESTION = "What is the capital of France? Answer in one word."
-_PROBE_TOKENS = 3
+# The probe's generation: greedy, with one alternative per token.
+_PROBE = GenerationArgs(max_new_tokens=3, temperature=0.0, logprobs=1)
+# The one-token request that asks whether the server answers the API's ``n`` (seeded, so
+# every run sends the same request).
+_N_PROBE = GenerationArgs(max_new_tokens=1, temperature=1.0, logprobs=None, seed=0)
 
 
 class OpenAICompatibleLM(BaseTextLM):
@@ -255,24 +259,22 @@ class OpenAICompatibleLM(BaseTextLM):
 
     # ------------------------------------------------------------------------------ generation
     def _payload(self, kind: PromptKind, body: str | list[dict[str, str]],
-                 max_new_tokens: int, stops: tuple[str, ...], temperature: float,
-                 logprobs: int | None, seed: int | None, stream: bool
-                 ) -> tuple[str, dict[str, Any]]:
-        payload: dict[str, Any] = {"model": self._model, "max_tokens": max_new_tokens,
-                                   "temperature": float(temperature), "stream": stream}
-        if stops and self.config.max_stop_strings:
-            payload["stop"] = list(stops[: self.config.max_stop_strings])
-        if seed is not None:
-            payload["seed"] = seed
+                 args: GenerationArgs, *, stream: bool) -> tuple[str, dict[str, Any]]:
+        payload: dict[str, Any] = {"model": self._model, "max_tokens": args.max_new_tokens,
+                                   "temperature": float(args.temperature), "stream": stream}
+        if args.stop and self.config.max_stop_strings:
+            payload["stop"] = list(args.stop[: self.config.max_stop_strings])
+        if args.seed is not None:
+            payload["seed"] = args.seed
         if kind == "messages":
             payload["messages"] = body
-            if logprobs is not None:
+            if args.logprobs is not None:
                 payload["logprobs"] = True
-                payload["top_logprobs"] = logprobs
+                payload["top_logprobs"] = args.logprobs
             return "/chat/completions", payload
         payload["prompt"] = body
-        if logprobs is not None:
-            payload["logprobs"] = logprobs
+        if args.logprobs is not None:
+            payload["logprobs"] = args.logprobs
         return "/completions", payload
 
     def _check_top(self, logprobs: int | None) -> None:
@@ -280,28 +282,21 @@ class OpenAICompatibleLM(BaseTextLM):
             raise ValueError(f"logprobs={logprobs} is more than this server gives "
                              f"(max_top_logprobs={self.config.max_top_logprobs})")
 
-    async def _agenerate(self, prompt: Prompt, max_new_tokens: int, stop: Sequence[str] | None,
-                         temperature: float, logprobs: int | None, seed: int | None
-                         ) -> Generation:
-        stops = validate_generation_args(max_new_tokens, stop, temperature, logprobs)
-        self._check_top(logprobs)
+    async def _agenerate(self, prompt: Prompt, args: GenerationArgs) -> Generation:
+        self._check_top(args.logprobs)
         kind, body = self.route(prompt)
-        return await self._agenerate_routed(kind, body, max_new_tokens, stops, temperature,
-                                            logprobs, seed)
+        return await self._agenerate_routed(kind, body, args)
 
     async def _agenerate_routed(self, kind: PromptKind, body: str | list[dict[str, str]],
-                                max_new_tokens: int, stops: tuple[str, ...],
-                                temperature: float, logprobs: int | None, seed: int | None
-                                ) -> Generation:
+                                args: GenerationArgs) -> Generation:
         start = time.perf_counter()
         await self._resolve_model()
-        path, payload = self._payload(kind, body, max_new_tokens, stops, temperature, logprobs,
-                                      seed, stream=False)
+        path, payload = self._payload(kind, body, args, stream=False)
         data = await self._transport.request(path, payload)
         url = f"{self.base_url}{path}"
         usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
-        return self._read_choice(kind, first_choice(data, url), url, logprobs, stops, usage,
-                                 start)
+        return self._read_choice(kind, first_choice(data, url), url, args.logprobs, args.stop,
+                                 usage, start)
 
     @staticmethod
     def _read_choice(kind: PromptKind, choice: dict[str, Any], url: str, logprobs: int | None,
@@ -327,21 +322,13 @@ class OpenAICompatibleLM(BaseTextLM):
             completion_tokens=int(usage.get("completion_tokens") or len(tokens or ())),
             latency_ms=(time.perf_counter() - start) * 1000.0)
 
-    async def _asample(self, prompt: Prompt, n: int, max_new_tokens: int,
-                       stop: Sequence[str] | None, temperature: float, seed: int | None
+    async def _asample(self, prompt: Prompt, n: int, args: GenerationArgs
                        ) -> list[Generation]:
-        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
-            raise ValueError(f"n is a count of samples >= 1, got {n!r}")
-        stops = validate_generation_args(max_new_tokens, stop, temperature, None)
-        if temperature <= 0:
-            raise ValueError(f"sampling needs temperature > 0 (0 is greedy: {n} equal "
-                             f"replies), got {temperature}")
         kind, body = self.route(prompt)
         await self._resolve_model()
         if n > 1 and await self._takes_n(kind):
             start = time.perf_counter()
-            path, payload = self._payload(kind, body, max_new_tokens, stops, temperature, None,
-                                          seed, stream=False)
+            path, payload = self._payload(kind, body, args, stream=False)
             payload["n"] = n
             url = f"{self.base_url}{path}"
             data = await self._transport.request(path, payload)
@@ -353,13 +340,13 @@ class OpenAICompatibleLM(BaseTextLM):
             usage = data.get("usage") if isinstance(data.get("usage"), dict) else {}
             # The reply's completion tokens are all n choices': they say nothing of one.
             shared = {k: v for k, v in usage.items() if k != "completion_tokens"}
-            return [self._read_choice(kind, c if isinstance(c, dict) else {}, url, None, stops,
-                                      shared, start) for c in choices[:n]]
+            return [self._read_choice(kind, c if isinstance(c, dict) else {}, url, None,
+                                      args.stop, shared, start) for c in choices[:n]]
         # A server that ignores n (llama.cpp's answers with one choice): one request each,
         # seeded seed + i, so the same call draws the same samples every time.
         return list(await asyncio.gather(*(
-            self._agenerate_routed(kind, body, max_new_tokens, stops, temperature, None,
-                                   None if seed is None else seed + i)
+            self._agenerate_routed(kind, body, args.model_copy(update={
+                "seed": None if args.seed is None else args.seed + i}))
             for i in range(n))))
 
     async def _takes_n(self, kind: PromptKind) -> bool:
@@ -372,8 +359,7 @@ class OpenAICompatibleLM(BaseTextLM):
             if self.batched_samples is None:
                 probe = PROBE_RAW if kind != "messages" else PROBE_QUESTION
                 probe_kind, body = self.route(probe) if kind != "raw" else ("raw", probe)
-                path, payload = self._payload(probe_kind, body, 1, (), 1.0, None, 0,
-                                              stream=False)
+                path, payload = self._payload(probe_kind, body, _N_PROBE, stream=False)
                 payload["n"] = 2
                 try:
                     data = await self._transport.request(path, payload)
@@ -397,8 +383,13 @@ class OpenAICompatibleLM(BaseTextLM):
             >>> [g.text for g in lm.sample("Who wrote Hamlet?", 3, max_new_tokens=8,
             ...                            seed=0)]                          # doctest: +SKIP
         """
-        return self._transport.call(
-            self._asample(prompt, n, max_new_tokens, stop, temperature, seed))
+        if isinstance(n, bool) or not isinstance(n, int) or n < 1:
+            raise ValueError(f"n is a count of samples >= 1, got {n!r}")
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, None, seed)
+        if args.temperature <= 0:
+            raise ValueError(f"sampling needs temperature > 0 (0 is greedy: {n} equal "
+                             f"replies), got {temperature}")
+        return self._transport.call(self._asample(prompt, n, args))
 
     def generate(self, prompt: Prompt, *, max_new_tokens: int = 128,
                  stop: Sequence[str] | None = None, temperature: float = 0.0,
@@ -408,8 +399,8 @@ class OpenAICompatibleLM(BaseTextLM):
         likely alternatives. ``finish_reason`` is ``"stop"`` when a stop string ended the text
         (servers that do not say whether they stopped at end-of-sequence or at a stop string
         are read as ``"stop"`` whenever stop strings were given)."""
-        return self._transport.call(
-            self._agenerate(prompt, max_new_tokens, stop, temperature, logprobs, seed))
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, logprobs, seed)
+        return self._transport.call(self._agenerate(prompt, args))
 
     async def agenerate(self, prompt: Prompt, *, max_new_tokens: int = 128,
                         stop: Sequence[str] | None = None, temperature: float = 0.0,
@@ -419,22 +410,19 @@ class OpenAICompatibleLM(BaseTextLM):
         client are in flight at once, the rest wait for a slot."""
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
-        return await self._transport.on_loop(
-            self._agenerate(prompt, max_new_tokens, stop, temperature, logprobs, seed))
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, logprobs, seed)
+        return await self._transport.on_loop(self._agenerate(prompt, args))
 
     async def _stream_into(self, emit: Callable[[tuple[str, object]], None],
-                           cancelled: threading.Event, prompt: Prompt, max_new_tokens: int,
-                           stop: Sequence[str] | None, temperature: float, seed: int | None
+                           cancelled: threading.Event, prompt: Prompt, args: GenerationArgs
                            ) -> None:
         try:
             start = time.perf_counter()
-            stops = validate_generation_args(max_new_tokens, stop, temperature, None)
             kind, body = self.route(prompt)
             await self._resolve_model()
-            path, payload = self._payload(kind, body, max_new_tokens, stops, temperature, None,
-                                          seed, stream=True)
+            path, payload = self._payload(kind, body, args, stream=True)
             url = f"{self.base_url}{path}"
-            cutter = StopCutter(stops)
+            cutter = StopCutter(args.stop)
             state: dict[str, Any] = {"finish": None, "pieces": 0}
 
             async def read(response: Any) -> None:
@@ -481,7 +469,7 @@ class OpenAICompatibleLM(BaseTextLM):
                 emit(("piece", rest))
             finish = ("stop" if cutter.stopped else
                       "length" if state["finish"] == "length" else
-                      "stop" if stops and state["finish"] == "stop" else "eos")
+                      "stop" if args.stop and state["finish"] == "stop" else "eos")
             emit(("done", Generation(text=cutter.text, finish_reason=finish,
                                      completion_tokens=state["pieces"],
                                      latency_ms=(time.perf_counter() - start) * 1000.0)))
@@ -494,10 +482,10 @@ class OpenAICompatibleLM(BaseTextLM):
         """Yield text as the server streams it (stop strings cut as in :meth:`generate`);
         the generator's return value is the finished :class:`Generation`. Closing it early
         closes the connection, so the server stops generating."""
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, None, seed)
         pieces: queue.Queue[tuple[str, object]] = queue.Queue()
         cancelled = threading.Event()
-        future = self._transport.submit(self._stream_into(
-            pieces.put, cancelled, prompt, max_new_tokens, stop, temperature, seed))
+        future = self._transport.submit(self._stream_into(pieces.put, cancelled, prompt, args))
         try:
             while True:
                 try:
@@ -522,6 +510,7 @@ class OpenAICompatibleLM(BaseTextLM):
         closes the connection."""
         if kwargs:
             raise TypeError(f"unexpected arguments: {sorted(kwargs)}")
+        args = GenerationArgs.checked(max_new_tokens, stop, temperature, None, seed)
         loop = asyncio.get_running_loop()
         pieces: asyncio.Queue[tuple[str, object]] = asyncio.Queue()
         cancelled = threading.Event()
@@ -530,8 +519,7 @@ class OpenAICompatibleLM(BaseTextLM):
             with contextlib.suppress(RuntimeError):  # the consumer's loop has closed
                 loop.call_soon_threadsafe(pieces.put_nowait, item)
 
-        future = self._transport.submit(self._stream_into(
-            emit, cancelled, prompt, max_new_tokens, stop, temperature, seed))
+        future = self._transport.submit(self._stream_into(emit, cancelled, prompt, args))
         try:
             while True:
                 what, value = await pieces.get()
@@ -662,7 +650,7 @@ class OpenAICompatibleLM(BaseTextLM):
         whether generated tokens came with log-probabilities."""
         text = PROBE_RAW if kind == "raw" else self.render(
             [ChatMessage(role="user", content=PROBE_QUESTION)])
-        gen = await self._agenerate_routed(kind, text, _PROBE_TOKENS, (), 0.0, 1, None)
+        gen = await self._agenerate_routed(kind, text, _PROBE)
         if not gen.logprobs:
             return "missing", "generated tokens came without log-probabilities", False
         tokens = [t.token for t in gen.logprobs]
