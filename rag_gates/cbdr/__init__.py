@@ -14,8 +14,9 @@ White-box: the probe reads hidden states, so a text-only model is refused at con
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rag_gates._optional import lazy_attributes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_gates.cbdr.gate import CBDRGate, ProbedQuestion
@@ -35,11 +36,7 @@ _WHERE = {
     "load_default_probe": "shipped",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"rag_gates.cbdr.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'rag_gates.cbdr' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _WHERE)
 
 __all__ = [
     "DEFAULT_PROBE_DIR",

@@ -173,8 +173,9 @@ class Gate(Protocol):
 class BaseGate(ABC):
     """Implement :meth:`score`; ``decide``, ``adecide`` and ``decide_batch`` come free.
 
-    Subclasses set ``name`` and may override :meth:`reason` for a better sentence and
-    :meth:`undecided` to say why a non-finite score happened. A subclass that overrides
+    Subclasses set ``name`` and may override :meth:`reason` for a better sentence (or only
+    :meth:`score_label`, what it calls the score) and :meth:`undecided` to say why a
+    non-finite score happened. A subclass that overrides
     ``decide`` or ``decide_batch`` builds its decisions with :meth:`decision`, which applies
     the fail-closed rule (see the module docstring).
     """
@@ -194,7 +195,13 @@ class BaseGate(ABC):
     def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
         verb = "retrieve" if retrieve else "answer without retrieval"
         relation = ">=" if retrieve else "<"
-        return f"{self.name} score {score:.4g} {relation} threshold {self.threshold:.4g}: {verb}"
+        return (f"{self.score_label(evidence)} {score:.4g} {relation} threshold "
+                f"{self.threshold:.4g}: {verb}")
+
+    def score_label(self, evidence: dict[str, JsonValue]) -> str:
+        """What :meth:`reason` calls the score (``"<name> score"``); override to say what
+        it measures, keeping the rest of the sentence."""
+        return f"{self.name} score"
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         """Why ``score`` is not a finite number (a clause for the reason); override to name

@@ -351,11 +351,8 @@ class PolygraphGate(BaseGate):
         evidence["uncertainty"] = values[0]
         return values[0], evidence
 
-    def reason(self, score: float, retrieve: bool, evidence: dict[str, JsonValue]) -> str:
-        verb = "retrieve" if retrieve else "answer without retrieval"
-        relation = ">=" if retrieve else "<"
-        return (f"lm-polygraph {evidence.get('estimator')} uncertainty {score:.4g} {relation} "
-                f"threshold {self.threshold:.4g}: {verb}")
+    def score_label(self, evidence: dict[str, JsonValue]) -> str:
+        return f"lm-polygraph {evidence.get('estimator')} uncertainty"
 
     def undecided(self, score: float, evidence: dict[str, JsonValue]) -> str:
         if "error" in evidence:

@@ -22,8 +22,9 @@ scores the gold answer; the verbalizer and the pipeline's answer step take any T
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rag_gates._optional import lazy_attributes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_gates.srrag.export import (
@@ -85,12 +86,7 @@ _WHERE = {
     "load_default_policy": "shipped",
 }
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"rag_gates.srrag.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'rag_gates.srrag' has no attribute {name!r}")
-
+__getattr__ = lazy_attributes(__name__, _WHERE)
 
 __all__ = [
     "DEFAULT_TAU",

@@ -17,8 +17,9 @@ Example:
 
 from __future__ import annotations
 
-import importlib
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING
+
+from rag_gates._optional import lazy_attributes
 
 if TYPE_CHECKING:  # pragma: no cover
     from rag_gates.tokrag.cad import DEFAULT_CAD_ALPHA, AdaCADDecoder, CADDecoder
@@ -35,8 +36,4 @@ _WHERE = {
 __all__ = ["DEFAULT_CAD_ALPHA", "AdaCADDecoder", "CADDecoder", "Judgement", "TokRAGConfig",
            "TokRAGDecoder", "TwoStreamDecoder", "TwoStreamGeneration", "TwoStreams"]
 
-
-def __getattr__(name: str) -> Any:
-    if name in _WHERE:
-        return getattr(importlib.import_module(f"rag_gates.tokrag.{_WHERE[name]}"), name)
-    raise AttributeError(f"module 'rag_gates.tokrag' has no attribute {name!r}")
+__getattr__ = lazy_attributes(__name__, _WHERE)
