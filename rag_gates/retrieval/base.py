@@ -10,7 +10,7 @@ from typing import Protocol, runtime_checkable
 from rag_gates._text import check_text
 from rag_gates.types import Passage
 
-__all__ = ["BaseRetriever", "Retriever", "check_query"]
+__all__ = ["BaseRetriever", "BatchRetriever", "Retriever", "check_query"]
 
 
 def check_query(query: object, k: object) -> tuple[str, int]:
@@ -50,3 +50,23 @@ class BaseRetriever(ABC):
 
     def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
         return [self.retrieve(q, k) for q in queries]
+
+
+class BatchRetriever(BaseRetriever):
+    """For a backend that answers many queries at once (BM25's matrix, one embedding call):
+    implement :meth:`_retrieve_batch`; ``retrieve`` is a batch of one, and every query is
+    checked before the backend sees any."""
+
+    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
+        return self.retrieve_batch([query], k)[0]
+
+    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
+        for q in queries:
+            check_query(q, k)
+        if not queries:
+            return []
+        return self._retrieve_batch(queries, k)
+
+    @abstractmethod
+    def _retrieve_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
+        """Passages for each of ``queries`` (checked, at least one), best first."""

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._optional import require
-from rag_gates.retrieval.base import BaseRetriever, check_query
+from rag_gates.retrieval.base import BatchRetriever
 from rag_gates.types import Passage
 
 __all__ = ["BM25Retriever"]
@@ -25,7 +25,7 @@ __all__ = ["BM25Retriever"]
 _PASSAGES = "passages.jsonl"
 
 
-class BM25Retriever(BaseRetriever):
+class BM25Retriever(BatchRetriever):
     """BM25 (Lucene variant) with English stopwords, lower-cased word tokens."""
 
     def __init__(self, index: Any, passages: Sequence[Passage]) -> None:
@@ -48,14 +48,7 @@ class BM25Retriever(BaseRetriever):
         index.index(tokens, show_progress=show_progress)
         return cls(index, passages)
 
-    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
-        return self.retrieve_batch([query], k)[0]
-
-    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
-        for q in queries:
-            check_query(q, k)
-        if not queries:
-            return []
+    def _retrieve_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         bm25s = require("bm25s", "eval")
         k = min(k, len(self.passages))
         tokens = bm25s.tokenize(list(queries), stopwords="en", return_ids=False,

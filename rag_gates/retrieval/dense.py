@@ -15,13 +15,13 @@ from collections.abc import Sequence
 from typing import Any
 
 from rag_gates._optional import require
-from rag_gates.retrieval.base import BaseRetriever, check_query
+from rag_gates.retrieval.base import BatchRetriever
 from rag_gates.types import Passage
 
 __all__ = ["QdrantDenseRetriever"]
 
 
-class QdrantDenseRetriever(BaseRetriever):
+class QdrantDenseRetriever(BatchRetriever):
     """Cosine search over passage embeddings stored (with the passages) in Qdrant."""
 
     def __init__(self, client: Any, collection: str, embedder: Any | None = None) -> None:
@@ -95,14 +95,7 @@ class QdrantDenseRetriever(BaseRetriever):
             ])
         return retriever
 
-    def retrieve(self, query: str, k: int = 3) -> list[Passage]:
-        return self.retrieve_batch([query], k)[0]
-
-    def retrieve_batch(self, queries: Sequence[str], k: int = 3) -> list[list[Passage]]:
-        for q in queries:
-            check_query(q, k)
-        if not queries:
-            return []
+    def _retrieve_batch(self, queries: Sequence[str], k: int) -> list[list[Passage]]:
         vectors = self.embedder.encode(list(queries), normalize_embeddings=True,
                                        show_progress_bar=False)
         out = []
