@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import hashlib
 import json
 import logging
 import os
@@ -11,13 +12,19 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import IO, Any, TypeVar
 
-__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "output_path_problem",
+__all__ = ["JsonlLog", "append_locked", "drop_torn_tail", "file_sha256", "output_path_problem",
            "parse_lines_but_a_torn_tail",
            "write_bytes_atomic", "write_text_atomic"]
 
 T = TypeVar("T")
 
 logger = logging.getLogger(__name__)
+
+
+def file_sha256(path: Path) -> str:
+    """The hex SHA-256 of a file, read in chunks (never whole into memory)."""
+    with path.open("rb") as handle:
+        return hashlib.file_digest(handle, "sha256").hexdigest()
 
 
 def write_text_atomic(path: Path, text: str) -> None:

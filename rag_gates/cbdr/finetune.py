@@ -30,7 +30,6 @@ Example:
 
 from __future__ import annotations
 
-import hashlib
 import logging
 import math
 import random
@@ -43,7 +42,7 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
-from rag_gates._io import write_text_atomic
+from rag_gates._io import file_sha256, write_text_atomic
 from rag_gates._optional import require
 from rag_gates.cbdr.preferences import PreferenceRecord, read_preferences
 
@@ -197,14 +196,6 @@ def load_cross_encoder(base: str, *, max_length: int, num_labels: int | None = 1
             "directory with --base (rag-gates never downloads models)") from exc
 
 
-def _sha256(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for chunk in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(chunk)
-    return digest.hexdigest()
-
-
 def _check_out(out: Path) -> None:
     if out.exists() and (not out.is_dir() or (any(out.iterdir())
                                               and not (out / METADATA_FILE).is_file())):
@@ -320,7 +311,7 @@ def train_reranker(
     model.eval()
     training = RerankerTraining(
         base=base_name, preferences=str(preferences.resolve()),
-        preferences_sha256=_sha256(preferences), out=str(out), records=usable,
+        preferences_sha256=file_sha256(preferences), out=str(out), records=usable,
         records_skipped=len(records) - usable, rows=len(rows), epochs=epochs, steps=step,
         batch_size=batch_size, num_negatives=num_negatives, lr=lr, weight_decay=weight_decay,
         warmup_steps=warmup, max_length=max_length, seed=seed,

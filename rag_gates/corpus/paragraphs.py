@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import Any
 
 from rag_gates._files import iter_jsonl
+from rag_gates._io import file_sha256 as file_digest
 from rag_gates.lm.defaults import rag_gates_home
 
 __all__ = ["QA_PARAGRAPHS_TAU_ENTITY", "build_paragraph_stats", "file_digest",
@@ -45,14 +46,6 @@ DataFiles = Sequence[tuple[str, Path]]
 #: thousands of paragraphs, not the paper's trillions of tokens), calibrated on PopQA rows:
 #: the benchmark's default and the demo's.
 QA_PARAGRAPHS_TAU_ENTITY = 82.0
-
-
-def file_digest(path: Path) -> str:
-    digest = hashlib.sha256()
-    with path.open("rb") as handle:
-        for block in iter(lambda: handle.read(1 << 20), b""):
-            digest.update(block)
-    return digest.hexdigest()
 
 
 def _row_paragraphs(row: Any) -> list[tuple[str | None, str]]:
