@@ -2,7 +2,12 @@
 
 from __future__ import annotations
 
-__all__ = ["error_line", "quiet_transformers"]
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+from rag_gates.errors import RagGatesError
+
+__all__ = ["clean_errors", "error_line", "quiet_transformers"]
 
 
 def error_line(exc: BaseException) -> str:
@@ -13,6 +18,21 @@ def error_line(exc: BaseException) -> str:
     from rich.markup import escape
 
     return f"[red]error:[/] {escape(str(exc))}"
+
+
+@contextmanager
+def clean_errors(expected: tuple[type[Exception], ...] = (RagGatesError,)) -> Iterator[None]:
+    """Expected errors (``expected``, and a missing file, a missing extra or a bad value)
+    become one red line on stderr and exit status 1: no traceback."""
+    caught: tuple[type[Exception], ...] = (*expected, FileNotFoundError, ImportError, ValueError)
+    try:
+        yield
+    except caught as exc:
+        import typer
+        from rich.console import Console
+
+        Console(stderr=True).print(error_line(exc), highlight=False, soft_wrap=True)
+        raise typer.Exit(1) from None
 
 
 def quiet_transformers() -> None:

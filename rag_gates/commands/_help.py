@@ -13,16 +13,12 @@ Example:
 from __future__ import annotations
 
 import re
-from collections.abc import Iterator
-from contextlib import contextmanager
 from typing import Annotated, Any
 
 import typer
 import typer.core
-from rich.console import Console
 
-from rag_gates._console import error_line
-from rag_gates.errors import RagGatesError
+from rag_gates._console import clean_errors
 
 __all__ = ["ThreadsOption", "TidyGroup", "clean_errors", "tidy_command", "unwrap"]
 
@@ -30,17 +26,6 @@ __all__ = ["ThreadsOption", "TidyGroup", "clean_errors", "tidy_command", "unwrap
 ThreadsOption = Annotated[int | None, typer.Option(
     min=1, help="torch threads (default: torch's choice).")]
 
-_err_console = Console(stderr=True)
-
-
-@contextmanager
-def clean_errors() -> Iterator[None]:
-    """Expected errors become one red line and exit status 1."""
-    try:
-        yield
-    except (RagGatesError, FileNotFoundError, ImportError, ValueError) as exc:
-        _err_console.print(error_line(exc), highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
 
 _SINGLE_BREAK = re.compile(r"(?<!\n)[ \t]*\n[ \t]*(?!\n)")
 

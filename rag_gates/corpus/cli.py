@@ -16,8 +16,8 @@ from __future__ import annotations
 
 import json
 import os
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
+from contextlib import AbstractContextManager
 from pathlib import Path
 from typing import Annotated, Any, Literal
 
@@ -25,7 +25,7 @@ import typer
 from rich.console import Console
 from rich.table import Table
 
-from rag_gates._console import error_line
+from rag_gates._console import clean_errors
 from rag_gates.corpus.errors import CorpusError
 
 __all__ = ["index_app"]
@@ -35,17 +35,11 @@ index_app = typer.Typer(
     help="Build and query local infini-gram indexes (phrase counts, co-occurrence).",
     no_args_is_help=True, add_completion=False)
 console = Console()
-err_console = Console(stderr=True)
 
 
-@contextmanager
-def _clean_errors() -> Iterator[None]:
-    """Expected errors become one red line and exit status 1."""
-    try:
-        yield
-    except (CorpusError, FileNotFoundError, ImportError, ValueError) as exc:
-        err_console.print(error_line(exc), highlight=False, soft_wrap=True)
-        raise typer.Exit(1) from None
+def _clean_errors() -> AbstractContextManager[None]:
+    """Expected errors (corpus errors among them) become one red line and exit status 1."""
+    return clean_errors((CorpusError,))
 
 
 def _print_json(data: Any) -> None:
