@@ -80,55 +80,51 @@ class GateContext(BaseModel):
 GateFactory = Callable[[GateContext, float | None], Gate]
 
 
+def _model_gate_kwargs(ctx: GateContext, threshold: float | None, *,
+                       answer_budget: bool = True) -> dict[str, Any]:
+    """What a gate that reads the model takes from the context: the prompt variant (a
+    spec's option over the run's), the run's answer budget (the gate's reply is then the
+    no-rag answer, which a skip replies with: rag_gates.answer_once) and the threshold when
+    one is given (else the gate's default)."""
+    kwargs: dict[str, Any] = {"dataset": ctx.options.get("dataset", ctx.dataset)}
+    if answer_budget:
+        kwargs["max_new_tokens"] = int(ctx.options.get("max_new_tokens", ctx.max_new_tokens))
+    if threshold is not None:
+        kwargs["threshold"] = threshold
+    return kwargs
+
+
 def _first_token(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.confidence import FirstTokenProbGate
 
-    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
     return FirstTokenProbGate(ctx.need_lm("first-token-prob"),
-                              dataset=ctx.options.get("dataset", ctx.dataset), **kwargs)
+                              **_model_gate_kwargs(ctx, threshold, answer_budget=False))
 
 
 def _first_token_logprob(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.confidence import FirstTokenLogprobGate
 
-    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
-    # The run's answer budget, as answer-logprob's: the reply is then the no-rag answer.
     return FirstTokenLogprobGate(ctx.need_lm("first-token-logprob"),
-                                 dataset=ctx.options.get("dataset", ctx.dataset),
-                                 max_new_tokens=int(ctx.options.get("max_new_tokens",
-                                                                    ctx.max_new_tokens)),
-                                 **kwargs)
+                                 **_model_gate_kwargs(ctx, threshold))
 
 
 def _answer_logprob(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.confidence import AnswerLogprobGate
 
-    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
-    # The run's answer budget: its closed-book answer is then the no-rag answer, which a
-    # skip replies with (rag_gates.answer_once).
-    return AnswerLogprobGate(ctx.need_lm("answer-logprob"),
-                             dataset=ctx.options.get("dataset", ctx.dataset),
-                             max_new_tokens=int(ctx.options.get("max_new_tokens",
-                                                                ctx.max_new_tokens)),
-                             **kwargs)
+    return AnswerLogprobGate(ctx.need_lm("answer-logprob"), **_model_gate_kwargs(ctx, threshold))
 
 
 def _sample_agreement(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.sample_agreement import SampleAgreementGate
 
-    kwargs: dict[str, Any] = {} if threshold is None else {"threshold": threshold}
-    options = ctx.options
+    kwargs = _model_gate_kwargs(ctx, threshold)
     # A spec's options fix the draw (how many, how hot, which seed), so a loaded spec scores
-    # as calibrate did; the run's answer budget makes its greedy answer the no-rag answer.
+    # as calibrate did.
     for key, option in (("samples", "samples"), ("temperature", "sample_temperature"),
                         ("seed", "sample_seed"), ("agreement", "sample_agreement")):
-        if option in options:
-            kwargs[key] = options[option]
-    return SampleAgreementGate(ctx.need_lm("sample-agreement"),
-                               dataset=options.get("dataset", ctx.dataset),
-                               max_new_tokens=int(options.get("max_new_tokens",
-                                                              ctx.max_new_tokens)),
-                               **kwargs)
+        if option in ctx.options:
+            kwargs[key] = ctx.options[option]
+    return SampleAgreementGate(ctx.need_lm("sample-agreement"), **kwargs)
 
 
 def _quco(ctx: GateContext, threshold: float | None) -> Gate:
