@@ -153,19 +153,20 @@ def parse_gate_expression(text: str, resolve: Callable[[str, float | None], Gate
         nonlocal cursor
         cursor -= 1
 
+    def joined(operator: str, operand: Callable[[], Gate],
+               combine: Callable[..., Gate]) -> Gate:
+        """``operand (operator operand)*``: the one operand, or all of them combined."""
+        parts = [operand()]
+        while peek() == operator:
+            take(operator)
+            parts.append(operand())
+        return parts[0] if len(parts) == 1 else combine(*parts)
+
     def any_() -> Gate:
-        parts = [all_()]
-        while peek() == "|":
-            take("|")
-            parts.append(all_())
-        return parts[0] if len(parts) == 1 else AnyOf(*parts)
+        return joined("|", all_, AnyOf)
 
     def all_() -> Gate:
-        parts = [unit()]
-        while peek() == "&":
-            take("&")
-            parts.append(unit())
-        return parts[0] if len(parts) == 1 else AllOf(*parts)
+        return joined("&", unit, AllOf)
 
     def unit() -> Gate:
         word = peek()
