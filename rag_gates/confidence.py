@@ -9,7 +9,8 @@
 - :class:`AnswerLogprobGate`: ``-mean log p`` of the greedy closed-book answer's tokens; needs
   a model that returns log-probabilities (any TextLM with ``supports_logprobs``). A served
   model that reports a value that is not a log-probability (``ServerLogprobError``: not
-  finite, or above 0) leaves it undecided: it retrieves and says why. The answer is in the
+  finite, or above 0), or a served reply that cannot be read (``ServerReplyError``), leaves
+  it undecided: it retrieves and says why. The answer is in the
   decision's evidence with its prompt and budget: when the gate skips retrieval,
   the gated engines reply with it (:mod:`rag_gates.answer_once`).
 
@@ -29,7 +30,7 @@ from typing import Any
 from pydantic import BaseModel, ConfigDict, Field, JsonValue
 
 from rag_gates.answer_once import closed_book_evidence
-from rag_gates.errors import ServerLogprobError
+from rag_gates.errors import ServerLogprobError, ServerReplyError
 from rag_gates.gate import BaseGate, logprob_problem
 from rag_gates.lm.base import require_white_box
 from rag_gates.prompts import check_prompt_dataset, qa_prompt
@@ -102,7 +103,8 @@ class FirstTokenLogprobGate(BaseGate):
         try:
             g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens,
                                  logprobs=self.top_alternatives)
-        except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
+        except ServerReplyError as exc:  # a reply unreadable, or its log-probabilities:
+            # no number to decide on, undecided (retrieve), as sample-agreement is
             return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         if not g.logprobs:
             return math.nan, {"error": "the reply has no tokens to read a first token from"}
@@ -147,7 +149,8 @@ class AnswerLogprobGate(BaseGate):
         prompt = qa_prompt(query, dataset=self.dataset)
         try:
             g = self.lm.generate(prompt, max_new_tokens=self.max_new_tokens, logprobs=0)
-        except ServerLogprobError as exc:  # no number to decide on: undecided (retrieve)
+        except ServerReplyError as exc:  # a reply unreadable, or its log-probabilities:
+            # no number to decide on, undecided (retrieve), as sample-agreement is
             return math.nan, {"error": f"{type(exc).__name__}: {exc}"}
         score, error = answer_logprob_score(g)
         if error is not None:

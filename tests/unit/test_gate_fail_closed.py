@@ -131,6 +131,18 @@ def _sample_agreement_unreadable(tiny: Any) -> BaseGate:
     return SampleAgreementGate(UnreadableServer(), threshold=0.5, samples=2)
 
 
+def _answer_logprob_unreadable(tiny: Any) -> BaseGate:
+    from rag_gates.confidence import AnswerLogprobGate
+
+    return AnswerLogprobGate(UnreadableServer(), threshold=1.0)
+
+
+def _first_token_logprob_unreadable(tiny: Any) -> BaseGate:
+    from rag_gates.confidence import FirstTokenLogprobGate
+
+    return FirstTokenLogprobGate(UnreadableServer(), threshold=0.5)
+
+
 def _answer_logprob_empty(tiny: Any) -> BaseGate:
     from rag_gates.confidence import AnswerLogprobGate
 
@@ -207,6 +219,11 @@ CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
      {}),
     ("first-token-logprob-empty-answer", "FirstTokenLogprobGate", _first_token_logprob_empty,
      "nan", {}),
+    # A served reply that cannot be read (malformed): as sample-agreement, no number.
+    ("answer-logprob-unreadable-reply", "AnswerLogprobGate", _answer_logprob_unreadable,
+     "nan", {}),
+    ("first-token-logprob-unreadable-reply", "FirstTokenLogprobGate",
+     _first_token_logprob_unreadable, "nan", {}),
     ("quco-nan-count", "QuCoGate", _quco, "nan", {}),
     ("sample-agreement-unreadable-reply", "SampleAgreementGate", _sample_agreement_unreadable,
      "nan", {}),
