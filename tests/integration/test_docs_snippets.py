@@ -14,7 +14,10 @@ reader, each to a real object; after each block, ``CHECKS`` asserts what the blo
 * ``composition.md`` and ``scaling.md``: the tiny random-weight Llama of ``rag_gates.testing``
   wherever the reader supplies a model (plumbing only), a CBDR probe of random weights for it,
   and an infini-gram index of the reader's documents (``workdir``; ``scaling.md``'s served
-  index is lower-cased, as its comment says, built with ``--lowercase``).
+  index is lower-cased, as its comment says, built with ``--lowercase``). ``scaling.md``'s
+  served model is llama-cpp-python's server replayed from the recordings of
+  ``tests/lm/served_frameworks.py`` (calibrate's, ChatOpenAI's, OpenAILike's), with the
+  reader's ``gate.json`` written by ``calibrate`` against it.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import contextlib
 import importlib.util
 import json
 import math
+import shutil
 import socket
 import sys
 import urllib.error
@@ -40,11 +44,11 @@ pytestmark = pytest.mark.integration
 
 DOCS = {name: ROOT / "docs" / f"{name}.md" for name in ("agents", "composition", "scaling")}
 #: How many ``python`` blocks each document has: the ones ``CHECKS`` knows.
-BLOCKS = {"agents": 2, "composition": 1, "scaling": 3}
+BLOCKS = {"agents": 2, "composition": 1, "scaling": 5}
 #: Blocks that are alternatives rather than one session.
 CHAINED = {"agents": False, "composition": True, "scaling": True}
 #: Blocks not runnable here, with why.
-SKIPPED = {("scaling", 3): "docs/scaling.md's last block, SourcePolicy.open_existing(lm, "
+SKIPPED = {("scaling", 5): "docs/scaling.md's last block, SourcePolicy.open_existing(lm, "
                            "url='http://localhost:6333', read_only=False), needs a Qdrant server "
                            "(docker run qdrant/qdrant); none here, as the document says"}
 
@@ -113,18 +117,28 @@ def composition_prelude(tiny: Any, probe: Any, workdir: Path) -> dict[str, Any]:
     return {"stats": LocalInfiniGram(workdir / "indexes" / "docs"), "lm": tiny, "probe": probe}
 
 
-def scaling_prelude(tiny: Any, probe_dir: Path, served: Path,
+def scaling_prelude(tiny: Any, probe_dir: Path, served: Path, url: str,
                     documents: list[dict[str, str]]) -> dict[str, Any]:
     """``index_dir`` (the lower-cased index, served on port 8765 as ``wiki`` by the
     fixture), ``lm`` (the tiny model), ``store`` (LangChain's in-memory store), ``probe_dir``
-    (a saved random probe). The SR-RAG policy the block opens at
-    ``~/.cache/rag-gates/srrag/policy`` is built by the fixture under a temporary ``HOME``."""
+    (a saved random probe), ``url`` (the served model), ``question`` (the first recorded
+    calibration question), ``index`` (a LlamaIndex index under ``MockEmbedding``). The SR-RAG
+    policy the block opens at ``~/.cache/rag-gates/srrag/policy`` is built by the fixture
+    under a temporary ``HOME``."""
     from langchain_core.embeddings import DeterministicFakeEmbedding
     from langchain_core.vectorstores import InMemoryVectorStore
+    from llama_index.core import Document as Node
+    from llama_index.core import VectorStoreIndex
+    from llama_index.core.embeddings import MockEmbedding
+
+    from tests.lm.served_frameworks import questions
 
     store = InMemoryVectorStore.from_texts([d["text"] for d in documents[:40]],
                                            embedding=DeterministicFakeEmbedding(size=16))
-    return {"index_dir": served, "lm": tiny, "store": store, "probe_dir": probe_dir}
+    index = VectorStoreIndex.from_documents([Node(text=d["text"]) for d in documents[:40]],
+                                            embed_model=MockEmbedding(embed_dim=8))
+    return {"index_dir": served, "lm": tiny, "store": store, "probe_dir": probe_dir,
+            "url": url, "question": questions(1)[0], "index": index}
 
 
 @pytest.fixture(scope="module")
@@ -165,6 +179,21 @@ def served(workdir: Path) -> Iterator[Path]:
 
 
 @pytest.fixture(scope="module")
+def served_model(workdir: Path, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
+    """scaling.md's served model (its ``url``): llama-cpp-python's server as recorded for
+    calibrate, ChatOpenAI and OpenAILike; and the reader's ``gate.json`` in the project:
+    ``rag-gates calibrate --model openai:URL --gates answer-logprob --max-new-tokens 8``
+    against it."""
+    from tests.lm import served_frameworks
+
+    with served_frameworks.replay_every_client() as server:
+        spec = served_frameworks.calibrate(server.url, tmp_path_factory.mktemp("calibrate"),
+                                           gates="answer-logprob")
+        shutil.copy(spec, workdir / "gate.json")
+        yield server.url
+
+
+@pytest.fixture(scope="module")
 def user_home(tiny: Any, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Path]:
     """A temporary ``HOME`` holding the reader's SR-RAG policy for the tiny model at
     ``~/.cache/rag-gates/srrag/policy`` (four labelled questions)."""
@@ -201,7 +230,8 @@ def sessions(request: pytest.FixtureRequest, workdir: Path, documents: list[dict
             return composition_prelude(tiny, ConfidenceProbe.load(get("probe_dir"), lm=tiny),
                                        workdir)
         get("user_home")
-        return scaling_prelude(get("tiny"), get("probe_dir"), get("served"), documents)
+        return scaling_prelude(get("tiny"), get("probe_dir"), get("served"),
+                               get("served_model"), documents)
 
     def session(doc: str) -> Session:
         if doc not in made:
@@ -311,6 +341,43 @@ def check_scaling_1(ns: dict[str, Any], values: list[Any]) -> None:
 
 
 def check_scaling_2(ns: dict[str, Any], values: list[Any]) -> None:
+    """LangChain on a served model: calibrate's spec decides as the core answer-logprob gate
+    at its certified threshold (this question's answer is likely enough: a skip, so no
+    documents); the composite by name retrieves as its two gates say; ChatOpenAI's samples
+    are OpenAICompatibleLM's."""
+    from rag_gates.calibration import GateSpec
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.lm import OpenAICompatibleLM
+    from rag_gates.quco import QuCoGate
+    from rag_gates.sample_agreement import SampleAgreementGate
+
+    served, question = OpenAICompatibleLM(ns["url"]), ns["question"]
+    spec = GateSpec.load("gate.json")
+    assert spec.gate == "answer-logprob" and spec.certified and spec.threshold is not None
+    core = AnswerLogprobGate(served, threshold=spec.threshold, max_new_tokens=8).decide(question)
+    decision = ns["retriever"].last_decision
+    assert decision.score == pytest.approx(core.score, abs=1e-9)
+    assert decision.retrieve is core.retrieve is False and ns["docs"] == []
+    quco = QuCoGate.from_threshold(ns["stats"], 0.3).decide(question)
+    sampled = SampleAgreementGate(served, threshold=0.3, max_new_tokens=8).decide(question)
+    assert ns["either"].decide(question).retrieve is (quco.retrieve or sampled.retrieve)
+    assert values[-1] == sampled.evidence["samples"] and len(set(values[-1])) > 1
+
+
+def check_scaling_3(ns: dict[str, Any], values: list[Any]) -> None:
+    """LlamaIndex on a served model: OpenAILike through ``as_text_lm`` scores the answer as
+    OpenAICompatibleLM does, and the gated retriever skips where the core gate does."""
+    from rag_gates.confidence import AnswerLogprobGate
+    from rag_gates.lm import OpenAICompatibleLM
+
+    question = ns["question"]
+    core = AnswerLogprobGate(OpenAICompatibleLM(ns["url"]), threshold=0.43,
+                             max_new_tokens=8).decide(question)
+    assert ns["gate"].decide(question).score == pytest.approx(core.score, abs=1e-9)
+    assert core.retrieve is False and ns["nodes"] == []
+
+
+def check_scaling_4(ns: dict[str, Any], values: list[Any]) -> None:
     """The worker's components: the policy is a read-only copy; the SR-RAG retriever returns
     the store's documents or one parametric document, as its decision says; the CBDR gate
     reads the saved probe; QuCo counts through the SQLite cache in the working directory."""
@@ -349,6 +416,8 @@ CHECKS: dict[tuple[str, int], Callable[[dict[str, Any], list[Any]], None]] = {
     ("composition", 1): check_composition_1,
     ("scaling", 1): check_scaling_1,
     ("scaling", 2): check_scaling_2,
+    ("scaling", 3): check_scaling_3,
+    ("scaling", 4): check_scaling_4,
 }
 
 

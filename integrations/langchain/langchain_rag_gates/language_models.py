@@ -7,6 +7,7 @@ them prompt any LangChain model: API models, local servers, or :class:`ChatRagGa
 from __future__ import annotations
 
 import functools
+import logging
 import time
 from collections.abc import AsyncIterator, Iterator, Mapping
 from typing import Any, Literal
@@ -22,6 +23,8 @@ from rag_gates.lm.base import Prompt, TextLM, as_messages
 from rag_gates.types import Generation, TokenLogprob
 
 __all__ = ["LangChainTextLM", "as_text_lm"]
+
+logger = logging.getLogger(__name__)
 
 FinishReason = Literal["stop", "length", "eos"]
 #: One call: the per-call model copy, its input, and the call options.
@@ -130,7 +133,10 @@ class LangChainTextLM(FrameworkTextLM["_Call"]):
     ``finish_reason`` comes from ``response_metadata`` (``finish_reason``, ``stop_reason``
     or ``done_reason``): limit reasons map to ``"length"``, ``"eos"`` stays, anything else
     and nothing at all map to ``"stop"``. Token counts come from ``usage_metadata`` (0 when
-    the model reports none); ``latency_ms`` is the wall time of the call. An LLM's
+    the model reports none); ``latency_ms`` is the wall time of the call. A reply longer
+    than ``max_new_tokens`` (its server ignored the field the model sent: llama-cpp-python's
+    server reads ``max_tokens`` only, and ``ChatOpenAI`` sends ``max_completion_tokens``)
+    is logged once as a warning, naming the fix. An LLM's
     ``invoke`` returns bare text, so for LLMs ``finish_reason`` is always ``"stop"`` and the
     token counts 0; chat messages given to an LLM are flattened to text by LangChain.
     """
@@ -159,6 +165,7 @@ class LangChainTextLM(FrameworkTextLM["_Call"]):
         )
         self._logprob_fields = {"logprobs", "top_logprobs"} <= fields
         self._model_id = model_id or self._name_of(model)
+        self._warned_overrun = False
 
     @staticmethod
     def _name_of(model: BaseLanguageModel[Any]) -> str:
@@ -229,6 +236,7 @@ class LangChainTextLM(FrameworkTextLM["_Call"]):
         metadata: Mapping[str, Any] = getattr(reply, "response_metadata", None) or {}
         text, finish, _ = cut_at_stop(_text_of(reply), args.stop, _finish_reason(metadata))
         usage = getattr(reply, "usage_metadata", None) or {}
+        self._check_budget(int(usage.get("output_tokens", 0)), args.max_new_tokens)
         return Generation(
             text=text,
             finish_reason=finish,
@@ -237,6 +245,19 @@ class LangChainTextLM(FrameworkTextLM["_Call"]):
             completion_tokens=int(usage.get("output_tokens", 0)),
             latency_ms=(time.perf_counter() - start) * 1000.0,
         )
+
+    def _check_budget(self, written: int, budget: int) -> None:
+        """Warn (once) when the reply has more tokens than asked for: the server ignored the
+        limit, so a gate's closed-book answer is not the one its budget describes."""
+        if written <= budget or self._warned_overrun or self.max_tokens_field is None:
+            return
+        self._warned_overrun = True
+        logger.warning(
+            "%s wrote %d tokens where max_new_tokens=%d was asked (set as its %r field): "
+            "its server ignored the limit (ChatOpenAI sends it as max_completion_tokens, "
+            "which llama-cpp-python's server does not read); give the budget as the server "
+            "reads it, e.g. ChatOpenAI(..., extra_body={'max_tokens': %d})",
+            self.model_id, written, budget, self.max_tokens_field, budget)
 
     def _logprobs(self, metadata: Mapping[str, Any]) -> list[TokenLogprob]:
         raw = metadata.get("logprobs")

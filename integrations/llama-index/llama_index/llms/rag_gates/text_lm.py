@@ -14,6 +14,7 @@ from typing import Any, Literal, TypeAlias
 from llama_index.core.base.llms.types import ChatMessage, ChatResponse, LogProb, MessageRole
 from llama_index.core.llms import LLM
 from llama_index.llms.rag_gates.base import LOGPROBS_LAYOUT, LOGPROBS_LAYOUT_KEY, RagGatesLLM
+from pydantic import ValidationError
 
 from rag_gates.errors import LogprobsMissingError
 from rag_gates.lm.adapter import FrameworkTextLM, GenerationArgs, cut_at_stop
@@ -26,6 +27,7 @@ __all__ = [
     "LlamaIndexTextLM",
     "as_text_lm",
     "from_llama_index_logprobs",
+    "reply_logprobs",
 ]
 
 _FINISH_REASONS = ("stop", "length", "eos")
@@ -49,6 +51,8 @@ def _rag_gates_call_kwargs(options: GenerationOptions) -> dict[str, Any]:
         kwargs["top_logprobs"] = options.logprobs
     if options.stop:
         kwargs["stop"] = list(options.stop)
+    if options.seed is not None:
+        kwargs["seed"] = options.seed
     return kwargs
 
 
@@ -120,6 +124,35 @@ def _first_tokens_spell(rows: Sequence[Sequence[LogProb]], text: str,
     return False
 
 
+def reply_logprobs(raw: Any, top: int, source: str = "the LLM") -> list[TokenLogprob] | None:
+    """The written tokens' log-probabilities in an OpenAI chat reply (``raw``, as LlamaIndex's
+    OpenAI integrations keep it, an object or a dict): ``choices[0].logprobs.content``, each
+    token with at most ``top`` alternatives; None when ``raw`` holds none.
+
+    LlamaIndex's own ``logprobs`` rows list each position's likeliest tokens without the one
+    written, which is not always the likeliest at ``temperature=0``: llama-cpp-python's
+    server applies a repeat penalty by default, so its rows can spell another text.
+    """
+    def field(obj: Any, name: str) -> Any:
+        return obj.get(name) if isinstance(obj, Mapping) else getattr(obj, name, None)
+
+    choices = field(raw, "choices")
+    if not isinstance(choices, Sequence) or isinstance(choices, str) or not choices:
+        return None
+    content = field(field(choices[0], "logprobs"), "content")
+    if not isinstance(content, list) or not content:
+        return None
+    try:
+        tokens = [TokenLogprob.model_validate(
+            item.model_dump() if callable(getattr(item, "model_dump", None)) else item)
+            for item in content]
+    except ValidationError as exc:
+        raise LogprobsMissingError(
+            f"{source}'s reply holds log-probabilities in an unknown shape; expected OpenAI's "
+            f"{{'token', 'logprob', 'bytes', 'top_logprobs'}} entries: {exc}") from exc
+    return [t.model_copy(update={"top_logprobs": t.top_logprobs[:top]}) for t in tokens]
+
+
 def _bytes(lp: LogProb) -> list[int] | None:
     # LlamaIndex uses [] for "unknown"; only an empty token really has no bytes.
     return list(lp.bytes) if lp.bytes or lp.token == "" else None
@@ -133,17 +166,22 @@ class LlamaIndexTextLM(FrameworkTextLM[tuple[str | list[ChatMessage], dict[str, 
       ``astream_chat``. Async calls use the LLM's own async methods.
     * Streams yield the responses' ``delta`` (or the growth of ``text`` when an LLM sets no
       delta).
-    * ``max_new_tokens``, ``temperature`` and ``logprobs`` reach the LLM only through
-      ``call_kwargs`` (LlamaIndex has no common per-call names for them; without it the
-      LLM's own configuration applies). For :class:`RagGatesLLM` they are passed natively.
+    * ``max_new_tokens``, ``temperature``, ``logprobs`` and ``seed`` (the one call option:
+      ``generate(..., seed=7)``, as the sampling gates pass it; ``None`` when not given)
+      reach the LLM only through ``call_kwargs`` (LlamaIndex has no common per-call names
+      for them; without it the LLM's own configuration applies). For :class:`RagGatesLLM`
+      they are passed natively.
     * Stop strings: a LlamaIndex LLM cannot be relied on to accept them per call, so the
       text is cut at the first stop string (excluded, ``finish_reason="stop"``); streams
       hold back text that could start a stop string. The LLM may still generate past the
       stop (cost, latency) unless ``call_kwargs`` hands the stops over too, as it does for
       :class:`RagGatesLLM`.
-    * Log-probabilities are read from the response's ``logprobs`` when present (see
-      :func:`from_llama_index_logprobs`). ``supports_logprobs`` is True only when declared
-      (or for :class:`RagGatesLLM`); a declared LLM that then returns none raises.
+    * Log-probabilities: the written tokens' own, from an OpenAI chat reply the LLM keeps in
+      ``raw`` (``choices[0].logprobs.content``: LlamaIndex's OpenAI, OpenAILike, Azure, ...;
+      see :func:`reply_logprobs`), as :class:`~rag_gates.lm.OpenAICompatibleLM` reads them;
+      else the response's ``logprobs`` rows (see :func:`from_llama_index_logprobs`).
+      ``supports_logprobs`` is True only when declared (or for :class:`RagGatesLLM`); a
+      declared LLM that then returns none raises.
     * ``finish_reason`` is the response's ``additional_kwargs["finish_reason"]`` when valid,
       ``"stop"`` after a stop-string cut, else ``"eos"``; token counts come from
       ``additional_kwargs`` (``prompt_tokens``/``completion_tokens``) when the LLM reports
@@ -184,9 +222,14 @@ class LlamaIndexTextLM(FrameworkTextLM[tuple[str | list[ChatMessage], dict[str, 
     # ------------------------------------------------------------------ hooks
     def prepare(self, prompt: Prompt, args: GenerationArgs, options: dict[str, Any]
                 ) -> tuple[str | list[ChatMessage], dict[str, Any]]:
+        options = dict(options)
+        seed = options.pop("seed", None)  # what the sampling gates pass (sample-agreement)
         if options:
             raise TypeError(f"unexpected arguments {sorted(options)}: a LlamaIndex LLM takes "
                             "per-call options through as_text_lm(call_kwargs=...)")
+        if seed is not None:  # checked as the models check it (an integer)
+            args = GenerationArgs.checked(args.max_new_tokens, args.stop, args.temperature,
+                                          args.logprobs, seed)
         kwargs = dict(self._call_kwargs(args))
         if isinstance(prompt, str):
             return prompt, kwargs
@@ -236,7 +279,12 @@ class LlamaIndexTextLM(FrameworkTextLM[tuple[str | list[ChatMessage], dict[str, 
         written = text
         text, finish, found = cut_at_stop(text, stops, finish)
         token_logprobs: list[TokenLogprob] | None = None
-        if logprobs is not None:
+        written_tokens = None if logprobs is None else reply_logprobs(
+            getattr(reply, "raw", None), logprobs, type(self.llm).__name__)
+        if written_tokens is not None:
+            token_logprobs = written_tokens if found is None else \
+                _through(written_tokens, found[1])
+        elif logprobs is not None:
             if rows and all(rows) and \
                     info.get(LOGPROBS_LAYOUT_KEY) not in (LOGPROBS_LAYOUT, "chosen_then_top") \
                     and not _first_tokens_spell(rows, written, stops):
