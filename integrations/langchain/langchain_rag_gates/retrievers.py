@@ -23,7 +23,15 @@ from pydantic import ConfigDict, Field, JsonValue, PrivateAttr, field_validator
 
 from langchain_rag_gates.documents import annotate_document, documents_to_passages
 from rag_gates._frameworks import FrameworkRetrieverAdapter
-from rag_gates.gated import adecide, agated_retrieve, annotation, check_gate, decide, gated_retrieve
+from rag_gates.gated import (
+    GateErrorPolicy,
+    adecide,
+    agated_retrieve,
+    annotation,
+    check_gate,
+    decide,
+    gated_retrieve,
+)
 from rag_gates.types import GateDecision, Passage
 
 __all__ = ["GatedRetriever", "LangChainRetrieverAdapter"]
@@ -32,19 +40,22 @@ DECISION_EVENT = "rag_gates_decision"
 """Name of the LangChain custom event carrying each gate decision."""
 
 
-def _decide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
-    """The gate's decision (:func:`rag_gates.gated.decide`), made inside the calling run's
-    context: a LangChain model the gate calls (``as_text_lm(chat)`` behind
-    ``answer-logprob``, say) is traced as a child of the retriever's or router's run, not
-    as a run of its own."""
+def _decide_in_run(gate: Any, query: str, callbacks: Any,
+                   on_error: GateErrorPolicy = "raise") -> GateDecision:
+    """The gate's decision (:func:`rag_gates.gated.decide`, ``on_error`` when the gate
+    raises), made inside the calling run's context: a LangChain model the gate calls
+    (``as_text_lm(chat)`` behind ``answer-logprob``, say) is traced as a child of the
+    retriever's or router's run, not as a run of its own."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
-        return decide(gate, query, call=context.run)
+        return decide(gate, query, on_error, call=context.run)
 
 
-async def _adecide_in_run(gate: Any, query: str, callbacks: Any) -> GateDecision:
+async def _adecide_in_run(gate: Any, query: str, callbacks: Any,
+                          on_error: GateErrorPolicy = "raise") -> GateDecision:
     """:func:`_decide_in_run` with ``gate.adecide``."""
     with set_config_context(RunnableConfig(callbacks=callbacks)) as context:
-        return await adecide(gate, query, call=lambda coro: coro_with_context(coro, context))
+        return await adecide(gate, query, on_error,
+                             call=lambda coro: coro_with_context(coro, context))
 
 
 def _dispatch_in_run(event: str, data: Any, run_manager: ParentRunManager) -> None:
@@ -102,6 +113,9 @@ class GatedRetriever(BaseRetriever):
             (vector store retrievers read it; retrievers that take no extra arguments
             ignore it) and the result is cut to ``k``. ``None`` = the wrapped
             retriever's own number.
+        on_gate_error: "raise" | "retrieve"
+            When ``gate.decide`` raises: the gate's error (default), or fail closed:
+            retrieve, with the error named in the decision.
 
     Instantiate:
         ```python
@@ -178,6 +192,16 @@ class GatedRetriever(BaseRetriever):
         ),
     )
 
+    on_gate_error: GateErrorPolicy = Field(
+        "raise",
+        description=(
+            "When gate.decide raises (a served model's timeout or unreadable reply through "
+            "a framework client, a prompt too long for the gate's model): 'raise' the "
+            "gate's error, or 'retrieve' (fail closed: retrieve, the decision's reason and "
+            "evidence['error'] name the error, and a warning is logged)."
+        ),
+    )
+
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
     _last_decision: GateDecision | None = PrivateAttr(None)
@@ -229,7 +253,7 @@ class GatedRetriever(BaseRetriever):
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
         config = RunnableConfig(callbacks=run_manager.get_child())
         return gated_retrieve(
-            _decide_in_run(self.gate, query, run_manager.get_child()),
+            _decide_in_run(self.gate, query, run_manager.get_child(), self.on_gate_error),
             record=lambda decision: self._report(decision, config),
             skipped=lambda decision, data: self._skipped(query, decision, data),
             retrieve=lambda: self.retriever.invoke(query, config=config, **inner_kwargs),
@@ -270,7 +294,8 @@ class GatedRetriever(BaseRetriever):
         k, inner_kwargs = self._inner_kwargs(k, kwargs)
         config = RunnableConfig(callbacks=run_manager.get_child())
         return await agated_retrieve(
-            await _adecide_in_run(self.gate, query, run_manager.get_child()),
+            await _adecide_in_run(self.gate, query, run_manager.get_child(),
+                                  self.on_gate_error),
             record=lambda decision: self._areport(decision, config),
             skipped=lambda decision, data: self._askipped(query, decision, data),
             retrieve=lambda: _ainvoke_retriever(self.retriever, query, config, **inner_kwargs),

@@ -35,7 +35,7 @@ from langchain_rag_gates.retrievers import (
 )
 from rag_gates._frameworks import question_of
 from rag_gates.answer_once import Reuse, find_closed_book_answer, reusable_answer
-from rag_gates.gated import annotation, check_gate
+from rag_gates.gated import GateErrorPolicy, annotation, check_gate
 from rag_gates.prompts import qa_prompt
 from rag_gates.types import GateDecision
 
@@ -244,6 +244,10 @@ class GateRouter(RunnableSerializable[Any, Any]):
     abstain: Runnable[Any, Any] | None = Field(
         None, description="The third branch: run on the input when a three-way spec "
                           "abstains (default: an AIMessage saying it does not know).")
+    on_gate_error: GateErrorPolicy = Field(
+        "raise", description="When gate.decide raises: 'raise' the gate's error, or "
+                             "'retrieve' (fail closed: take the retrieve branch, the "
+                             "decision's reason and evidence['error'] name the error).")
 
     model_config = ConfigDict(arbitrary_types_allowed=True)
 
@@ -280,7 +284,8 @@ class GateRouter(RunnableSerializable[Any, Any]):
     def _decided(self, input: Any, run_manager: Any) -> tuple[GateDecision,
                                                               dict[str, JsonValue]]:
         """The gate's decision inside the router's run, reported as the custom event."""
-        decision = _decide_in_run(self.gate, self.query_of(input), run_manager.get_child())
+        decision = _decide_in_run(self.gate, self.query_of(input), run_manager.get_child(),
+                                  self.on_gate_error)
         data = annotation(decision)
         _dispatch_in_run(DECISION_EVENT, data, run_manager)
         return decision, data
@@ -288,7 +293,7 @@ class GateRouter(RunnableSerializable[Any, Any]):
     async def _adecided(self, input: Any, run_manager: Any
                         ) -> tuple[GateDecision, dict[str, JsonValue]]:
         decision = await _adecide_in_run(self.gate, self.query_of(input),
-                                         run_manager.get_child())
+                                         run_manager.get_child(), self.on_gate_error)
         data = annotation(decision)
         await _adispatch_in_run(DECISION_EVENT, data, run_manager)
         return decision, data
@@ -531,6 +536,7 @@ def route_by_gate(
     answer_once: bool = True,
     retriever: Runnable[Any, Any] | None = None,
     abstain: Runnable[Any, Any] | Callable[..., Any] | None = None,
+    on_gate_error: GateErrorPolicy = "raise",
 ) -> GateRouter:
     """A :class:`GateRouter`: ``retrieve`` when ``gate`` asks for retrieval, else ``direct``.
 
@@ -541,4 +547,5 @@ def route_by_gate(
     """
     return GateRouter(gate=gate, retrieve=retrieve, direct=direct, query_key=query_key,
                       answer_once=answer_once, retriever=retriever,
-                      abstain=None if abstain is None else coerce_to_runnable(abstain))
+                      abstain=None if abstain is None else coerce_to_runnable(abstain),
+                      on_gate_error=on_gate_error)

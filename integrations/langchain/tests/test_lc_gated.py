@@ -354,3 +354,28 @@ async def test_a_skip_on_a_score_that_is_no_number_retrieves() -> None:
         assert said["retrieve"] is True and "remote could not decide" in said["reason"]
         assert said["evidence"]["raw_score"] == "nan"
         assert said["evidence"]["gate_said"] == NaNSkippingGate.said
+
+
+class _TimedOutGate(BaseGate):
+    """A gate whose model call fails (a served model's timeout): decide raises."""
+
+    name = "timed-out"
+
+    def score(self, query: str, **signals: Any) -> tuple[float, dict[str, JsonValue]]:
+        raise TimeoutError("the served model did not answer in 30 s")
+
+
+async def test_on_gate_error_retrieve_fails_closed_and_raise_is_the_default() -> None:
+    plain = store().as_retriever().invoke(ASK)
+    with pytest.raises(TimeoutError, match="did not answer"):
+        GatedRetriever(retriever=store().as_retriever(), gate=_TimedOutGate(0.5)).invoke(ASK)
+    gated = GatedRetriever(retriever=store().as_retriever(), gate=_TimedOutGate(0.5),
+                           on_gate_error="retrieve")
+    for docs in (gated.invoke(ASK), await gated.ainvoke(ASK)):
+        assert [d.page_content for d in docs] == [d.page_content for d in plain]
+        said = docs[0].metadata["rag_gates"]
+        assert said["retrieve"] is True and said["gate"] == "timed-out"
+        assert "did not answer" in str(said["evidence"]["error"]), said
+    with pytest.raises(ValueError, match="on_gate_error"):
+        GatedRetriever(retriever=store().as_retriever(), gate=_TimedOutGate(0.5),
+                       on_gate_error="skip")  # type: ignore[arg-type]

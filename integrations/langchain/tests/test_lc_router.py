@@ -210,3 +210,24 @@ def test_a_skip_on_a_score_that_is_no_number_takes_the_retrieval_route(
                            direct=DIRECT_PROMPT | llm)
     said = router.invoke(SKIP).response_metadata[KEY]
     assert said["retrieve"] is True and "remote could not decide" in said["reason"]
+
+
+def test_on_gate_error_retrieve_takes_the_retrieval_route(
+    llm: ChatRagGates, rag_chain: Runnable[Any, Any]
+) -> None:
+    """A gate that raises (a served model's timeout): the router raises by default, and with
+    ``on_gate_error="retrieve"`` takes the retrieval route and names the error."""
+    from rag_gates.gate import BaseGate
+
+    class TimedOut(BaseGate):
+        name = "timed-out"
+
+        def score(self, query: str, **signals: Any) -> tuple[float, dict[str, Any]]:
+            raise TimeoutError("the served model did not answer in 30 s")
+
+    with pytest.raises(TimeoutError):
+        route_by_gate(TimedOut(0.5), retrieve=rag_chain, direct=DIRECT_PROMPT | llm).invoke(SKIP)
+    router = route_by_gate(TimedOut(0.5), retrieve=rag_chain, direct=DIRECT_PROMPT | llm,
+                           on_gate_error="retrieve")
+    said = router.invoke(SKIP).response_metadata[KEY]
+    assert said["retrieve"] is True and "did not answer" in str(said["evidence"]["error"])
