@@ -181,16 +181,21 @@ class TokRAGLLM(CustomLLM):
         return LLMMetadata(context_window=int(lm.max_context), num_output=self.max_new_tokens,
                            is_chat_model=False, model_name=f"{self.method}:{lm.model_id}")
 
-    def _call(self, kwargs: dict[str, Any]) -> tuple[list[Passage], dict[str, Any]]:
+    def _call(self, kwargs: dict[str, Any]) -> tuple[dict[str, Any], int | None]:
+        """The decoder's arguments for a call (passages, log-probabilities, budget, stop) and
+        the alternatives per token asked for (``top_logprobs``)."""
+        top = kwargs.pop("top_logprobs", self.top_logprobs)
         passages = to_passages(kwargs.pop("passages", None))
         unknown = set(kwargs) - _CALL_KWARGS
         if unknown:
             raise TypeError(f"TokRAGLLM got unexpected keyword argument(s) {sorted(unknown)}; "
                             f"accepted: passages, {', '.join(sorted(_CALL_KWARGS))}")
-        out = {"max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens)}
+        out: dict[str, Any] = {
+            "passages": passages, "logprobs": top_logprobs_to_ask(top),
+            "max_new_tokens": kwargs.get("max_new_tokens", self.max_new_tokens)}
         if kwargs.get("stop") is not None:
             out["stop"] = kwargs["stop"]
-        return passages, out
+        return out, top
 
     def _response(self, generation: Any, top: int | None, delta: str | None = None
                   ) -> CompletionResponse:
@@ -206,28 +211,22 @@ class TokRAGLLM(CustomLLM):
     @llm_completion_callback()
     def complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                  ) -> CompletionResponse:
-        top = kwargs.pop("top_logprobs", self.top_logprobs)
-        passages, call = self._call(kwargs)
-        return self._response(self.decoder.generate(prompt, passages=passages,
-                                                    logprobs=top_logprobs_to_ask(top), **call), top)
+        call, top = self._call(kwargs)
+        return self._response(self.decoder.generate(prompt, **call), top)
 
     @_loads_model_first(adecoder)
     @llm_completion_callback()
     async def acomplete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponse:
-        top = kwargs.pop("top_logprobs", self.top_logprobs)
-        passages, call = self._call(kwargs)
+        call, top = self._call(kwargs)
         decoder = await self.adecoder()
-        return self._response(await decoder.agenerate(
-            prompt, passages=passages, logprobs=top_logprobs_to_ask(top), **call), top)
+        return self._response(await decoder.agenerate(prompt, **call), top)
 
     @llm_completion_callback()
     def stream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                         ) -> CompletionResponseGen:
-        top = kwargs.pop("top_logprobs", self.top_logprobs)
-        passages, call = self._call(kwargs)
-        events = self.decoder.stream_events(prompt, passages=passages,
-                                            logprobs=top_logprobs_to_ask(top), **call)
+        call, top = self._call(kwargs)
+        events = self.decoder.stream_events(prompt, **call)
 
         def gen() -> CompletionResponseGen:
             text = ""
@@ -244,11 +243,9 @@ class TokRAGLLM(CustomLLM):
     @llm_completion_callback()
     async def astream_complete(self, prompt: str, formatted: bool = False, **kwargs: Any
                                ) -> CompletionResponseAsyncGen:
-        top = kwargs.pop("top_logprobs", self.top_logprobs)
-        passages, call = self._call(kwargs)
+        call, top = self._call(kwargs)
         decoder = await self.adecoder()
-        events = decoder.astream_events(prompt, passages=passages,
-                                        logprobs=top_logprobs_to_ask(top), **call)
+        events = decoder.astream_events(prompt, **call)
 
         async def gen() -> CompletionResponseAsyncGen:
             text = ""
@@ -335,8 +332,12 @@ class TokRAGSynthesizer(BaseSynthesizer):
                 meta[CHOICES_KEY] = response.additional_kwargs[CHOICES_KEY]
 
     @staticmethod
-    def _question(query: QueryTextType) -> str:
-        return query.query_str if isinstance(query, QueryBundle) else str(query)
+    def _inputs(query: QueryTextType, nodes: list[NodeWithScore],
+                additional_source_nodes: Sequence[NodeWithScore] | None
+                ) -> tuple[str, list[Passage], list[NodeWithScore]]:
+        """The question, the nodes as passages, and the response's source nodes."""
+        question = query.query_str if isinstance(query, QueryBundle) else str(query)
+        return question, to_passages(nodes), list(nodes) + list(additional_source_nodes or [])
 
     # synthesize/asynthesize are overridden because the base class answers "Empty Response"
     # to no nodes and hands get_response bare text (titles lost); they still fire what
@@ -361,8 +362,7 @@ class TokRAGSynthesizer(BaseSynthesizer):
     def synthesize(self, query: QueryTextType, nodes: list[NodeWithScore],
                    additional_source_nodes: Sequence[NodeWithScore] | None = None,
                    **response_kwargs: Any) -> RESPONSE_TYPE:
-        question, passages = self._question(query), to_passages(nodes)
-        sources = list(nodes) + list(additional_source_nodes or [])
+        question, passages, sources = self._inputs(query, nodes, additional_source_nodes)
         with self._synthesis_events(query, question) as out:
             if self._streaming:
                 meta: dict[str, Any] = {}
@@ -377,8 +377,7 @@ class TokRAGSynthesizer(BaseSynthesizer):
     async def asynthesize(self, query: QueryTextType, nodes: list[NodeWithScore],
                           additional_source_nodes: Sequence[NodeWithScore] | None = None,
                           **response_kwargs: Any) -> RESPONSE_TYPE:
-        question, passages = self._question(query), to_passages(nodes)
-        sources = list(nodes) + list(additional_source_nodes or [])
+        question, passages, sources = self._inputs(query, nodes, additional_source_nodes)
         with self._synthesis_events(query, question) as out:
             if self._streaming:
                 meta: dict[str, Any] = {}
