@@ -208,6 +208,7 @@ def test_bad_arguments(data_dir: Path, home: Path) -> None:
 def test_cli_from_datasets(home: Path, data_dir: Path, tokenizer_path: Path) -> None:
     from typer.testing import CliRunner
 
+    import rag_gates.cli  # noqa: F401 - loads the lab's entry point, which adds from-datasets
     from rag_gates.corpus.cli import index_app
 
     runner = CliRunner()

@@ -285,7 +285,8 @@ def test_cbdr_prefill_fails_closed_too(tiny: Any) -> None:
 
 def test_every_gate_in_the_tree_is_covered() -> None:
     # Import every module that defines gates, then walk BaseGate's subclasses.
-    for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.sample_agreement",
+    for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.confidence",
+                   "rag_gates.sample_agreement",
                    "rag_gates.quco.gate", "rag_gates.srrag.gate", "rag_gates.srrag.skr",
                    "rag_gates.deeprag.gates",
                    "langchain_rag_gates", "llama_index.retrievers.rag_gates",
