@@ -23,6 +23,14 @@ not touch them)::
         --ours-from benchmarks/results/tokrag_auc_authors_rule_tokens.jsonl \
         --out benchmarks/results/tokrag_authors_auc_authors_rule.json
 
+``--prefix --cache NEW --out FILE`` (issue 55): the prefix token set recomputed from scratch
+into a new cache, so the paper judge's scores follow today's layer rule
+(``layer_rule="authors"``); the authors' judges do not depend on it::
+
+    OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_authors_auc.py --prefix \
+        --cache benchmarks/results/tokrag_authors_auc_prefix_authors_rule_tokens.jsonl \
+        --out benchmarks/results/tokrag_authors_auc_prefix_authors_rule.json
+
 ``--prefix``: the RAG prompt's passages rendered the authors' way (``[Reference]: ``
 prefixes, concatenated). The prompt differs, so the token set is its own: every score,
 ours included, is recomputed on it (written to ``tokrag_authors_auc_prefix.json``).
@@ -150,11 +158,16 @@ def main() -> None:
                              "cache (same tokens, matched one by one)")
     parser.add_argument("--out", type=Path, default=None, help="summary file (default: "
                         "tokrag_authors_auc[_prefix].json)")
+    parser.add_argument("--cache", type=Path, default=None, help="token cache (default: "
+                        "tokrag_authors_auc[_prefix]_tokens.jsonl); a new one recomputes "
+                        "every score with today's code")
     args = parser.parse_args()
     stem = "tokrag_authors_auc_prefix" if args.prefix else "tokrag_authors_auc"
     cache_path, out_path = RESULTS / f"{stem}_tokens.jsonl", RESULTS / f"{stem}.json"
     if args.out is not None:
         out_path = args.out
+    if args.cache is not None:
+        cache_path = args.cache
     torch.set_num_threads(1)
     lm = None if args.summary_only else load_default_lm()
     layers = list(range(SMOLLM2_LAYERS if lm is None else lm.num_layers))
@@ -203,6 +216,8 @@ def main() -> None:
     payload = {
         "command": "OMP_NUM_THREADS=1 .venv/bin/python benchmarks/tokrag_authors_auc.py"
                    + (" --prefix" if args.prefix else "")
+                   + (f" --cache {cache_path.name} --out {out_path.name}"
+                      if args.cache is not None else "")
                    + (f" --summary-only --ours-from {args.ours_from.name} --out "
                       f"{out_path.name}" if args.ours_from is not None else ""),
         "date": dt.date.today().isoformat(), "machine": platform.platform(),

@@ -53,3 +53,27 @@ def test_the_counts_table_counts_the_rows() -> None:
     counted = _counted()
     assert set(counted) == set(SECTIONS)
     assert _stated() == counted
+
+
+# A citation of what a row was checked against: a file's line ("l. 405", "G 1441",
+# "sragsamplev2.py:178", "P line 3") or the paper's place ("section 3.2", "Eq. 7",
+# "Algorithm 1", "appendix B.1", "Fig. 5", "footnote 4", "Table 3", "arXiv 2305.14739").
+_CITATION = re.compile(
+    r"l\.\s*\d|\b[GP] (line )?\d|line \d|\.py:\d|:\d{2,}\b|[Ss]ec(tion|\.)\s*\d|Eq\.\s*\d"
+    r"|Algorithm \d|appendix [A-Z]|Fig\.\s*\d|footnote \d|Table \d|arXiv \d{4}\.\d{4,5}")
+
+
+def test_every_same_row_names_what_it_was_checked_against() -> None:
+    """Issue 55's "done when": every "same" row names the line (the authors' file and line,
+    or the paper's section / equation) it was checked against, in its rule or verdict."""
+    text = DOC.read_text(encoding="utf-8")
+    uncited = []
+    for line in text.splitlines():
+        match = re.match(r"\|\s*([QTCDS]\d+)\s*\|", line)
+        if not match:
+            continue
+        cells = _CELL.split(line.strip().strip("|"))
+        if _verdict(cells[-1]) == "same" and not (
+                _CITATION.search(cells[1]) or _CITATION.search(cells[-1])):
+            uncited.append(match.group(1))
+    assert uncited == []
