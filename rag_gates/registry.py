@@ -2,8 +2,8 @@
 
 ``calibrate``, :func:`rag_gates.calibration.load_gate`, gate expressions, ``selective@GATE``,
 the CLI and the lab all build gates here. A name resolves, in order, to a core gate
-(``first-token-prob``, ``first-token-logprob``, ``answer-logprob``, ``sample-agreement``:
-need the model;
+(``first-token-prob``, ``first-token-logprob``, ``answer-logprob``, ``sample-agreement``,
+``p-true``, ``p-true-sampling``: need the model;
 ``quco``: needs corpus statistics; ``cbdr``: needs the white-box model and a probe, the
 shipped one by default), a
 gate added with :func:`register_gate`, or a factory registered under the ``rag_gates.gates``
@@ -127,6 +127,25 @@ def _sample_agreement(ctx: GateContext, threshold: float | None) -> Gate:
     return SampleAgreementGate(ctx.need_lm("sample-agreement"), **kwargs)
 
 
+def _p_true(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.p_true import PTrueGate
+
+    return PTrueGate(ctx.need_lm("p-true"), **_model_gate_kwargs(ctx, threshold))
+
+
+def _p_true_sampling(ctx: GateContext, threshold: float | None) -> Gate:
+    from rag_gates.p_true import SAMPLING_DEFAULT_SAMPLES, PTrueGate
+
+    kwargs = _model_gate_kwargs(ctx, threshold)
+    kwargs["samples"] = ctx.options.get("p_true_samples", SAMPLING_DEFAULT_SAMPLES)
+    # A spec's options fix the draw, so a loaded spec scores as calibrate did (options of
+    # their own: sample-agreement's may draw another count at another temperature).
+    for key, option in (("temperature", "p_true_temperature"), ("seed", "p_true_seed")):
+        if option in ctx.options:
+            kwargs[key] = ctx.options[option]
+    return PTrueGate(ctx.need_lm("p-true-sampling"), **kwargs)
+
+
 def _quco(ctx: GateContext, threshold: float | None) -> Gate:
     from rag_gates.quco import QuCoGate
 
@@ -157,16 +176,18 @@ def _cbdr(ctx: GateContext, threshold: float | None) -> Gate:
 CORE_GATE_RANGES: dict[str, tuple[float, float]] = {
     "first-token-prob": (0.0, 1.0), "first-token-logprob": (0.0, 1.0),
     "answer-logprob": (0.0, 100.0), "quco": (0.0, 1.0), "cbdr": (0.0, 1.0),
-    "sample-agreement": (0.0, 1.0)}
+    "sample-agreement": (0.0, 1.0), "p-true": (0.0, math.inf),
+    "p-true-sampling": (0.0, math.inf)}
 
 
 _CORE: dict[str, GateFactory] = {"first-token-prob": _first_token,
                                  "first-token-logprob": _first_token_logprob,
                                  "answer-logprob": _answer_logprob, "quco": _quco,
-                                 "cbdr": _cbdr, "sample-agreement": _sample_agreement}
+                                 "cbdr": _cbdr, "sample-agreement": _sample_agreement,
+                                 "p-true": _p_true, "p-true-sampling": _p_true_sampling}
 _CORE_NEEDS_LM = {"first-token-prob": True, "first-token-logprob": True,
                   "answer-logprob": True, "quco": False, "cbdr": True,
-                  "sample-agreement": True}
+                  "sample-agreement": True, "p-true": True, "p-true-sampling": True}
 _REGISTERED: dict[str, GateFactory] = {}
 
 

@@ -84,12 +84,17 @@ def _tokenizer() -> Any:
 
 
 def tiny_model_and_tokenizer(
-    seed: int = 0, *, num_layers: int = 4, hidden_size: int = 64, max_context: int = 256
+    seed: int = 0, *, num_layers: int = 4, hidden_size: int = 64, max_context: int = 256,
+    extra_tokens: Sequence[str] = (),
 ) -> tuple[Any, Any]:
-    """A random-weight Llama (grouped-query attention, rotary) and a tiny byte-level BPE."""
+    """A random-weight Llama (grouped-query attention, rotary) and a tiny byte-level BPE.
+    ``extra_tokens``: words added to the tokenizer as single tokens (``("True",)`` for
+    P(True), which reads one token; the default model is unchanged)."""
     torch = require("torch", "hf")
     transformers = require("transformers", "hf")
     tok = _tokenizer()
+    if extra_tokens:
+        tok.add_tokens(list(extra_tokens))
     config = transformers.LlamaConfig(
         vocab_size=len(tok),
         hidden_size=hidden_size,
@@ -112,7 +117,8 @@ def tiny_model_and_tokenizer(
 
 
 def tiny_lm(seed: int = 0, **kwargs: Any) -> Any:
-    """An :class:`~rag_gates.lm.hf.HFWhiteBoxLM` over :func:`tiny_model_and_tokenizer`."""
+    """An :class:`~rag_gates.lm.hf.HFWhiteBoxLM` over :func:`tiny_model_and_tokenizer`
+    (``kwargs``: its options, ``extra_tokens=("True",)`` say)."""
     from rag_gates.lm.hf import HFWhiteBoxLM
 
     model, tok = tiny_model_and_tokenizer(seed, **kwargs)

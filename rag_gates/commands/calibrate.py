@@ -35,6 +35,11 @@ generated tokens and their top alternatives) and ``sample-agreement`` (text only
 ``quco`` for both, counting the question's entities in an infini-gram index of the corpus
 that calibrate builds (cached; the ``corpus`` extra) or that ``--corpus-stats`` names. A gate
 that does not apply is skipped with why; the composites are fitted over those built.
+``p-true-sampling`` (P(True) with brainstormed samples, Kadavath et al. 2022:
+:mod:`rag_gates.p_true`) is tried for a served model whose server echoes the prompt's
+log-probabilities in the form it sends (chat prompts need the model's chat template, which
+``--model openai:URL`` does not carry: there it is skipped, saying so); in process it is
+asked for with ``--gates``, as ``p-true`` (plain P(True)) is on either.
 
 ``--concurrency N`` (a served model only, as ``rag-gates bench``'s): N questions in flight, so
 a batching server (vLLM, llama.cpp's ``--parallel`` slots) answers them together; the
@@ -88,18 +93,21 @@ if TYPE_CHECKING:
     from rag_gates.calibration.certify import Bound
 
 __all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot",
-           "calibrate_command", "collect_records", "open_qdrant_corpus", "parse_corpus",
-           "plot_skip_curves", "question_set_sha", "read_corpus", "read_questions",
-           "run_calibration", "skip_curves"]
+           "calibrate_command", "collect_records", "fixed_draws", "open_qdrant_corpus",
+           "parse_corpus", "plot_skip_curves", "question_set_sha", "read_corpus",
+           "read_questions", "run_calibration", "skip_curves"]
 
 console = Console()
 
 AUTO_GATES = ("answer-logprob", "first-token-prob", "first-token-logprob", "sample-agreement",
-              "cbdr", "quco")
+              "p-true-sampling", "cbdr", "quco")
 """What ``--gates auto`` tries, in order; each is kept only where it applies to the model
 (``first-token-logprob`` where ``first-token-prob`` does not: the same score, read from a
-reply; ``sample-agreement`` for a model that is not in process: on one, it costs
-``samples`` generations a question, so ask for it with ``--gates``)."""
+reply; ``sample-agreement`` and ``p-true-sampling`` for a model that is not in process: on
+one, each costs ``samples`` generations a question, so ask for it with ``--gates``;
+``p-true-sampling`` where the server echoes the log-probabilities of the prompt's tokens, in
+the form the gate sends (a chat prompt needs the model's chat template here: else it is
+skipped, saying so). ``p-true``, plain P(True), is asked for by name."""
 #: Why calibrate skips QuCo on a Qdrant corpus without --corpus-stats (it does not read a
 #: whole collection back to index it).
 QUCO_NOT_BUILT = ("needs corpus statistics (an infini-gram index of the corpus): give "
@@ -567,6 +575,13 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
             skipped[name] = (f"draws {options.get('samples', 5)} sampled answers a question "
                              "from an in-process model; ask for it with --gates")
             continue
+        if requested is None and name == "p-true-sampling" and isinstance(lm, WhiteBoxLM):
+            from rag_gates.p_true import SAMPLING_DEFAULT_SAMPLES
+
+            count = options.get("p_true_samples", SAMPLING_DEFAULT_SAMPLES)
+            skipped[name] = (f"draws {count} sampled answers a question from an in-process "
+                             "model; ask for it with --gates")
+            continue
         if name == "quco":
             if corpus_stats is None:
                 why = QUCO_NOT_BUILT
@@ -592,6 +607,28 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
     if not built:
         raise ValueError(f"no gate applies to this model: {skipped}")
     return built, skipped
+
+
+def fixed_draws(built: dict[str, Any]) -> dict[str, Any]:
+    """The spec options that fix the sampling gates' draws (how many, how hot, which seed),
+    so a loaded spec scores as calibrate did: ``samples``, ``sample_temperature``, ... for
+    ``sample-agreement``; ``p_true_samples``, ``p_true_temperature``, ``p_true_seed`` for
+    ``p-true-sampling`` (its own: the two may draw differently in one run).
+
+    Example:
+        >>> fixed_draws({})
+        {}
+    """
+    options: dict[str, Any] = {}
+    sampler = built.get("sample-agreement")
+    if sampler is not None:
+        options.update({"samples": sampler.samples, "sample_temperature": sampler.temperature,
+                        "sample_seed": sampler.seed, "sample_agreement": sampler.agreement})
+    judge = built.get("p-true-sampling")
+    if judge is not None:
+        options.update({"p_true_samples": judge.samples, "p_true_temperature": judge.temperature,
+                        "p_true_seed": judge.seed})
+    return options
 
 
 #: The documents calibrate indexes for QuCo: changes whenever their shape does.
@@ -981,10 +1018,7 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         return opened[-1]
 
     built, skipped = applicable_gates(lm, requested, options, corpus_stats=stats)
-    sampler = built.get("sample-agreement")
-    if sampler is not None:  # the spec fixes the draw: a loaded spec scores as calibrate did
-        options.update({"samples": sampler.samples, "sample_temperature": sampler.temperature,
-                        "sample_seed": sampler.seed, "sample_agreement": sampler.agreement})
+    options.update(fixed_draws(built))
     for name, why in skipped.items():
         console.print(f"[yellow]skipped {name}[/]: {why}", highlight=False)
     after_load = {**early, "model": identity.fingerprint, "gates": sorted(built)}
@@ -1177,7 +1211,8 @@ def calibrate_command(
     gates: Annotated[str, typer.Option(
         help="'auto' (every gate that applies to the model) or a comma-separated list: "
              "answer-logprob, first-token-prob, first-token-logprob, sample-agreement, cbdr, "
-             "quco.")] = "auto",
+             "p-true, p-true-sampling (P(True); the second with brainstormed samples), quco."
+             )] = "auto",
     max_loss: Annotated[float, typer.Option(
         help="Epsilon: the accuracy drop against always retrieving you accept, in (0, 1).")
     ] = 0.05,

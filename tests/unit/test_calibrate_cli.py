@@ -185,8 +185,9 @@ def test_a_folder_of_txt_files_is_a_corpus_as_the_readme_says(
 def test_a_text_only_model_gets_the_log_probability_gate_and_says_why_not_others() -> None:
     """A model behind a text interface (here LangChain's, as a served model is) keeps the
     gates its replies allow (answer-logprob, first-token-logprob from the reply's
-    log-probabilities, sample-agreement from its text); the white-box gates are skipped, and
-    QuCo without corpus statistics, each with its reason."""
+    log-probabilities, sample-agreement from its text); the white-box gates are skipped,
+    p-true-sampling (it scores a prompt) and QuCo without corpus statistics, each with its
+    reason."""
     pytest.importorskip("langchain_rag_gates")
     from langchain_rag_gates import ChatRagGates, as_text_lm
     from rag_gates.commands.calibrate import applicable_gates
@@ -195,8 +196,9 @@ def test_a_text_only_model_gets_the_log_probability_gate_and_says_why_not_others
     text_only = as_text_lm(ChatRagGates(lm=tiny_lm(), max_tokens=8))
     built, skipped = applicable_gates(text_only, None, {"max_new_tokens": 8})
     assert list(built) == ["answer-logprob", "first-token-logprob", "sample-agreement"]
-    assert set(skipped) == {"first-token-prob", "cbdr", "quco"}
+    assert set(skipped) == {"first-token-prob", "p-true-sampling", "cbdr", "quco"}
     assert "reads logits/hidden states" in skipped["first-token-prob"]
+    assert "needs score" in skipped["p-true-sampling"]
     with pytest.raises(ValueError, match="--gates first-token-prob"):
         applicable_gates(text_only, ["first-token-prob"], {})
 

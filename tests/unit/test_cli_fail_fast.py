@@ -290,6 +290,7 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
         FirstTokenLogprobGate,
         FirstTokenProbGate,
     )
+    from rag_gates.p_true import PTrueGate
     from rag_gates.quco.gate import QuCoGate
     from rag_gates.registry import CORE_GATE_RANGES
     from rag_gates.sample_agreement import SampleAgreementGate
@@ -302,5 +303,6 @@ def test_the_gate_range_table_is_what_the_plugins_declare() -> None:
         assert ep.load().threshold_range == SHIPPED_GATE_RANGES[name], name
     core = {"first-token-prob": FirstTokenProbGate, "answer-logprob": AnswerLogprobGate,
             "first-token-logprob": FirstTokenLogprobGate,
-            "quco": QuCoGate, "cbdr": CBDRGate, "sample-agreement": SampleAgreementGate}
+            "quco": QuCoGate, "cbdr": CBDRGate, "sample-agreement": SampleAgreementGate,
+            "p-true": PTrueGate, "p-true-sampling": PTrueGate}
     assert {name: cls.threshold_range for name, cls in core.items()} == CORE_GATE_RANGES

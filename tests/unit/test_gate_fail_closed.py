@@ -131,6 +131,18 @@ def _sample_agreement_unreadable(tiny: Any) -> BaseGate:
     return SampleAgreementGate(UnreadableServer(), threshold=0.5, samples=2)
 
 
+def _p_true_nan(tiny: Any) -> BaseGate:
+    import torch
+
+    from rag_gates.p_true import PTrueGate
+    from rag_gates.testing import tiny_lm
+
+    lm = tiny_lm(seed=0, extra_tokens=("True",))  # P(True) reads the one token 'True'
+    with torch.no_grad():
+        lm.model.model.norm.weight.fill_(float("nan"))
+    return PTrueGate(lm, max_new_tokens=3)
+
+
 def _answer_logprob_unreadable(tiny: Any) -> BaseGate:
     from rag_gates.confidence import AnswerLogprobGate
 
@@ -227,6 +239,7 @@ CASES: list[tuple[str, str, Callable[[Any], BaseGate], str, dict[str, Any]]] = [
     ("quco-nan-count", "QuCoGate", _quco, "nan", {}),
     ("sample-agreement-unreadable-reply", "SampleAgreementGate", _sample_agreement_unreadable,
      "nan", {}),
+    ("p-true-nan-model", "PTrueGate", _p_true_nan, "nan", {}),
     # Composites: a sub-gate that cannot decide makes the whole decision retrieve.
     ("all-of-nan-sub-gate", "AllOf", lambda lm: _composite("all", lm), "nan", {}),
     ("any-of-nan-sub-gate", "AnyOf", lambda lm: _composite("any", lm), "nan", {}),
@@ -286,7 +299,7 @@ def test_cbdr_prefill_fails_closed_too(tiny: Any) -> None:
 def test_every_gate_in_the_tree_is_covered() -> None:
     # Import every module that defines gates, then walk BaseGate's subclasses.
     for module in ("rag_gates.cbdr.gate", "rag_gates.registry", "rag_gates.confidence",
-                   "rag_gates.sample_agreement",
+                   "rag_gates.sample_agreement", "rag_gates.p_true",
                    "rag_gates.quco.gate", "rag_gates.srrag.gate", "rag_gates.srrag.skr",
                    "rag_gates.deeprag.gates",
                    "langchain_rag_gates", "llama_index.retrievers.rag_gates",

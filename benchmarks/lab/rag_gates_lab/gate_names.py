@@ -26,7 +26,7 @@ __all__ = ["BUILTIN_GATE_NAMES", "SHIPPED_GATE_RANGES", "check_gate_names", "gat
 # Kept here so that listing them imports no gate or model code
 # (tests/unit/test_cli_fail_fast.py checks them against the core gates).
 BUILTIN_GATE_NAMES = ("answer-logprob", "cbdr", "first-token-logprob", "first-token-prob",
-                      "quco", "sample-agreement")
+                      "p-true", "p-true-sampling", "quco", "sample-agreement")
 
 #: The score scale of every gate rag-gates' plugins register (their gate classes'
 #: ``threshold_range``; a test holds the two equal), so ``NAME:THRESHOLD`` is checked before
