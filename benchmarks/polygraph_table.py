@@ -41,14 +41,19 @@ MODEL = ModelIdentity(name="SmolLM2-135M-Instruct", fingerprint="table")
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--polygraph", type=Path,
-                        help="benchmarks/polygraph_gates.py's JSONL (optional)")
+    parser.add_argument("--polygraph", type=Path, action="append", default=[],
+                        help="benchmarks/polygraph_gates.py's JSONL (optional, repeatable: "
+                             "runs of other estimators on the same questions are merged)")
+    parser.add_argument("--ours", type=Path, action="append", default=[],
+                        help="a JSONL of our gates scored outside calibrate (e.g. "
+                             "benchmarks/p_true_gates.py's; repeatable), with seconds")
     parser.add_argument("--records", type=Path, required=True)
     parser.add_argument("--llm-free", type=Path, action="append", default=[],
                         help="benchmarks/llm_free_gates.py's JSONL (repeatable)")
     parser.add_argument("--out", type=Path, required=True)
     args = parser.parse_args(argv)
-    poly = read_rows(args.polygraph) if args.polygraph is not None else {}
+    poly = merge_runs(args.polygraph)
+    extra_ours = merge_runs(args.ours)
     free: dict[str, dict[str, Any]] = {}
     for path in args.llm_free:
         for i, extra in read_rows(path).items():
@@ -58,12 +63,15 @@ def main(argv: list[str] | None = None) -> None:
     records = {r.id: r for r in read_records(args.records)}
     # The questions every source holds, in the polygraph file's order (else the records').
     ids = [i for i in (poly or records) if i in records and (not poly or i in poly)
-           and (not free or i in free)]
+           and (not free or i in free) and (not extra_ours or i in extra_ours)]
+    ours_agree = sum(extra_ours[i]["closed_book_answer"] == records[i].closed_book_answer
+                     for i in ids) if extra_ours else 0
     agree = sum(poly[i]["closed_book_answer"] == records[i].closed_book_answer
                 for i in ids) if poly else 0
     label_agree = sum(poly[i]["closed_book_correct"] == records[i].closed_book_correct
                       for i in ids) if poly else 0
     ours = sorted({k for i in ids for k in records[i].scores})
+    measured = sorted({k for i in ids for k in extra_ours[i]["scores"]}) if extra_ours else []
     estimators = sorted({k for i in ids for k in poly[i]["scores"]}) if poly else []
     llm_free = sorted({k for i in ids for k in free[i]["scores"]}) if free else []
     left_out = [k for k in llm_free if k in ours]
@@ -73,7 +81,7 @@ def main(argv: list[str] | None = None) -> None:
     wrong = np.array([0.0 if records[i].closed_book_correct else 1.0 for i in ids])
     rows: list[dict[str, Any]] = []
     sources = {"rag-gates": {i: {"scores": records[i].scores} for i in ids},
-               "lm-polygraph": poly, "llm-free": free}
+               "rag-gates (timed)": extra_ours, "lm-polygraph": poly, "llm-free": free}
 
     def score_of(i: str, name: str, kind: str) -> float | None:
         value = sources[kind][i]["scores"].get(name)
@@ -83,6 +91,7 @@ def main(argv: list[str] | None = None) -> None:
         return value if math.isfinite(value) else None
 
     for name, kind in ([(g, "rag-gates") for g in ours]
+                       + [(g, "rag-gates (timed)") for g in measured]
                        + [(e, "lm-polygraph") for e in estimators]
                        + [(f, "llm-free") for f in llm_free]):
         values = [score_of(i, name, kind) for i in ids]
@@ -111,10 +120,33 @@ def main(argv: list[str] | None = None) -> None:
         "questions": len(ids),
         **({"closed_book_answers_identical": agree, "closed_book_labels_identical": label_agree}
            if poly else {}),
+        **({"timed_gates_closed_book_answers_identical": ours_agree} if extra_ours else {}),
         **({"llm_free_left_out": left_out} if left_out else {}),
         "closed_book_accuracy": float(1 - wrong.mean()),
         "retrieved_accuracy": float(np.mean([records[i].retrieved_correct for i in ids])),
         "rows": rows}, indent=2) + "\n")
+
+
+def merge_runs(paths: list[Path]) -> dict[str, dict[str, Any]]:
+    """Per-question rows of several runs on the same questions, their ``scores`` and
+    ``seconds`` merged by id (questions every run holds); runs whose closed-book answers
+    differ on a question are refused (they would not score the same answer)."""
+    merged: dict[str, dict[str, Any]] = {}
+    for k, path in enumerate(paths):
+        rows = read_rows(path)
+        if k == 0:
+            merged = {i: {**row, "scores": dict(row["scores"]),
+                          "seconds": dict(row["seconds"])} for i, row in rows.items()}
+            continue
+        merged = {i: row for i, row in merged.items() if i in rows}
+        for i, row in merged.items():
+            other = rows[i]
+            if other.get("closed_book_answer") != row.get("closed_book_answer"):
+                raise SystemExit(f"{path}: question {i} has another closed-book answer than "
+                                 f"{paths[0]}: not the same run settings")
+            row["scores"].update(other["scores"])
+            row["seconds"].update(other["seconds"])
+    return merged
 
 
 def read_rows(path: Path) -> dict[str, dict[str, Any]]:

@@ -13,9 +13,9 @@ LM-Polygraph 0.7.0's (:data:`P_TRUE_PROMPT`, :data:`P_TRUE_SAMPLING_PROMPT`), fi
 fills it (the question slot holds the QA prompt's text, the samples are joined by ``", "``),
 sent as one user message through the model's chat template with the generation prompt (a
 model without a template gets the text as it is), and ``True`` is read at the first position
-after it (for a chat model: the first assistant token), so its measured numbers carry over
-(``docs/benchmarks.md``: on the PopQA calibration sample ``PTrueSampling`` certifies the most
-skips of any gate measured). The probability comes from the model's teacher-forced
+after it (for a chat model: the first assistant token), as LM-Polygraph computes it
+(``docs/benchmarks.md``, the estimator table, has both measured beside our other gates:
+where they win and where they invert). The probability comes from the model's teacher-forced
 ``score(prompt, ["True"])``: an in-process model (:class:`~rag_gates.lm.hf.HFWhiteBoxLM`),
 or a served one (:class:`~rag_gates.lm.OpenAICompatibleLM`) whose server echoes the prompt's
 log-probabilities (see ``lm.capabilities.notes["score"]``; a server that does not is refused
