@@ -37,9 +37,20 @@ that calibrate builds (cached; the ``corpus`` extra) or that ``--corpus-stats`` 
 that does not apply is skipped with why; the composites are fitted over those built.
 ``p-true-sampling`` (P(True) with brainstormed samples, Kadavath et al. 2022:
 :mod:`rag_gates.p_true`) is tried for a served model whose server echoes the prompt's
-log-probabilities in the form it sends (chat prompts need the model's chat template, which
-``--model openai:URL`` does not carry: there it is skipped, saying so); in process it is
-asked for with ``--gates``, as ``p-true`` (plain P(True)) is on either.
+log-probabilities in the form it sends: its prompt is a chat prompt, so it needs
+``--chat-template`` (without it the chat endpoint echoes nothing and the gate is skipped,
+saying so); in process it is asked for with ``--gates``, as ``p-true`` (plain P(True)) is on
+either.
+
+``--chat-template PATH_OR_NAME`` (a served model only, as ``rag-gates bench``'s): the model's
+chat template, ``default`` (the embedded SmolLM2's), a template file, or a model directory
+holding ``chat_template.jinja`` or a ``tokenizer_config.json`` with one
+(:func:`~rag_gates.lm.openai_compat.load_chat_template`). Chat prompts are then rendered here
+and sent to the server's completions endpoint, where the echoed prompt log-probabilities let
+``score()`` read them (P(True)); every chat prompt goes that way, the answers too, so the
+template is part of the work directory's identity (resuming one with another template, or
+adding or dropping one, is refused, saying which). An in-process model uses its tokenizer's
+own template: the option is refused there.
 
 ``--concurrency N`` (a served model only, as ``rag-gates bench``'s): N questions in flight, so
 a batching server (vLLM, llama.cpp's ``--parallel`` slots) answers them together; the
@@ -52,6 +63,8 @@ Example:
     rag-gates calibrate --data my_questions.jsonl --corpus qdrant:indexes/qdrant#docs
     rag-gates calibrate --data my_questions.jsonl --corpus docs.jsonl \\
         --model openai:http://127.0.0.1:8000/v1 --concurrency 8
+    rag-gates calibrate --data my_questions.jsonl --corpus docs.jsonl \\
+        --model openai:http://127.0.0.1:8000/v1 --chat-template default
 """
 
 from __future__ import annotations
@@ -83,6 +96,7 @@ from rag_gates.commands.calibrate_records import (  # noqa: F401  (re-exported)
     _check_work_dir,
     _decide,
     _score,
+    chat_template_identity,
     collect_records,
     in_order,
     model_files_fingerprint,
@@ -94,8 +108,8 @@ if TYPE_CHECKING:
 
 __all__ = ["CalibrationQuestion", "QdrantCollection", "QdrantCorpus", "SkipPlot",
            "calibrate_command", "collect_records", "fixed_draws", "open_qdrant_corpus",
-           "parse_corpus", "plot_skip_curves", "question_set_sha", "read_corpus",
-           "read_questions", "run_calibration", "skip_curves"]
+           "parse_corpus", "plot_skip_curves", "question_set_sha", "read_chat_template",
+           "read_corpus", "read_questions", "run_calibration", "skip_curves"]
 
 console = Console()
 
@@ -106,8 +120,8 @@ AUTO_GATES = ("answer-logprob", "first-token-prob", "first-token-logprob", "samp
 reply; ``sample-agreement`` and ``p-true-sampling`` for a model that is not in process: on
 one, each costs ``samples`` generations a question, so ask for it with ``--gates``;
 ``p-true-sampling`` where the server echoes the log-probabilities of the prompt's tokens, in
-the form the gate sends (a chat prompt needs the model's chat template here: else it is
-skipped, saying so). ``p-true``, plain P(True), is asked for by name."""
+the form the gate sends (a chat prompt: it needs ``--chat-template``, else it is skipped,
+saying so). ``p-true``, plain P(True), is asked for by name."""
 #: Why calibrate skips QuCo on a Qdrant corpus without --corpus-stats (it does not read a
 #: whole collection back to index it).
 QUCO_NOT_BUILT = ("needs corpus statistics (an infini-gram index of the corpus): give "
@@ -536,18 +550,65 @@ def check_model_spec(model: str) -> str:
 REQUESTS_PER_QUESTION = 4
 
 
-def load_model(model: str, threads: int | None, concurrency: int = 1) -> Any:
+def read_chat_template(source: str) -> str:
+    """``--chat-template``'s text: ``default`` (the embedded SmolLM2's), a template file, or a
+    model directory (:func:`~rag_gates.lm.openai_compat.load_chat_template`), compiled once
+    here so a template that is not Jinja is refused before the model loads.
+
+    Raises:
+        ValueError: no template there, or one that does not compile (names the source).
+        ImportError: jinja2 is not installed (names the extra).
+
+    Example:
+        >>> template = read_chat_template("default")   # doctest: +SKIP
+    """
+    from rag_gates._optional import require
+    from rag_gates.lm.openai_compat import _compile_template, load_chat_template
+
+    jinja2 = require("jinja2", "api")
+    try:
+        template = load_chat_template(source)
+    except ValueError as exc:
+        raise ValueError(f"--chat-template: {exc}") from None
+    try:
+        _compile_template(template)
+    except jinja2.TemplateError as exc:
+        raise ValueError(f"--chat-template {source}: not a Jinja template ({exc}); give the "
+                         "model's chat template (chat_template.jinja, a tokenizer_config.json "
+                         "with one, or 'default')") from None
+    return template
+
+
+def load_model(model: str, threads: int | None, concurrency: int = 1,
+               chat_template: str | None = None) -> Any:
     """The model that answers: in process, or behind an OpenAI-compatible server (which
     may take ``concurrency`` questions' requests at once, each question's
-    :data:`REQUESTS_PER_QUESTION` together)."""
+    :data:`REQUESTS_PER_QUESTION` together, and renders chat prompts with ``chat_template``,
+    the template's text, when given)."""
     if model.startswith(SERVED_PREFIX):
         from rag_gates.lm.openai_compat import OpenAICompatibleLM
 
         return OpenAICompatibleLM.from_spec(
-            model, max_concurrency=max(4, concurrency * REQUESTS_PER_QUESTION))
+            model, chat_template=chat_template,
+            max_concurrency=max(4, concurrency * REQUESTS_PER_QUESTION))
+    if chat_template is not None:
+        raise ValueError("--chat-template is for a served model (--model "
+                         "openai:URL[#model-name]); an in-process model uses its tokenizer's "
+                         "own template")
     from rag_gates.lm.defaults import load_lm
 
     return load_lm(model, num_threads=threads)
+
+
+#: Gates that score a chat prompt by echo: on a served model they need ``--chat-template``.
+CHAT_SCORED = frozenset({"p-true", "p-true-sampling"})
+
+
+def _served_without_template(lm: Any) -> bool:
+    """Whether ``lm`` is a served model whose client renders no chat template."""
+    from rag_gates.lm.openai_compat import OpenAICompatibleLM
+
+    return isinstance(lm, OpenAICompatibleLM) and lm.config.chat_template is None
 
 
 def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, Any],
@@ -601,6 +662,10 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
             except (WhiteBoxRequiredError, TypeError, ValueError, FileNotFoundError) as exc:
                 # The first clause says why; the rest of these errors advise other gates.
                 why = str(exc).splitlines()[0].split(";")[0]
+                if name in CHAT_SCORED and _served_without_template(lm):
+                    why += ("; give --chat-template (the model's chat template: 'default', a "
+                            "file or a model directory) so its prompts are rendered here and "
+                            "scored through the completions endpoint")
         if requested is not None:
             raise ValueError(f"--gates {name}: {why}")
         skipped[name] = why
@@ -807,7 +872,8 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
                     seed: int = 0, no_labels: bool = False,
                     same_answer: str = "exact", by_group: bool = False,
                     abstain: float | None = None, concurrency: int = 1,
-                    corpus_stats: Path | None = None) -> Any:
+                    corpus_stats: Path | None = None,
+                    chat_template: str | None = None) -> Any:
     """What ``rag-gates calibrate`` does; returns the :class:`CalibrationReport`. Every
     name and option, and the corpus (a Qdrant collection is opened and checked), is checked
     before the model loads. ``corpus``: a path, or ``qdrant:PATH_OR_URL[#COLLECTION]``.
@@ -821,7 +887,11 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
     :class:`~rag_gates.calibration.AbstentionReport`. ``concurrency``: questions answered at
     once, a served model only (``rag-gates bench``'s ``--concurrency``); the records are the
     same as a sequential run's, in the same order. ``corpus_stats``: an infini-gram index of
-    the corpus for QuCo (default: calibrate indexes a JSONL or .txt folder corpus itself)."""
+    the corpus for QuCo (default: calibrate indexes a JSONL or .txt folder corpus itself).
+    ``chat_template``: a served model's chat template (``default``, a template file or a
+    model directory; :func:`read_chat_template`), so chat prompts are rendered here and
+    scored by the completions endpoint's echo (``p-true-sampling``); part of the work
+    directory's identity."""
     from rag_gates.calibration.judges import parse_same_answer
 
     judge = parse_same_answer(same_answer) if no_labels else None
@@ -852,6 +922,15 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
             "openai:URL[#model-name]): an in-process model runs one forward pass at a time, "
             "so questions would only wait for each other. Use --concurrency 1, or serve the "
             "model (e.g. vLLM's or llama.cpp's OpenAI-compatible server)")
+    template = None
+    if chat_template is not None:
+        if not model.startswith(SERVED_PREFIX):
+            raise ValueError(
+                f"--chat-template {chat_template} is for a served model (--model "
+                "openai:URL[#model-name]): chat prompts are then rendered here and sent to its "
+                "completions endpoint. An in-process model uses its tokenizer's own template; "
+                "drop --chat-template")
+        template = read_chat_template(chat_template)
     if corpus_stats is not None and not (corpus_stats.is_dir()):
         raise ValueError(f"--corpus-stats {corpus_stats}: not a directory; give an "
                          "infini-gram index of the corpus (rag-gates index build)")
@@ -891,13 +970,14 @@ def run_calibration(*, data: Path, corpus: Path | str, out: Path, model: str = "
             return _calibrate(every, questions, data, collection, out, model, requested,
                               max_loss, delta, bound, k, max_new_tokens, threads, work_dir, seed,
                               judge=judge, by_group=by_group, abstain=abstain,
-                              concurrency=concurrency, corpus_stats=corpus_stats)
+                              concurrency=concurrency, corpus_stats=corpus_stats,
+                              chat_template=template)
         finally:
             collection.client.close()
     return _calibrate(every, questions, data, source, out, model, requested, max_loss, delta,
                       bound, k, max_new_tokens, threads, work_dir, seed, judge=judge,
                       by_group=by_group, abstain=abstain, concurrency=concurrency,
-                      corpus_stats=corpus_stats)
+                      corpus_stats=corpus_stats, chat_template=template)
 
 
 def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQuestion],
@@ -907,7 +987,7 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
                threads: int | None, work_dir: Path | None, seed: int, *,
                judge: Any = None, by_group: bool = False,
                abstain: float | None = None, concurrency: int = 1,
-               corpus_stats: Path | None = None) -> Any:
+               corpus_stats: Path | None = None, chat_template: str | None = None) -> Any:
     """:func:`run_calibration` once its input is checked: the work directory held (one
     run at a time) and checked, then load, answer, certify, write."""
     from rag_gates._io import append_locked
@@ -922,7 +1002,8 @@ def _calibrate(every: list[CalibrationQuestion], questions: list[CalibrationQues
             return _calibrate_in(work, every, questions, data, corpus, out, model, requested,
                                  max_loss, delta, bound, k, max_new_tokens, threads, seed,
                                  judge=judge, by_group=by_group, abstain=abstain,
-                                 concurrency=concurrency, corpus_stats=corpus_stats)
+                                 concurrency=concurrency, corpus_stats=corpus_stats,
+                                 chat_template=chat_template)
     except BaseException:
         # A run refused before it wrote anything leaves no work directory behind.
         if created and [p.name for p in work.iterdir()] == [WORK_LOCK]:
@@ -938,7 +1019,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
                   k: int, max_new_tokens: int, threads: int | None, seed: int, *,
                   judge: Any = None, by_group: bool = False,
                   abstain: float | None = None, concurrency: int = 1,
-                  corpus_stats: Path | None = None) -> Any:
+                  corpus_stats: Path | None = None, chat_template: str | None = None) -> Any:
+    """``chat_template``: the template's text (:func:`read_chat_template`), or None."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TimeRemainingColumn
 
     from rag_gates.calibration import ModelIdentity, calibrate
@@ -959,6 +1041,8 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
         early["model_files"] = model_files
     if judge is not None:  # agreement records depend on the judge
         early["same_answer"] = judge.name
+    if chat_template is not None:  # it renders every chat prompt: the answers depend on it
+        early["chat_template"] = chat_template_identity(chat_template)
     data_bytes_sha = _sha(data)
     _check_work_dir(work, early, data_bytes_sha=data_bytes_sha, before_load=True)
     records_file = work / "records.jsonl"
@@ -990,7 +1074,7 @@ def _calibrate_in(work: Path, every: list[CalibrationQuestion],
             retriever = BM25Retriever.from_passages(passages)
             description = (f"bm25 over {corpus.name} ({len(passages)} passages, sha256 "
                            f"{corpus_identity[:12]}), k={k}")
-        lm = load_model(model, threads, concurrency)
+        lm = load_model(model, threads, concurrency, chat_template)
         identity = ModelIdentity.of(lm)
     options: dict[str, Any] = {"max_new_tokens": max_new_tokens}
     if abstain is not None and not getattr(lm, "supports_logprobs", False):
@@ -1206,7 +1290,8 @@ def calibrate_command(
     model: Annotated[str, typer.Option(
         help="'default' (the embedded SmolLM2), a local Hugging Face model directory, or "
              "openai:URL\\[#model-name] (a served model: answer-logprob, first-token-logprob, "
-             "sample-agreement and quco, from the replies' text and log-probabilities).")
+             "sample-agreement and quco, from the replies' text and log-probabilities; "
+             "p-true-sampling too with --chat-template).")
     ] = "default",
     gates: Annotated[str, typer.Option(
         help="'auto' (every gate that applies to the model) or a comma-separated list: "
@@ -1233,8 +1318,8 @@ def calibrate_command(
     threads: Annotated[int | None, typer.Option(min=1, help="torch threads.")] = None,
     work_dir: Annotated[Path | None, typer.Option(
         help="Where the per-question records go (resumed if it exists, for the same "
-             "question set in any order, model, corpus and gates); default: OUT's name "
-             "with -work.")] = None,
+             "question set in any order, model (and --chat-template), corpus and gates); "
+             "default: OUT's name with -work.")] = None,
     seed: Annotated[int, typer.Option(min=0, help="Order of the betting test and the "
                                            "composite's fit/certify split.")] = 0,
     no_labels: Annotated[bool, typer.Option(
@@ -1265,6 +1350,12 @@ def calibrate_command(
         help="An infini-gram index of the corpus (rag-gates index build) for the quco gate; "
              "default: calibrate indexes a JSONL or .txt folder --corpus itself (cached; "
              "needs the corpus extra).")] = None,
+    chat_template: Annotated[str | None, typer.Option(
+        help="A served model's chat template (--model openai:URL only): 'default' (the "
+             "embedded SmolLM2's), a template file or a model directory. Chat prompts are "
+             "then rendered here and sent to the server's completions endpoint, whose echoed "
+             "prompt log-probabilities score them: p-true-sampling applies. Part of the work "
+             "directory's identity.")] = None,
 ) -> None:
     """Certify a gate threshold on your own questions: with probability >= 1 - delta the
     accuracy drop against always retrieving is at most --max-loss (for questions like these,
@@ -1278,7 +1369,8 @@ def calibrate_command(
                         k=k, max_new_tokens=max_new_tokens, limit=limit, threads=threads,
                         work_dir=work_dir, seed=seed, no_labels=no_labels,
                         same_answer=same_answer, by_group=by_group, abstain=abstain,
-                        concurrency=concurrency, corpus_stats=corpus_stats)
+                        concurrency=concurrency, corpus_stats=corpus_stats,
+                        chat_template=chat_template)
     except (ValueError, CalibrationError, FileInUseError, ServerError, VectorStoreError,
             ImportError) as exc:
         console.print(error_line(exc), highlight=False, soft_wrap=True)

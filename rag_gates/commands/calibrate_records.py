@@ -4,7 +4,8 @@
 gate and appends one :class:`~rag_gates.calibration.CalibrationRecord` per question to the
 work directory (resumable, in question order at any ``--concurrency``: :func:`in_order`);
 :func:`_check_work_dir` and :func:`model_files_fingerprint` tie a work directory to one
-model, question set, corpus and gate set (its ``config.json``), and :data:`WORK_LOCK` names
+model (with ``--chat-template``: and the chat template rendered here), question set, corpus
+and gate set (its ``config.json``), and :data:`WORK_LOCK` names
 the lock a run holds on it. Everything here is re-exported by
 :mod:`rag_gates.commands.calibrate`.
 """
@@ -217,7 +218,9 @@ def collect_records(questions: Sequence[CalibrationQuestion], lm: Any, retriever
 _IDENTITY_NAMES = {"questions": "question set (--data: ids, questions and answers)",
                    "corpus_stats": "--corpus-stats index (QuCo's counts)",
                    "model_files": "model (its files differ)",
-                   "same_answer": "--same-answer judge (or --no-labels)"}
+                   "same_answer": "--same-answer judge (or --no-labels)",
+                   "chat_template": "--chat-template (the served model's chat template, "
+                                    "rendered here)"}
 
 
 #: The work directory's lock file: held by one calibrate run for its whole length.
@@ -268,7 +271,8 @@ def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha:
         keys.discard("model_files")
     if before_load:
         keys -= set(_AFTER_LOAD)
-    diff = sorted(_IDENTITY_NAMES.get(k, k) for k in keys if before.get(k) != identity.get(k))
+    diff = sorted(_IDENTITY_NAMES.get(k, k) + _was_now(k, before.get(k), identity.get(k))
+                  for k in keys if before.get(k) != identity.get(k))
     if diff:
         raise ValueError(f"{work_dir} holds records made with another {', '.join(diff)}; "
                          "use another --work-dir (or delete this one)")
@@ -279,6 +283,31 @@ def _check_work_dir(work_dir: Path, identity: dict[str, Any], *, data_bytes_sha:
     if legacy:
         console.print(f"upgraded {path}: --data is now identified by its question set (ids, "
                       "questions, answers), so reordering it resumes", highlight=False)
+
+
+def chat_template_identity(template: str) -> str:
+    """The work directory's ``chat_template`` entry for ``--chat-template``: the SHA-256 of
+    the template's text (what renders the prompts; a file edited since is another template).
+    A run without ``--chat-template`` has no such entry, as a work directory made before the
+    option has none, so either resumes the other.
+
+    Example:
+        >>> chat_template_identity("{{ messages[0]['content'] }}")[:12]
+        'e2ce372d1e09'
+    """
+    return hashlib.sha256(template.encode("utf-8")).hexdigest()
+
+
+def _was_now(key: str, before: Any, now: Any) -> str:
+    """What differs, for an identity entry whose two values say something readable (the
+    chat template: none, or which one); empty for the others (hashes and sizes)."""
+    if key != "chat_template":
+        return ""
+
+    def shown(value: Any) -> str:
+        return "none" if value is None else f"sha256 {str(value)[:12]}"
+
+    return f" (was: {shown(before)}; now: {shown(now)})"
 
 
 def model_files_fingerprint(model: str) -> str | None:

@@ -77,8 +77,9 @@ def test_a_served_model_gets_every_gate_its_replies_allow(sequential: tuple[Path
     records = read_records(work / "records.jsonl")
     assert len(records) == N_QUESTIONS
     assert set(records[0].scores) == SERVED_GATES
-    # The white-box gates are skipped, each with why.
+    # The white-box gates are skipped, each with why; P(True) says what it needs.
     assert "skipped first-token-prob" in output and "skipped cbdr" in output
+    assert "skipped p-true-sampling" in output and "give --chat-template" in output
     for gate in ("first-token-logprob", "sample-agreement", "answer-logprob"):
         assert all(r.scores[gate] is not None for r in records), gate
     # sample-agreement spreads: some questions' samples agree with the greedy answer more.
@@ -96,6 +97,71 @@ def test_a_served_model_gets_every_gate_its_replies_allow(sequential: tuple[Path
     assert report["options"] == {"max_new_tokens": 8, "samples": 5,
                                  "sample_temperature": 0.7, "sample_seed": 0,
                                  "sample_agreement": "f1"}
+
+
+def test_a_chat_template_lets_a_served_model_score_p_true() -> None:
+    """load_model builds the served model with --chat-template's text, so chat prompts are
+    rendered here, probed (llama-cpp-python's echo of them is aligned) and scored by echo:
+    --gates auto then builds p-true-sampling, which without the template it skips, saying
+    what to give. Against the replies recorded for tests/lm (the probe with the embedded
+    model's chat template)."""
+    from rag_gates.commands.calibrate import applicable_gates, load_model
+    from rag_gates.lm.openai_compat import OpenAICompatibleLM
+
+    with ReplayServer() as recorded:  # tests/lm's recording: it holds the chat probe
+        assert recorded.chat_template is not None
+        spec = f"openai:{recorded.url}"
+        lm = load_model(spec, None, 1, recorded.chat_template)
+        assert isinstance(lm, OpenAICompatibleLM)
+        assert lm.config.chat_template == recorded.chat_template
+        assert lm.alignment == {"raw": "shifted", "chat": "aligned"}
+        built, skipped = applicable_gates(lm, None, {"max_new_tokens": 8})
+        assert "p-true-sampling" in built and "p-true-sampling" not in skipped
+        assert built["p-true-sampling"].samples == 10
+        built, _ = applicable_gates(lm, ["p-true-sampling", "p-true"], {"max_new_tokens": 8})
+        assert set(built) == {"p-true-sampling", "p-true"}
+
+        plain = load_model(spec, None, 1)
+        assert "chat" not in plain.alignment
+        built, skipped = applicable_gates(plain, None, {"max_new_tokens": 8})
+        assert "p-true-sampling" not in built
+        assert "the chat endpoint echoes no prompt; give --chat-template" in \
+            skipped["p-true-sampling"]
+        with pytest.raises(ValueError, match=r"--gates p-true: .*give --chat-template"):
+            applicable_gates(plain, ["p-true"], {"max_new_tokens": 8})
+
+
+def test_a_served_work_dir_without_a_template_resumes_and_refuses_one(
+        server: ReplayServer, data: Path, sequential: tuple[Path, str], tmp_path: Path
+        ) -> None:
+    """A served run's work directory made without --chat-template (as every one made before
+    the option was) holds no chat_template entry: it resumes without one, as it was, and a
+    run with one is refused before the model loads, saying what differs."""
+    import shutil
+
+    from tests.lm.replay_server import RECORDING as LM_RECORDING
+
+    work = tmp_path / "work"
+    shutil.copytree(sequential[0], work)
+    config = (work / "config.json").read_text()
+    records = (work / "records.jsonl").read_text()
+    assert "chat_template" not in json.loads(config)
+    out = tmp_path / "gate.json"
+    result = CliRunner().invoke(app, _args(server, data, out, "--work-dir", str(work)))
+    assert result.exit_code == 0, result.output
+    assert (work / "config.json").read_text() == config
+    assert (work / "records.jsonl").read_text() == records  # resumed: nothing answered again
+    template = tmp_path / "chat_template.jinja"
+    template.write_text(json.loads(LM_RECORDING.read_text())["chat_template"])
+    requests = len(server.requests)
+    result = CliRunner().invoke(app, _args(server, data, out, "--work-dir", str(work),
+                                           "--chat-template", str(template)))
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "holds records made with another --chat-template" in said
+    assert "(was: none; now: sha256 " in said
+    assert len(server.requests) == requests  # refused before the model was asked anything
+    assert (work / "config.json").read_text() == config
 
 
 def test_quco_is_certified_by_calibrate_and_its_spec_loads_with_the_index(

@@ -292,3 +292,36 @@ def test_served_gates_decide_as_the_white_box_ones(served: OpenAICompatibleLM, s
                     ref_gate.decision(r.score, dict(r.evidence)).retrieve) for m, r in clear]
         assert decided and all(x == y for x, y in decided), (mine_gate.name, decided)
         assert {y for _, y in decided} == {True, False}, (mine_gate.name, decided)
+
+
+def test_calibrate_scores_p_true_through_the_server_with_a_chat_template(
+        engine: tuple[str, str], tmp_path: Path) -> None:
+    """``rag-gates calibrate --model openai:URL --chat-template default``: the client renders
+    P(True)'s chat prompt with the embedded model's template and the server scores it by
+    echo, so p-true-sampling is built and scores every question (-log p(True), finite and
+    >= 0, not all equal); the work directory records the template's hash. vLLM only: with
+    llama-cpp-python an echoed prompt costs about 0.3 s a token, and each question's P(True)
+    prompt holds ten sampled answers."""
+    if engine[0] != "vllm":
+        pytest.skip("llama-cpp-python echoes prompt log-probabilities at about 0.3 s a "
+                    "token: 30 P(True) prompts take too long")
+    from rag_gates.calibration import read_records as read_calibration_records
+    from rag_gates.commands.calibrate import chat_template_identity, run_calibration
+    from rag_gates.lm.openai_compat import load_chat_template
+
+    data = tmp_path / "questions.jsonl"
+    data.write_text("".join(CALIBRATION.read_text(encoding="utf-8")
+                            .splitlines(keepends=True)[:30]), encoding="utf-8")
+    out = tmp_path / "gate.json"
+    report = run_calibration(data=data, corpus=str(CALIBRATION.with_name(
+        "calibration_corpus.jsonl")), out=out, model=f"openai:{engine[1]}",
+        gates="p-true-sampling,answer-logprob", max_new_tokens=8, k=1, max_loss=0.2,
+        concurrency=4, chat_template="default")
+    records = read_calibration_records(tmp_path / "gate-work" / "records.jsonl")
+    assert len(records) == 30
+    scores = [r.scores["p-true-sampling"] for r in records]
+    assert all(s is not None and math.isfinite(s) and s >= 0 for s in scores), scores
+    assert len(set(scores)) > 1
+    assert {row.gate for row in report.rows} >= {"p-true-sampling", "answer-logprob"}
+    config = json.loads((tmp_path / "gate-work" / "config.json").read_text())
+    assert config["chat_template"] == chat_template_identity(load_chat_template("default"))

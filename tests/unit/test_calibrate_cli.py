@@ -31,6 +31,8 @@ def _invoke(*args: str) -> Any:
     (["--model", "/nonexistent/model"], "not a directory"),
     (["--bound", "hoeffding"],
      "--bound must be one of auto, exact, exact-random, wsr, binomial"),
+    (["--chat-template", "default"],  # the embedded model, in process
+     "--chat-template default is for a served model (--model openai:URL[#model-name])"),
 ])
 def test_bad_options_fail_before_the_model_loads(args: list[str], message: str,
                                                  tmp_path: Path) -> None:
@@ -532,3 +534,117 @@ def test_too_few_questions_to_certify_says_how_many_are_needed(
     assert needed > 40 and 0.99 ** needed <= 0.1 / spec.family < 0.99 ** (needed - 1)
     text = " ".join(result.output.split())
     assert f"needs at least {needed} questions" in text and "you gave 40" in text
+
+
+# ------------------------------------------------------------ --chat-template (a served model)
+#: A served model no test contacts: every refusal below comes before a request would.
+NO_SERVER = "openai:http://127.0.0.1:9/v1"
+
+
+def test_chat_template_is_refused_for_an_in_process_model(tiny_dir: Path, tmp_path: Path
+                                                          ) -> None:
+    """A local model directory renders with its own tokenizer's template: --chat-template
+    is refused before it loads, and load_model refuses a template for it too."""
+    from rag_gates.commands.calibrate import load_model
+
+    result = _invoke("--data", str(SAMPLE), "--corpus", str(CORPUS), "--model", str(tiny_dir),
+                     "--out", str(tmp_path / "gate.json"), "--chat-template", "default")
+    assert result.exit_code == 2, result.output
+    said = " ".join(result.output.split())
+    assert "--chat-template default is for a served model" in said
+    assert "drop --chat-template" in said
+    assert not (tmp_path / "gate-work").exists()
+    with pytest.raises(ValueError, match="--chat-template is for a served model"):
+        load_model(str(tiny_dir), None, 1, "{{ messages }}")
+
+
+def test_a_chat_template_that_cannot_be_read_is_refused_before_the_server_is_asked(
+        tmp_path: Path) -> None:
+    broken = tmp_path / "broken.jinja"
+    broken.write_text("{% for message in messages %}{{ message['content'] }}")  # no endfor
+    empty = tmp_path / "model-dir"
+    empty.mkdir()
+    for source, message in (
+            (str(tmp_path / "missing.jinja"), "no such file or directory"),
+            (str(broken), f"--chat-template {broken}: not a Jinja template"),
+            (str(empty), f"--chat-template: {empty} holds no chat template")):
+        result = _invoke("--data", str(SAMPLE), "--corpus", str(CORPUS), "--model", NO_SERVER,
+                         "--out", str(tmp_path / "gate.json"), "--chat-template", source)
+        assert result.exit_code == 2, result.output
+        assert message in " ".join(result.output.split()), result.output
+        assert not (tmp_path / "gate-work").exists()
+
+
+def _served_config(spec: str, **extra: Any) -> dict[str, Any]:
+    """The config.json a served run of SAMPLE over CORPUS (k 3, 32 tokens) wrote."""
+    import hashlib
+
+    from rag_gates.commands.calibrate import _sha, question_set_sha, read_questions
+
+    return {"questions": question_set_sha(read_questions(SAMPLE)), "corpus": _sha(CORPUS),
+            "k": 3, "max_new_tokens": 32,
+            "model_files": hashlib.sha256(spec.encode("utf-8")).hexdigest(),
+            "model": "0" * 64, "gates": ["answer-logprob"], **extra}
+
+
+def test_a_changed_chat_template_is_refused_on_resume_saying_what_differs(
+        tmp_path: Path) -> None:
+    """The template's text is part of the work directory's identity, checked before the
+    model loads: another template, or one where the run had none, is refused, naming
+    --chat-template and both sides (hashes computed here, from the files' text)."""
+    import hashlib
+
+    first, second = tmp_path / "first.jinja", tmp_path / "second.jinja"
+    first.write_text("{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}")
+    second.write_text("{% for m in messages %}[{{ m['role'] }}] {{ m['content'] }}{% endfor %}")
+    sha = {p: hashlib.sha256(p.read_text().encode("utf-8")).hexdigest() for p in (first, second)}
+    work = tmp_path / "work"
+    work.mkdir()
+    cases: tuple[tuple[dict[str, str], list[str], str], ...] = (
+        ({"chat_template": sha[first]}, ["--chat-template", str(second)],
+         f"(was: sha256 {sha[first][:12]}; now: sha256 {sha[second][:12]})"),
+        ({}, ["--chat-template", str(first)],  # a run made without one (or before the option)
+         f"(was: none; now: sha256 {sha[first][:12]})"),
+        ({"chat_template": sha[first]}, [], f"(was: sha256 {sha[first][:12]}; now: none)"))
+    for stored, args, detail in cases:
+        (work / "config.json").write_text(json.dumps(_served_config(NO_SERVER, **stored)))
+        result = _invoke("--data", str(SAMPLE), "--corpus", str(CORPUS), "--model", NO_SERVER,
+                         "--out", str(tmp_path / "gate.json"), "--work-dir", str(work), *args)
+        assert result.exit_code == 2, result.output
+        said = " ".join(result.output.split())
+        assert (f"{work} holds records made with another --chat-template (the served model's "
+                f"chat template, rendered here) {detail}") in said, said
+        assert json.loads((work / "config.json").read_text()).get("chat_template") \
+            == stored.get("chat_template")  # left as it was
+
+
+def test_the_work_directory_identity_of_the_chat_template() -> None:
+    """_check_work_dir itself: the same template resumes; a work directory without the key
+    (written before --chat-template existed) resumes when none is given, and is not
+    rewritten; any other combination is refused."""
+    import tempfile
+
+    from rag_gates.commands.calibrate import _check_work_dir, chat_template_identity
+
+    template = "{{ messages[0]['content'] }}"
+    sha = chat_template_identity(template)
+    assert sha == __import__("hashlib").sha256(template.encode("utf-8")).hexdigest()
+    old = _served_config(NO_SERVER)
+    with tempfile.TemporaryDirectory() as folder:
+        work = Path(folder)
+        for stored, now, refused in ((old, old, False),
+                                     ({**old, "chat_template": sha},
+                                      {**old, "chat_template": sha}, False),
+                                     (old, {**old, "chat_template": sha}, True),
+                                     ({**old, "chat_template": sha}, old, True),
+                                     ({**old, "chat_template": sha},
+                                      {**old, "chat_template": "1" * 64}, True)):
+            text = json.dumps(stored)
+            (work / "config.json").write_text(text)
+            for before_load in (True, False):
+                if refused:
+                    with pytest.raises(ValueError, match="another --chat-template"):
+                        _check_work_dir(work, now, data_bytes_sha="x", before_load=before_load)
+                else:
+                    _check_work_dir(work, now, data_bytes_sha="x", before_load=before_load)
+            assert (work / "config.json").read_text() == text  # never rewritten
