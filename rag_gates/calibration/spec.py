@@ -74,7 +74,8 @@ class ModelIdentity(BaseModel):
         """The identity of a loaded model: for a model with torch weights
         (``HFWhiteBoxLM``) a SHA-256 over every tensor's name, shape, dtype and up to 4,096
         evenly spaced values (milliseconds, and any fine-tuning step changes it); for a served
-        model (``OpenAICompatibleLM``) the endpoint and model name; otherwise the model id.
+        model (``OpenAICompatibleLM``) the endpoint and model name, and the client's chat
+        template's SHA-256 when it has one; otherwise the model id.
         """
         name = str(getattr(lm, "model_id", None) or type(lm).__name__)
         model = _reachable_weights(lm)
@@ -88,6 +89,12 @@ class ModelIdentity(BaseModel):
                 # the identity does not depend on whether a request was made yet.
                 served = lm._call(lm._resolve_model())
             key = f"{base_url}#{served or '?'}"
+            # A chat template renders the prompts the gates score (p-true's): a spec made
+            # with one must not load silently under another or none. Without one the key
+            # is what it was, so specs made before templates were recorded still load.
+            template = getattr(getattr(lm, "config", None), "chat_template", None)
+            if isinstance(template, str) and template:
+                key += f"#chat-template:{_sha(template)}"
             return cls(name=name, fingerprint=_sha(key), kind="endpoint")
         return cls(name=name, fingerprint=_sha(name), kind="name")
 

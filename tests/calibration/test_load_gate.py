@@ -167,6 +167,28 @@ def test_a_served_model_is_identified_by_endpoint_and_name() -> None:
                                                           model="smollm2", probe=False)))
 
 
+def test_a_served_models_chat_template_is_part_of_its_identity() -> None:
+    """P(True) scores chat prompts the client renders: a spec made with one template does not
+    match the same endpoint with another or none; without a template the fingerprint is the
+    endpoint and name alone, as before templates were recorded (old specs still load)."""
+    import hashlib
+
+    from rag_gates.lm.openai_compat import OpenAICompatibleLM
+
+    url = "http://127.0.0.1:9/v1"
+    plain = OpenAICompatibleLM(url, model="smollm2", probe=False)
+    one = OpenAICompatibleLM(url, model="smollm2", probe=False,
+                             chat_template="{{ messages[0]['content'] }}")
+    other = OpenAICompatibleLM(url, model="smollm2", probe=False,
+                               chat_template="<s>{{ messages[0]['content'] }}")
+    ids = [ModelIdentity.of(lm) for lm in (plain, one, other)]
+    assert all(i.kind == "endpoint" for i in ids)
+    assert not ids[0].matches(ids[1]) and not ids[1].matches(ids[2])
+    assert ids[1].matches(ModelIdentity.of(OpenAICompatibleLM(
+        url, model="smollm2", probe=False, chat_template="{{ messages[0]['content'] }}")))
+    assert ids[0].fingerprint == hashlib.sha256(f"{url}#smollm2".encode()).hexdigest()
+
+
 class Counting(BaseGate):
     """A cheap real gate: the share of words longer than six letters; counts its calls."""
 
