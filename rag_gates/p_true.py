@@ -205,13 +205,11 @@ class PTrueGate(BaseGate):
             evidence.update(samples=list(texts), temperature=self.temperature)
         judged = p_true_prompt(prompt, greedy.text, texts)
         evidence["p_true_prompt"] = judged
-        unavailable = getattr(self.lm, "score_unavailable", None)
-        why = unavailable(judged) if callable(unavailable) else None
-        if why is not None:
-            return math.nan, {**evidence, "error": f"the model cannot score the prompt: {why}"}
-        try:
+        try:  # score() renders and routes the prompt once, refusing a form it cannot score
             (scored,) = self.lm.score(judged, [TRUE])
-        except (ServerReplyError, WhiteBoxRequiredError) as exc:
+        except WhiteBoxRequiredError as exc:
+            return math.nan, {**evidence, "error": f"the model cannot score the prompt: {exc}"}
+        except ServerReplyError as exc:
             return math.nan, {**evidence, "error": f"{type(exc).__name__}: {exc}"}
         if len(scored.logprobs) != 1:
             return math.nan, {**evidence, "error": (

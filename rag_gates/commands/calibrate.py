@@ -600,6 +600,18 @@ def load_model(model: str, threads: int | None, concurrency: int = 1,
     return load_lm(model, num_threads=threads)
 
 
+def _p_true_samples(options: dict[str, Any]) -> int:
+    from rag_gates.p_true import SAMPLING_DEFAULT_SAMPLES
+
+    return int(options.get("p_true_samples", SAMPLING_DEFAULT_SAMPLES))
+
+
+#: The sampling gates ``auto`` leaves out in process (each sample is a generation), with how
+#: many samples a question each draws under the run's options.
+_SAMPLES_DRAWN: dict[str, Callable[[dict[str, Any]], int]] = {
+    "sample-agreement": lambda options: int(options.get("samples", 5)),
+    "p-true-sampling": _p_true_samples}
+
 #: Gates that score a chat prompt by echo: on a served model they need ``--chat-template``.
 CHAT_SCORED = frozenset({"p-true", "p-true-sampling"})
 
@@ -631,17 +643,9 @@ def applicable_gates(lm: Any, requested: list[str] | None, options: dict[str, An
             skipped[name] = ("first-token-prob reads the same score from the logits, without "
                              "generating")
             continue
-        if requested is None and name == "sample-agreement" \
-                and isinstance(lm, WhiteBoxLM):
-            skipped[name] = (f"draws {options.get('samples', 5)} sampled answers a question "
-                             "from an in-process model; ask for it with --gates")
-            continue
-        if requested is None and name == "p-true-sampling" and isinstance(lm, WhiteBoxLM):
-            from rag_gates.p_true import SAMPLING_DEFAULT_SAMPLES
-
-            count = options.get("p_true_samples", SAMPLING_DEFAULT_SAMPLES)
-            skipped[name] = (f"draws {count} sampled answers a question from an in-process "
-                             "model; ask for it with --gates")
+        if requested is None and name in _SAMPLES_DRAWN and isinstance(lm, WhiteBoxLM):
+            skipped[name] = (f"draws {_SAMPLES_DRAWN[name](options)} sampled answers a "
+                             "question from an in-process model; ask for it with --gates")
             continue
         if name == "quco":
             if corpus_stats is None:

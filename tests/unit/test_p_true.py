@@ -234,6 +234,8 @@ class FakeServer:
         return self.unavailable
 
     def score(self, prompt: Any, continuations: Sequence[str]) -> list[ContinuationScore]:
+        if self.unavailable is not None:  # as OpenAICompatibleLM.score refuses the form
+            raise WhiteBoxRequiredError(f"{self.unavailable}. Use an HFWhiteBoxLM")
         self.scored.append(prompt)
         if self.fail == "score":
             raise ServerReplyError("the echo has no 'logprobs'")
